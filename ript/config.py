@@ -1,0 +1,67 @@
+"""Hydra config composition for the CLI and the stage functions (no @hydra.main: the CLI owns argv)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ript.errors import RiptError
+
+CONFIG_DIR = Path(os.environ.get("RIPT_CONFIG_DIR", Path(__file__).resolve().parent.parent / "configs"))
+
+
+def compose(name: str, overrides: list[str] | None = None) -> DictConfig:
+    """Compose ``configs/<name>.yaml`` with hydra overrides; config errors become one-line RiptErrors."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not (CONFIG_DIR / f"{name}.yaml").is_file():
+        raise RiptError(f"config {CONFIG_DIR / (name + '.yaml')} not found (set RIPT_CONFIG_DIR?)")
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = hydra_compose(config_name=name, overrides=list(overrides or []))
+        OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RiptError(f"config {name}.yaml: {first}") from None
+    return cfg
+
+
+def to_dict(cfg: DictConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def task_names(task_cfg: DictConfig) -> list[str]:
+    """The task list: explicit ``task.task_names`` if given, else the benchmark's split."""
+    if task_cfg.suite == "metaworld":
+        from ript.envs.metaworld import benchmark_tasks, check_task_names
+
+        names = list(task_cfg.task_names) if task_cfg.get("task_names") else benchmark_tasks(
+            task_cfg.benchmark, task_cfg.split)
+        check_task_names(names)
+        return names
+    raise RiptError(f"task.suite={task_cfg.suite!r} is unknown; available: metaworld")
+
+
+def data_files(task_cfg: DictConfig, names: list[str] | None = None) -> list[Path]:
+    names = names or task_names(task_cfg)
+    files = [Path(task_cfg.data_dir) / f"{n}.hdf5" for n in names]
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        raise RiptError(f"dataset file {missing[0]} does not exist; run `ript collect task={task_cfg.name}` first")
+    return files
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RiptError(f"device={device!r} but CUDA is not available")
+    return device

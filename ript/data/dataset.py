@@ -1,0 +1,130 @@
+"""Windows of future actions and stacked observations over demonstration files, held in memory.
+
+Every demo frame ``t`` is one sample: observations ``t-frame_stack+1 .. t`` (repeating the first frame at
+an episode start) and actions ``t .. t+chunk-1`` (repeating the last action past the end, with a mask).
+All demos are concatenated into tensors so a batch is a few vectorised gathers, on CPU or GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ript.data.hdf5 import instruction_from_attrs, read_demos, read_file_attrs
+from ript.errors import RiptError
+
+
+@dataclass
+class DatasetSpec:
+    files: list[Path]
+    obs_keys: dict[str, str]  # canonical key -> key in the file
+    chunk_size: int
+    frame_stack: int = 1
+    action_dim: int | None = None
+    demos_per_task: int | None = None
+    val_fraction: float = 0.1
+    seed: int = 0
+    flip_keys: tuple[str, ...] = ()
+
+
+class ChunkDataset:
+    def __init__(self, spec: DatasetSpec, split: str = "train"):
+        if split not in ("train", "val", "all"):
+            raise ValueError(split)
+        self.spec = spec
+        self.task_names: list[str] = []
+        self.instructions: list[str] = []
+        self.file_attrs: list[dict] = []
+        actions, obs, task_ids, starts, ends = [], {k: [] for k in spec.obs_keys}, [], [], []
+        offset = 0
+        for task_id, path in enumerate(spec.files):
+            attrs = read_file_attrs(path)
+            self.file_attrs.append(attrs)
+            self.task_names.append(str(attrs.get("task_name", Path(path).stem)))
+            self.instructions.append(instruction_from_attrs(attrs, Path(path)))
+            demos = read_demos(path, spec.obs_keys, spec.demos_per_task, spec.action_dim, spec.flip_keys)
+            for i in self._split_indices(len(demos), split, task_id):
+                d = demos[i]
+                n = len(d.actions)
+                actions.append(d.actions)
+                for k in spec.obs_keys:
+                    obs[k].append(d.obs[k])
+                task_ids.append(np.full(n, task_id))
+                starts.append(np.full(n, offset))
+                ends.append(np.full(n, offset + n))
+                offset += n
+        if offset == 0:
+            raise RiptError(f"the {split} split is empty (files: {', '.join(map(str, spec.files))})")
+        self.actions = torch.from_numpy(np.concatenate(actions))
+        self.obs = {k: torch.from_numpy(np.concatenate(v)) for k, v in obs.items()}
+        self.task_ids = torch.from_numpy(np.concatenate(task_ids)).long()
+        self.episode_start = torch.from_numpy(np.concatenate(starts)).long()
+        self.episode_end = torch.from_numpy(np.concatenate(ends)).long()
+        self.num_demos = len(actions)
+
+    def _split_indices(self, n: int, split: str, task_id: int) -> list[int]:
+        """Split by demo, the same way every time for a given seed."""
+        if split == "all" or self.spec.val_fraction <= 0 or n < 2:
+            return [] if split == "val" else list(range(n))
+        perm = np.random.default_rng([self.spec.seed, task_id]).permutation(n)
+        n_val = max(1, int(round(self.spec.val_fraction * n)))
+        chosen = perm[:n_val] if split == "val" else perm[n_val:]
+        return sorted(int(i) for i in chosen)
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    @property
+    def device(self) -> torch.device:
+        return self.actions.device
+
+    def to(self, device: str | torch.device) -> "ChunkDataset":
+        self.actions = self.actions.to(device)
+        self.obs = {k: v.to(device) for k, v in self.obs.items()}
+        for name in ("task_ids", "episode_start", "episode_end"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+    def get_batch(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        idx = idx.to(self.device)
+        start, end = self.episode_start[idx, None], self.episode_end[idx, None]
+        fs, chunk = self.spec.frame_stack, self.spec.chunk_size
+        obs_idx = torch.maximum(idx[:, None] - torch.arange(fs - 1, -1, -1, device=self.device), start)
+        act_pos = idx[:, None] + torch.arange(chunk, device=self.device)
+        act_idx = torch.minimum(act_pos, end - 1)
+        return {
+            "obs": {k: v[obs_idx] for k, v in self.obs.items()},
+            "actions": self.actions[act_idx],
+            "action_mask": act_pos < end,
+            "task_ids": self.task_ids[idx],
+        }
+
+    def lowdim(self, key: str) -> torch.Tensor:
+        return self.obs[key]
+
+    def obs_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape[1:]) for k, v in self.obs.items()}
+
+    def metadata(self) -> dict:
+        """What a checkpoint needs to rebuild the evaluation env and read the same data again."""
+        first = self.file_attrs[0]
+        return {
+            "suite": first.get("suite"),
+            "env_args": first.get("env_args"),
+            "task_names": self.task_names,
+            "instructions": self.instructions,
+            "files": [str(p) for p in self.spec.files],
+            "num_demos": self.num_demos,
+            "num_samples": len(self),
+        }
+
+
+def batch_indices(n: int, batch_size: int, epoch: int, seed: int) -> torch.Tensor:
+    """The epoch's shuffled sample order, a function of (seed, epoch) only, so resume replays it exactly."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n, generator=g)
+    usable = (n // batch_size) * batch_size if n >= batch_size else n
+    return perm[:usable].view(-1, min(batch_size, n))

@@ -1,0 +1,172 @@
+"""Reading and writing demonstration files in the robomimic / LIBERO HDF5 layout.
+
+    data (attrs: env_args JSON, task_name, instruction or problem_info JSON, total, ...)
+    data/demo_<i>/actions        (T, A) float
+    data/demo_<i>/obs/<key>      (T, ...) images uint8 (T, H, W, 3) or low-dim float
+    data/demo_<i>/states         (T, S) full simulator state
+    data/demo_<i>/rewards, dones (T,)
+
+One reader serves both layouts; obs keys in a file are mapped to canonical keys by the task config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ript.errors import RiptError
+
+
+@dataclass
+class Demo:
+    actions: np.ndarray
+    obs: dict[str, np.ndarray]
+    states: np.ndarray | None = None
+    rewards: np.ndarray | None = None
+    dones: np.ndarray | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def _is_image_key(key: str) -> bool:
+    return key.endswith("_rgb") or key.endswith("_image")
+
+
+def write_demo_file(path: Path, demos: list[Demo], attrs: dict[str, Any]) -> None:
+    """Write demos to ``path`` atomically: a temporary file in the same folder, renamed when complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with h5py.File(tmp, "w") as f:
+            data = f.create_group("data")
+            total = 0
+            for i, demo in enumerate(demos):
+                g = data.create_group(f"demo_{i}")
+                g.create_dataset("actions", data=demo.actions)
+                for key, value in demo.obs.items():
+                    if _is_image_key(key):
+                        chunks = (1,) + value.shape[1:]
+                        g.create_dataset(f"obs/{key}", data=value, chunks=chunks, compression="lzf")
+                    else:
+                        g.create_dataset(f"obs/{key}", data=value)
+                for name in ("states", "rewards", "dones"):
+                    value = getattr(demo, name)
+                    if value is not None:
+                        g.create_dataset(name, data=value)
+                g.attrs["num_samples"] = len(demo.actions)
+                for k, v in demo.attrs.items():
+                    g.attrs[k] = v
+                total += len(demo.actions)
+            data.attrs["total"] = total
+            for k, v in attrs.items():
+                data.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _demo_sort_key(name: str) -> int:
+    try:
+        return int(name.split("_", 1)[1])
+    except (IndexError, ValueError):
+        return 1 << 30
+
+
+def read_file_attrs(path: Path) -> dict[str, Any]:
+    """The ``data`` group's attributes, JSON strings decoded."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as f:
+            if "data" not in f:
+                raise RiptError(f"{path}: no 'data' group; not a robomimic/LIBERO demonstration file")
+            out = {}
+            for k, v in f["data"].attrs.items():
+                if isinstance(v, bytes):
+                    v = v.decode()
+                if isinstance(v, str) and v[:1] in "[{":
+                    try:
+                        v = json.loads(v)
+                    except json.JSONDecodeError:
+                        pass
+                elif isinstance(v, np.generic):
+                    v = v.item()
+                out[k] = v
+            return out
+    except OSError as e:
+        raise RiptError(f"cannot open {path}: {e}") from None
+
+
+def instruction_from_attrs(attrs: dict[str, Any], path: Path) -> str:
+    if "instruction" in attrs:
+        return str(attrs["instruction"])
+    info = attrs.get("problem_info")
+    if isinstance(info, dict) and "language_instruction" in info:
+        text = info["language_instruction"]
+        return " ".join(text) if isinstance(text, list) else str(text)
+    raise RiptError(f"{path}: data.attrs has neither 'instruction' nor 'problem_info.language_instruction'")
+
+
+def read_demos(
+    path: Path,
+    obs_keys: dict[str, str],
+    max_demos: int | None = None,
+    action_dim: int | None = None,
+    flip_keys: tuple[str, ...] = (),
+) -> list[Demo]:
+    """Read demos, mapping file obs keys onto canonical keys (``obs_keys``: canonical -> key in file).
+
+    Every problem is reported as one line naming the file and the key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RiptError(f"dataset file {path} does not exist (run `ript collect` first?)")
+    demos: list[Demo] = []
+    try:
+        with h5py.File(path, "r") as f:
+            if "data" not in f:
+                raise RiptError(f"{path}: no 'data' group; not a robomimic/LIBERO demonstration file")
+            names = sorted((n for n in f["data"] if n.startswith("demo_")), key=_demo_sort_key)
+            if not names:
+                raise RiptError(f"{path}: 'data' holds no demo_<i> groups")
+            for name in names[:max_demos]:
+                g = f["data"][name]
+                where = f"{path}:data/{name}"
+                if "actions" not in g:
+                    raise RiptError(f"{where}/actions is missing")
+                actions = np.asarray(g["actions"][()], dtype=np.float32)
+                if actions.ndim != 2 or len(actions) == 0:
+                    raise RiptError(f"{where}/actions has shape {actions.shape}; expected (T, action_dim)")
+                if action_dim is not None and actions.shape[1] != action_dim:
+                    raise RiptError(
+                        f"{where}/actions has action dim {actions.shape[1]} but the config expects {action_dim}"
+                    )
+                if not np.isfinite(actions).all():
+                    raise RiptError(f"{where}/actions contains NaN or inf")
+                obs = {}
+                for canonical, key in obs_keys.items():
+                    full = f"obs/{key}"
+                    if full not in g:
+                        raise RiptError(f"{where}/{full} is missing (mapped from obs key {canonical!r})")
+                    value = g[full][()]
+                    if len(value) != len(actions):
+                        raise RiptError(f"{where}/{full} has {len(value)} steps but actions has {len(actions)}")
+                    if value.dtype != np.uint8:
+                        value = value.astype(np.float32)
+                        if not np.isfinite(value).all():
+                            raise RiptError(f"{where}/{full} contains NaN or inf")
+                    if canonical in flip_keys:
+                        value = np.ascontiguousarray(value[:, ::-1])
+                    obs[canonical] = value
+                demos.append(Demo(actions=actions, obs=obs, attrs=dict(g.attrs)))
+    except RiptError:
+        raise
+    except (OSError, KeyError, ValueError) as e:
+        raise RiptError(f"{path}: corrupt or truncated HDF5 file ({e})") from None
+    return demos

@@ -1,0 +1,226 @@
+"""Env runner: evaluates a policy on episodes of one or more tasks in parallel worker processes.
+
+Workers are gymnasium vector envs (spawned: a forked child inherits a GL context and hangs). Each worker
+hosts one simulator task at a time and is driven through two methods called on all workers at once:
+``begin`` (start an episode: task, seed) and ``advance`` (one step; images only where asked). The policy
+sees all envs together and is called once per decision for every env that needs a new chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from ript.envs.metaworld import MetaWorldTask, RenderSettings
+from ript.utils.checkpoint import atomic_write_text
+from ript.utils.video import write_mp4
+
+EVAL_SEED_BASE = 10**9  # evaluation layouts never coincide with demonstration layouts
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    task_name: str
+    seed: int
+    index: int  # episode number within its task
+    record: bool = False
+
+
+def make_task(suite: str, task_name: str, render: dict, max_episode_steps: int):
+    """The one place a simulator adapter is chosen by suite name."""
+    if suite == "metaworld":
+        return MetaWorldTask(task_name, RenderSettings.from_dict(render), max_episode_steps)
+    from ript.errors import RiptError
+
+    raise RiptError(f"unknown simulator suite {suite!r}; available: metaworld")
+
+
+class TaskWorkerEnv(gym.Env):
+    """A worker's env: builds simulator tasks on demand and keeps them for reuse."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,))
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,))
+
+    def __init__(self, index: int, suite: str, render: dict, max_episode_steps: int):
+        self.index, self.suite, self.render_cfg, self.max_steps = index, suite, render, max_episode_steps
+        self.tasks: dict[str, Any] = {}
+        self.current = None
+
+    def begin(self, specs: list[EpisodeSpec | None]):
+        spec = specs[self.index]
+        if spec is None:
+            return None
+        if spec.task_name not in self.tasks:
+            self.tasks[spec.task_name] = make_task(self.suite, spec.task_name, self.render_cfg, self.max_steps)
+        self.current = self.tasks[spec.task_name]
+        return self.current.reset(spec.seed, render=True)
+
+    def advance(self, actions: np.ndarray, active: list[bool], render: list[bool]):
+        if not active[self.index]:
+            return None
+        obs, reward, done, info = self.current.step(actions[self.index], render=render[self.index])
+        return obs, reward, done, info["success"]
+
+    def close(self):
+        for task in self.tasks.values():
+            task.close()
+        self.tasks.clear()
+
+
+def make_vector_env(suite: str, render: dict, max_episode_steps: int, num_workers: int, asynchronous: bool = True):
+    fns = [functools.partial(TaskWorkerEnv, i, suite, render, max_episode_steps) for i in range(num_workers)]
+    if asynchronous and num_workers > 1:
+        return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="spawn")
+    return gym.vector.SyncVectorEnv(fns)
+
+
+def default_num_workers(requested: int | str | None, n_episodes: int) -> int:
+    if requested in (None, "auto"):
+        requested = os.cpu_count() or 1
+    return max(1, min(int(requested), n_episodes))
+
+
+def _video_frame(obs: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
+    return np.concatenate([obs[k] for k in keys], axis=1)
+
+
+class EnvRunner:
+    def __init__(
+        self,
+        suite: str,
+        task_names: list[str],
+        render: dict,
+        max_episode_steps: int,
+        episodes_per_task: int,
+        num_workers: int | str | None = "auto",
+        seed: int = 0,
+        n_videos: int = 0,
+        asynchronous: bool = True,
+    ):
+        self.suite = suite
+        self.task_names = list(task_names)
+        self.render = dict(render)
+        self.max_episode_steps = max_episode_steps
+        self.episodes_per_task = episodes_per_task
+        self.num_workers = default_num_workers(num_workers, episodes_per_task * len(task_names))
+        self.seed = seed
+        self.n_videos = n_videos
+        self.asynchronous = asynchronous
+        self.envs = None
+
+    def specs(self) -> list[EpisodeSpec]:
+        out = []
+        for j in range(self.episodes_per_task):  # interleave tasks so workers share the slow ones
+            for t in self.task_names:
+                out.append(EpisodeSpec(t, EVAL_SEED_BASE + self.seed * 10_000 + j, j, j < self.n_videos))
+        return out
+
+    def _ensure_envs(self):
+        if self.envs is None:
+            self.envs = make_vector_env(self.suite, self.render, self.max_episode_steps, self.num_workers,
+                                        self.asynchronous)
+        return self.envs
+
+    def run(self, policy, video_dir: Path | None = None) -> dict[str, Any]:
+        envs = self._ensure_envs()
+        n = self.num_workers
+        pending = self.specs()
+        pending.reverse()
+        running: list[EpisodeSpec | None] = [None] * n
+        steps = [0] * n
+        frames: list[list] = [[] for _ in range(n)]
+        episodes: list[dict] = []
+        policy.reset(n)
+        video_keys = [f"{c}_rgb" for c in self.render["cameras"]]
+        t0 = time.perf_counter()
+        env_steps = 0
+
+        def start(slots: list[int]) -> None:
+            specs: list[EpisodeSpec | None] = [None] * n
+            for i in slots:
+                if pending:
+                    specs[i] = running[i] = pending.pop()
+                    steps[i] = 0
+                    frames[i] = []
+            for i, obs in enumerate(envs.call("begin", specs)):
+                if obs is not None:
+                    policy.reset_env(i, specs[i].task_name)
+                    policy.observe(i, obs)
+                    if specs[i].record:
+                        frames[i].append(_video_frame(obs, video_keys))
+
+        start(list(range(n)))
+        while any(s is not None for s in running):
+            active = [s is not None for s in running]
+            actions = policy.act(active)
+            render = [a and (policy.wants_obs(i) or running[i].record) for i, a in enumerate(active)]
+            results = envs.call("advance", actions, active, render)
+            finished = []
+            for i, res in enumerate(results):
+                if res is None:
+                    continue
+                obs, _, done, success = res
+                steps[i] += 1
+                env_steps += 1
+                if render[i]:
+                    policy.observe(i, obs)
+                    if running[i].record:
+                        frames[i].append(_video_frame(obs, video_keys))
+                if done:
+                    spec = running[i]
+                    episodes.append({"task": spec.task_name, "episode": spec.index, "seed": spec.seed,
+                                     "success": bool(success), "length": steps[i]})
+                    if spec.record and video_dir is not None:
+                        tag = "success" if success else "failure"
+                        write_mp4(Path(video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", frames[i])
+                    running[i] = None
+                    finished.append(i)
+            if finished and pending:
+                start(finished)
+        return summarize(episodes, time.perf_counter() - t0, env_steps)
+
+    def close(self) -> None:
+        if self.envs is not None:
+            self.envs.close()
+            self.envs = None
+
+
+def summarize(episodes: list[dict], seconds: float, env_steps: int) -> dict[str, Any]:
+    per_task: dict[str, dict[str, Any]] = {}
+    for e in episodes:
+        t = per_task.setdefault(e["task"], {"episodes": 0, "successes": 0, "lengths": []})
+        t["episodes"] += 1
+        t["successes"] += int(e["success"])
+        t["lengths"].append(e["length"])
+    for t in per_task.values():
+        t["success_rate"] = t["successes"] / t["episodes"]
+        t["mean_length"] = float(np.mean(t.pop("lengths")))
+    rates = [t["success_rate"] for t in per_task.values()]
+    return {
+        "success_rate": float(np.mean(rates)) if rates else 0.0,
+        "per_task": dict(sorted(per_task.items())),
+        "episodes": sorted(episodes, key=lambda e: (e["task"], e["episode"])),
+        "env_steps": env_steps,
+        "seconds": seconds,
+        "env_steps_per_second": env_steps / max(seconds, 1e-9),
+    }
+
+
+def success_table(results: dict[str, Any]) -> str:
+    rows = [f"{'task':<32} {'success':>8} {'episodes':>9} {'mean len':>9}"]
+    for name, t in results["per_task"].items():
+        rows.append(f"{name:<32} {t['success_rate']:>8.1%} {t['episodes']:>9d} {t['mean_length']:>9.1f}")
+    rows.append(f"{'average':<32} {results['success_rate']:>8.1%}")
+    return "\n".join(rows)
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    atomic_write_text(Path(path), json.dumps(results, indent=2))

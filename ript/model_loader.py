@@ -1,0 +1,58 @@
+"""Build any registered model from a checkpoint directory.
+
+``config.json`` names the stage, the registered model and its constructor kwargs; the weights are checked
+against the rebuilt model so a checkpoint of another stage or architecture is refused with a clear message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import ript.models  # noqa: F401  (registers the models)
+from ript.errors import RiptError
+from ript.registry import MODELS
+from ript.utils.checkpoint import load_weights, read_checkpoint_config, resolve_checkpoint_dir
+
+
+def build_model(config: dict[str, Any]) -> torch.nn.Module:
+    return MODELS.build(config["model_name"], **config["model_kwargs"])
+
+
+def check_and_load(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str, strict: bool = True) -> None:
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if strict and (missing or unexpected):
+        detail = f"missing key {missing[0]!r}" if missing else f"unexpected key {unexpected[0]!r}"
+        raise RiptError(f"{where}: weights do not fit the model ({detail}; {len(missing)} missing, "
+                        f"{len(unexpected)} unexpected)")
+    for k, v in state.items():
+        if k in own and own[k].shape != v.shape:
+            raise RiptError(f"{where}: key {k!r} has shape {tuple(v.shape)}, model expects {tuple(own[k].shape)}")
+    model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=strict)
+
+
+def load_model(
+    path: str | Path,
+    expect_stage: str | tuple[str, ...] | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Load (model, checkpoint config) from a run dir, ``checkpoints/last`` or one step's folder."""
+    ckpt = resolve_checkpoint_dir(path)
+    config = read_checkpoint_config(ckpt)
+    for key in ("stage", "model_name", "model_kwargs"):
+        if key not in config:
+            raise RiptError(f"{ckpt}/config.json has no {key!r}: not a ript checkpoint")
+    if expect_stage is not None:
+        allowed = (expect_stage,) if isinstance(expect_stage, str) else expect_stage
+        if config["stage"] not in allowed:
+            raise RiptError(
+                f"{ckpt}: checkpoint is from stage {config['stage']!r} (model {config['model_name']!r}), "
+                f"but a {' or '.join(allowed)} checkpoint is needed here"
+            )
+    model = build_model(config)
+    check_and_load(model, load_weights(ckpt), str(ckpt / "model.safetensors"))
+    return model.to(device), {**config, "checkpoint_dir": str(ckpt)}

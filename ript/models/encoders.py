@@ -1,0 +1,97 @@
+"""Observation encoders: a ResNet-18-style image trunk with spatial softmax, and an MLP for low-dim state.
+
+Written here rather than taken from torchvision (whose registry build does not import on CPU torch).
+GroupNorm instead of BatchNorm keeps train and eval behaviour identical, which RL fine-tuning needs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(min(32, channels // 4), channels)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.n1 = _norm(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.n2 = _norm(c_out)
+        self.skip = (
+            nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), _norm(c_out))
+            if stride != 1 or c_in != c_out
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.n1(self.conv1(x)))
+        return F.relu(self.n2(self.conv2(y)) + self.skip(x))
+
+
+class SpatialSoftmax(nn.Module):
+    """Expected (x, y) image coordinates of ``num_kp`` learned keypoint maps."""
+
+    def __init__(self, channels: int, num_kp: int):
+        super().__init__()
+        self.kp = nn.Conv2d(channels, num_kp, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = x.shape
+        heat = self.kp(x).flatten(2).softmax(-1)  # (B, K, H*W)
+        ys = torch.linspace(-1, 1, h, device=x.device, dtype=heat.dtype)
+        xs = torch.linspace(-1, 1, w, device=x.device, dtype=heat.dtype)
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+        ex = heat @ grid_x.reshape(-1, 1)
+        ey = heat @ grid_y.reshape(-1, 1)
+        return torch.cat([ex, ey], dim=-1).flatten(1)  # (B, 2K)
+
+
+class ResNetEncoder(nn.Module):
+    """uint8 (B, H, W, 3) image -> (B, out_dim). ``width=64`` gives ResNet-18's channel counts."""
+
+    def __init__(self, out_dim: int, width: int = 64, num_kp: int = 32, blocks: tuple[int, ...] = (2, 2, 2, 2)):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 7, 2, 3, bias=False), _norm(width), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        layers, c = [], width
+        for i, n in enumerate(blocks):
+            c_out = width * 2**i
+            for j in range(n):
+                layers.append(BasicBlock(c, c_out, 2 if (j == 0 and i > 0) else 1))
+                c = c_out
+        self.layers = nn.Sequential(*layers)
+        self.pool = SpatialSoftmax(c, num_kp)
+        self.proj = nn.Linear(2 * num_kp, out_dim)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        x = img.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        return self.proj(self.pool(self.layers(self.stem(x))))
+
+
+class MLPEncoder(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int, hidden: int = 128):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def random_shift(img: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:
+    """DrQ-style augmentation on uint8 (B, H, W, C) images: pad by replication and crop at a random offset."""
+    if pad <= 0:
+        return img
+    b, h, w, _ = img.shape
+    padded = F.pad(img.permute(0, 3, 1, 2).float(), (pad, pad, pad, pad), mode="replicate")
+    dx = torch.randint(0, 2 * pad + 1, (b,), device=img.device, generator=generator)
+    dy = torch.randint(0, 2 * pad + 1, (b,), device=img.device, generator=generator)
+    rows = (dy[:, None] + torch.arange(h, device=img.device)[None])  # (B, H)
+    cols = (dx[:, None] + torch.arange(w, device=img.device)[None])  # (B, W)
+    batch = torch.arange(b, device=img.device)[:, None, None]
+    out = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]]
+    return out.to(img.dtype)

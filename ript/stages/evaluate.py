@@ -1,0 +1,71 @@
+"""Evaluation: run a chunk-policy checkpoint on simulator tasks; per-task and overall success, videos, JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ript.config import resolve_device
+from ript.envs.runner import EnvRunner, success_table, write_results
+from ript.errors import RiptError
+from ript.model_loader import load_model
+from ript.policies.chunk_policy import ChunkPolicy
+from ript.utils.logging import log, setup_console_logging
+
+
+def sampling_settings(train_cfg: dict, overrides: dict | None = None) -> dict[str, Any]:
+    """The checkpoint's sampling settings, with any non-null override applied."""
+    algo = train_cfg["algo"]
+    out = {"action_horizon": algo["action_horizon"], **algo["sampling"]}
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            out[k] = v
+    return out
+
+
+def make_runner(metadata: dict, task_names: list[str], eval_cfg) -> EnvRunner:
+    env_args = metadata.get("env_args") or {}
+    if "render" not in env_args:
+        raise RiptError("checkpoint metadata has no env_args.render; it was not trained on ript-collected data")
+    return EnvRunner(
+        suite=metadata["suite"],
+        task_names=task_names,
+        render=env_args["render"],  # same cameras, size and quality as the training images
+        max_episode_steps=int(eval_cfg.get("max_episode_steps") or env_args["max_episode_steps"]),
+        episodes_per_task=int(eval_cfg.episodes_per_task),
+        num_workers=eval_cfg.num_workers,
+        seed=int(eval_cfg.seed),
+        n_videos=int(eval_cfg.n_videos),
+    )
+
+
+def make_policy(model, settings: dict, device: str, seed: int) -> ChunkPolicy:
+    return ChunkPolicy(model, action_horizon=int(settings["action_horizon"]), temperature=float(settings["temperature"]),
+                       top_k=settings.get("top_k"), greedy=bool(settings.get("greedy", False)), device=device,
+                       seed=seed, amp=device.startswith("cuda"))
+
+
+def run(cfg) -> dict[str, Any]:
+    setup_console_logging()
+    device = resolve_device(cfg.device)
+    model, ckpt = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune", "rl"), device=device)
+    names = list(cfg.task_names) if cfg.task_names else model.task_names
+    for n in names:
+        model.task_index(n)
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(ckpt["checkpoint_dir"]).parent.parent / "eval" / (
+        f"step{ckpt['step']:07d}")
+    settings = sampling_settings(ckpt["cfg"], dict(cfg.sampling))
+    runner = make_runner(ckpt["metadata"], names, cfg)
+    try:
+        torch.manual_seed(int(cfg.seed))
+        results = runner.run(make_policy(model, settings, device, int(cfg.seed)), video_dir=out_dir / "videos")
+    finally:
+        runner.close()
+    results.update(checkpoint=ckpt["checkpoint_dir"], sampling=settings)
+    write_results(out_dir / "results.json", results)
+    print(success_table(results))
+    log.info("eval: %d env steps in %.1f s (%.0f steps/s); results in %s", results["env_steps"], results["seconds"],
+             results["env_steps_per_second"], out_dir / "results.json")
+    return results

@@ -1,0 +1,115 @@
+"""Stage 0: train the action autoencoder (L1 reconstruction of action chunks through FSQ/VQ tokens)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ript.config import data_files, resolve_device, task_names
+from ript.models.action_autoencoder import ActionAutoencoder
+from ript.model_loader import check_and_load
+from ript.stages import common
+from ript.utils.checkpoint import load_weights, save_checkpoint
+from ript.utils.logging import MetricLogger, log, setup_console_logging
+from ript.utils.seeding import seed_everything
+
+
+def autoencoder_kwargs(cfg) -> dict:
+    a = cfg.algo
+    return {"action_dim": int(cfg.task.action_dim), "chunk_size": int(a.chunk_size),
+            "downsample": int(a.downsample), **{k: (list(v) if k == "fsq_levels" else v)
+                                                for k, v in a.autoencoder.items()}}
+
+
+def codebook_metrics(indices: torch.Tensor, codebook_size: int) -> dict[str, float]:
+    counts = torch.bincount(indices.flatten(), minlength=codebook_size).float()
+    p = counts / counts.sum()
+    entropy = -(p[p > 0] * p[p > 0].log()).sum()
+    return {"codebook_usage": float((counts > 0).float().mean()), "perplexity": float(entropy.exp())}
+
+
+@torch.no_grad()
+def validate(model: ActionAutoencoder, dataset, batch_size: int, device: str, amp) -> dict[str, float]:
+    model.eval()
+    l1, n, all_idx = 0.0, 0, []
+    for start in range(0, len(dataset), batch_size):
+        idx = torch.arange(start, min(start + batch_size, len(dataset)))
+        batch = dataset.get_batch(idx)
+        with common.autocast(device, amp):
+            out = model(model.action_normalizer.normalize(batch["actions"].to(device)), batch["action_mask"].to(device))
+        l1 += float(out["l1"]) * len(idx)
+        n += len(idx)
+        all_idx.append(out["indices"])
+    model.train()
+    return {"val/l1": l1 / n, **{f"val/{k}": v for k, v in codebook_metrics(torch.cat(all_idx),
+                                                                             model.codebook_size).items()}}
+
+
+def run(cfg) -> str:
+    setup_console_logging()
+    run_dir, resume_from = common.prepare_run_dir(cfg)
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device)
+    names = task_names(cfg.task)
+    train_set, val_set = common.load_datasets(
+        dict(files=data_files(cfg.task, names), obs_keys={}, chunk_size=int(cfg.algo.chunk_size),
+             action_dim=int(cfg.task.action_dim), demos_per_task=cfg.data.demos_per_task,
+             val_fraction=float(cfg.data.val_fraction), seed=int(cfg.seed)),
+        device, cfg.data.on_device)
+    log.info("stage0: %d tasks, %d train samples, %d demos", len(names), len(train_set), train_set.num_demos)
+
+    kwargs = autoencoder_kwargs(cfg)
+    model = ActionAutoencoder(**kwargs)
+    model.action_normalizer.fit(train_set.actions)
+    model.to(device).train()
+    steps = int(cfg.train.steps)
+    opt, sched = common.make_optimizer(model.parameters(), cfg.train, steps, device)
+    generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
+    start_step, run_id = 0, None
+    if resume_from is not None:
+        check_and_load(model, load_weights(resume_from), str(resume_from))
+        state = common.restore_training_state(resume_from, opt, sched, generator)
+        start_step, run_id = int(state["step"]), state["logger_run_id"]
+        log.info("stage0: resumed from %s at step %d", resume_from, start_step)
+    logger = MetricLogger(run_dir, common.to_dict(cfg), run_id)
+    ckpt_config = common.checkpoint_config("stage0", model, "action_autoencoder", kwargs, cfg,
+                                           train_set.metadata())
+
+    def save(step: int) -> None:
+        state = common.training_state(opt, sched, step, generator, logger.run_id)
+        save_checkpoint(run_dir, step, model, ckpt_config, state, keep_last=cfg.train.keep_last)
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=steps, initial=start_step, desc="stage0", unit="step", disable=not cfg.progress)
+    t_last, samples = time.perf_counter(), 0
+    for step, idx in common.batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
+        if step >= steps:
+            break
+        batch = train_set.get_batch(idx)
+        with common.autocast(device, cfg.train.amp):
+            out = model(model.action_normalizer.normalize(batch["actions"]), batch["action_mask"])
+        grad_norm = common.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip))
+        samples += len(idx)
+        bar.update(1)
+        done = step + 1
+        if done % cfg.train.log_every == 0 or done == steps:
+            dt = time.perf_counter() - t_last
+            metrics = {"train/l1": out["l1"].item(), "train/loss": out["loss"].item(), "train/grad_norm": grad_norm,
+                       "train/lr": sched.get_last_lr()[0], "time/samples_per_s": samples / dt,
+                       **{f"train/{k}": v for k, v in codebook_metrics(out["indices"], model.codebook_size).items()}}
+            logger.log(metrics, done)
+            bar.set_postfix(l1=f"{metrics['train/l1']:.4f}", ppl=f"{metrics['train/perplexity']:.0f}")
+            t_last, samples = time.perf_counter(), 0
+        if val_set is not None and (done % cfg.train.val_every == 0 or done == steps):
+            metrics = validate(model, val_set, int(cfg.train.batch_size), device, cfg.train.amp)
+            logger.log(metrics, done)
+            log.info("stage0 step %d: val l1 %.4f, codebook usage %.1f%%", done, metrics["val/l1"],
+                     100 * metrics["val/codebook_usage"])
+        if done % cfg.train.save_every == 0 or done == steps:
+            save(done)
+    bar.close()
+    logger.close()
+    log.info("stage0: done; checkpoint %s", run_dir / "checkpoints" / "last")
+    return str(run_dir)

@@ -1,0 +1,222 @@
+"""Stage 1 (autoregressive prior over skill tokens) and stage 2 (few-shot fine-tuning on new tasks).
+
+Both train a ``SkillPrior`` with teacher-forced cross-entropy; fine-tuning starts from a stage-1
+checkpoint, swaps in the new tasks' embeddings, and may also train the decoder with an L1 term.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ript.config import data_files, resolve_device, task_names
+from ript.data.language import TASK_ID, embed_instructions
+from ript.errors import RiptError
+from ript.model_loader import check_and_load, load_model
+from ript.models.encoders import random_shift
+from ript.models.prior import SkillPrior
+from ript.stages import common
+from ript.stages.evaluate import make_policy, make_runner, sampling_settings
+from ript.envs.runner import success_table, write_results
+from ript.utils.checkpoint import load_weights, save_checkpoint
+from ript.utils.logging import MetricLogger, log, setup_console_logging
+from ript.utils.seeding import seed_everything
+
+
+def _datasets(cfg, chunk_size: int, device: str):
+    names = task_names(cfg.task)
+    return common.load_datasets(
+        dict(files=data_files(cfg.task, names), obs_keys=dict(cfg.task.obs_keys), chunk_size=chunk_size,
+             frame_stack=int(cfg.algo.frame_stack), action_dim=int(cfg.task.action_dim),
+             demos_per_task=cfg.data.demos_per_task, val_fraction=float(cfg.data.val_fraction),
+             seed=int(cfg.seed)),
+        device, cfg.data.on_device)
+
+
+def _language(cfg, instructions: list[str]) -> torch.Tensor | None:
+    if cfg.lang.encoder == TASK_ID:
+        return None
+    cache = Path(cfg.lang.cache_file) if cfg.lang.cache_file else None
+    return embed_instructions(instructions, str(cfg.lang.encoder), cache)
+
+
+def _set_task_conditioning(model: SkillPrior, embeddings: torch.Tensor | None) -> None:
+    if embeddings is not None:
+        model.task_embeddings.copy_(embeddings)
+
+
+def run(cfg) -> str:
+    """Stage 1: train the prior on top of an explicit stage-0 checkpoint."""
+    setup_console_logging()
+    if not cfg.stage0_checkpoint:
+        raise RiptError("stage1 needs stage0_checkpoint=<stage-0 run dir or checkpoint>")
+    device = resolve_device(cfg.device)
+    autoencoder, ae_ckpt = load_model(cfg.stage0_checkpoint, expect_stage="stage0")
+    if autoencoder.action_dim != int(cfg.task.action_dim):
+        raise RiptError(f"{ae_ckpt['checkpoint_dir']}: autoencoder action_dim {autoencoder.action_dim} != "
+                        f"task.action_dim {cfg.task.action_dim}")
+    run_dir, resume_from = common.prepare_run_dir(cfg)
+    seed_everything(cfg.seed)
+    train_set, val_set = _datasets(cfg, autoencoder.chunk_size, device)
+    embeddings = _language(cfg, train_set.instructions)
+    shapes = train_set.obs_shapes()
+    kwargs = {
+        "autoencoder": ae_ckpt["model_kwargs"],
+        "task_names": train_set.task_names,
+        "image_keys": [k for k, s in shapes.items() if len(s) == 3],
+        "lowdim_dims": {k: s[0] for k, s in shapes.items() if len(s) == 1},
+        "lang_dim": None if embeddings is None else int(embeddings.shape[1]),
+        "frame_stack": int(cfg.algo.frame_stack),
+        **dict(cfg.algo.prior),
+    }
+    model = SkillPrior(**kwargs)
+    model.autoencoder.load_state_dict(autoencoder.state_dict())
+    _set_task_conditioning(model, embeddings)
+    for k in model.lowdim_keys:
+        model.lowdim_normalizers[k].fit(train_set.obs[k])
+    metadata = {**train_set.metadata(), "stage0_checkpoint": ae_ckpt["checkpoint_dir"]}
+    return train_prior(cfg, model, kwargs, train_set, val_set, run_dir, resume_from, "stage1", metadata, device)
+
+
+def run_finetune(cfg) -> str:
+    """Stage 2: few-shot fine-tuning of a stage-1 checkpoint on new tasks."""
+    setup_console_logging()
+    if not cfg.checkpoint:
+        raise RiptError("finetune needs checkpoint=<stage-1 run dir or checkpoint>")
+    device = resolve_device(cfg.device)
+    base, base_ckpt = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune"))
+    run_dir, resume_from = common.prepare_run_dir(cfg)
+    seed_everything(cfg.seed)
+    train_set, val_set = _datasets(cfg, base.autoencoder.chunk_size, device)
+    embeddings = _language(cfg, train_set.instructions)
+    kwargs = {**base_ckpt["model_kwargs"], "task_names": train_set.task_names}
+    if (embeddings is None) != (kwargs["lang_dim"] is None):
+        raise RiptError(f"lang.encoder={cfg.lang.encoder!r} does not match the checkpoint's task conditioning")
+    model = SkillPrior(**kwargs)
+    # everything but the per-task conditioning carries over from the base model
+    state = {k: v for k, v in base.state_dict().items() if not k.startswith(("task_embeddings", "task_table"))}
+    model.load_state_dict(state, strict=False)
+    _set_task_conditioning(model, embeddings)
+    if float(cfg.decoder_l1_weight) > 0:
+        for part in (model.autoencoder.from_code, model.autoencoder.decoder, model.autoencoder.out,
+                     model.autoencoder.dec_queries, model.autoencoder.dec_mem_pos):
+            part.requires_grad_(True)
+    metadata = {**train_set.metadata(), "base_checkpoint": base_ckpt["checkpoint_dir"]}
+    return train_prior(cfg, model, kwargs, train_set, val_set, run_dir, resume_from, "finetune", metadata, device)
+
+
+def prior_loss(model: SkillPrior, batch: dict, cfg, generator: torch.Generator, decoder_l1_weight: float) -> dict:
+    obs = {k: (random_shift(v.flatten(0, 1), int(cfg.algo.image_aug_pad), generator).view_as(v)
+               if k in model.image_keys else v) for k, v in batch["obs"].items()}
+    out = model.loss(obs, batch["task_ids"], batch["actions"])
+    if decoder_l1_weight > 0:
+        ae = model.autoencoder
+        target = ae.action_normalizer.normalize(batch["actions"])
+        recon = ae.decode_indices(out["targets"])
+        m = batch["action_mask"].unsqueeze(-1).to(recon.dtype)
+        l1 = ((recon - target).abs() * m).sum() / (m.sum() * recon.shape[-1]).clamp(min=1)
+        out["decoder_l1"] = l1
+        out["loss"] = out["loss"] + decoder_l1_weight * l1
+    return out
+
+
+@torch.no_grad()
+def validate(model: SkillPrior, dataset, cfg, device: str) -> dict[str, float]:
+    model.eval()
+    ce, acc, n = 0.0, 0.0, 0
+    bs = int(cfg.train.batch_size)
+    for start in range(0, len(dataset), bs):
+        idx = torch.arange(start, min(start + bs, len(dataset)))
+        batch = dataset.get_batch(idx)
+        batch = {**batch, "obs": {k: v.to(device) for k, v in batch["obs"].items()},
+                 "actions": batch["actions"].to(device), "task_ids": batch["task_ids"].to(device)}
+        with common.autocast(device, cfg.train.amp):
+            out = model.loss(batch["obs"], batch["task_ids"], batch["actions"])
+        ce += float(out["ce"]) * len(idx)
+        acc += float(out["token_acc"]) * len(idx)
+        n += len(idx)
+    model.train()
+    return {"val/ce": ce / n, "val/token_acc": acc / n}
+
+
+def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, run_dir: Path,
+                resume_from: Path | None, stage: str, metadata: dict, device: str) -> str:
+    model.to(device).train()
+    model.autoencoder.eval()  # frozen parts stay deterministic (dropout off)
+    steps = int(cfg.train.steps)
+    opt, sched = common.make_optimizer(model.parameters(), cfg.train, steps, device)
+    generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
+    start_step, run_id = 0, None
+    if resume_from is not None:
+        check_and_load(model, load_weights(resume_from), str(resume_from))
+        state = common.restore_training_state(resume_from, opt, sched, generator)
+        start_step, run_id = int(state["step"]), state["logger_run_id"]
+        log.info("%s: resumed from %s at step %d", stage, resume_from, start_step)
+    logger = MetricLogger(run_dir, common.to_dict(cfg), run_id)
+    ckpt_config = common.checkpoint_config(stage, model, "skill_prior", model_kwargs, cfg, metadata)
+    decoder_l1_weight = float(cfg.get("decoder_l1_weight", 0.0))
+    runner = None
+    log.info("%s: %d tasks, %d train samples, %d demos, %.1fM trainable params", stage, len(train_set.task_names),
+             len(train_set), train_set.num_demos,
+             sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6)
+
+    def evaluate(step: int) -> None:
+        nonlocal runner
+        if runner is None:
+            runner = make_runner(metadata, train_set.task_names, cfg.eval)
+        settings = sampling_settings(common.to_dict(cfg))
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device.startswith("cuda") else []):
+            results = runner.run(make_policy(model, settings, device, int(cfg.eval.seed)),
+                                 video_dir=run_dir / "eval" / f"step{step:07d}" / "videos")
+        model.train()
+        model.autoencoder.eval()
+        write_results(run_dir / "eval" / f"step{step:07d}" / "results.json", results)
+        logger.log({"eval/success_rate": results["success_rate"],
+                    **{f"eval/success/{t}": r["success_rate"] for t, r in results["per_task"].items()}}, step)
+        log.info("%s step %d eval:\n%s", stage, step, success_table(results))
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=steps, initial=start_step, desc=stage, unit="step", disable=not cfg.progress)
+    t_last, samples = time.perf_counter(), 0
+    try:
+        for step, idx in common.batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
+            if step >= steps:
+                break
+            batch = train_set.get_batch(idx)
+            with common.autocast(device, cfg.train.amp):
+                out = prior_loss(model, batch, cfg, generator, decoder_l1_weight)
+            grad_norm = common.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip))
+            samples += len(idx)
+            bar.update(1)
+            done = step + 1
+            if done % cfg.train.log_every == 0 or done == steps:
+                dt = time.perf_counter() - t_last
+                metrics = {"train/ce": out["ce"].item(), "train/token_acc": out["token_acc"].item(),
+                           "train/grad_norm": grad_norm, "train/lr": sched.get_last_lr()[0],
+                           "time/samples_per_s": samples / dt}
+                if "decoder_l1" in out:
+                    metrics["train/decoder_l1"] = out["decoder_l1"].item()
+                logger.log(metrics, done)
+                bar.set_postfix(ce=f"{metrics['train/ce']:.3f}", acc=f"{metrics['train/token_acc']:.2f}")
+                t_last, samples = time.perf_counter(), 0
+            if val_set is not None and (done % cfg.train.val_every == 0 or done == steps):
+                metrics = validate(model, val_set, cfg, device)
+                logger.log(metrics, done)
+                log.info("%s step %d: val ce %.3f, token acc %.3f", stage, done, metrics["val/ce"],
+                         metrics["val/token_acc"])
+            if done % cfg.train.save_every == 0 or done == steps:
+                state = common.training_state(opt, sched, done, generator, logger.run_id)
+                save_checkpoint(run_dir, done, model, ckpt_config, state, keep_last=cfg.train.keep_last)
+            if cfg.eval.every and (done % cfg.eval.every == 0 or done == steps):
+                evaluate(done)
+    finally:
+        bar.close()
+        if runner is not None:
+            runner.close()
+        logger.close()
+    log.info("%s: done; checkpoint %s", stage, run_dir / "checkpoints" / "last")
+    return str(run_dir)

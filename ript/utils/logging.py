@@ -1,0 +1,60 @@
+"""Metric logging: TensorBoard by default, Weights & Biases optional. Metric names are grouped
+(``train/...``, ``eval/...``, ``time/...``)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("ript")
+
+
+def setup_console_logging(level: int = logging.INFO) -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s ript] %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
+
+
+class MetricLogger:
+    """Writes scalars to TensorBoard (``<run_dir>/tb``) and, if enabled, to W&B under a stable run id."""
+
+    def __init__(self, run_dir: Path, cfg: dict[str, Any], run_id: str | None = None, enabled: bool = True):
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self._tb = None
+        self._wandb = None
+        if not enabled:
+            return
+        logger_cfg = cfg.get("logger", {})
+        if logger_cfg.get("tensorboard", True):
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+        if logger_cfg.get("wandb", False):
+            import wandb  # optional extra
+
+            self._wandb = wandb.init(
+                project=logger_cfg.get("project", "ript"),
+                id=self.run_id,
+                resume="allow",
+                dir=str(run_dir),
+                config=cfg,
+                mode=logger_cfg.get("wandb_mode", "online"),
+            )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self._tb is not None:
+            for k, v in metrics.items():
+                self._tb.add_scalar(k, float(v), step)
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
