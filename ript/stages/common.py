@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import platform
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -86,6 +87,11 @@ def batch_stream(dataset: ChunkDataset, batch_size: int, seed: int, start_step: 
         for j in range(i, n_batches):
             yield step, order[j]
             step += 1
+
+
+def out_of_time(t_start: float, minutes: float | None) -> bool:
+    """For time-limited jobs: stop (with a checkpoint) once ``train.stop_after_minutes`` have passed."""
+    return minutes is not None and time.perf_counter() - t_start > 60 * float(minutes)
 
 
 def training_state(opt, sched, step: int, generator: torch.Generator, run_id: str, extra: dict | None = None) -> dict:

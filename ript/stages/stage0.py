@@ -83,7 +83,8 @@ def run(cfg) -> str:
     from tqdm import tqdm
 
     bar = tqdm(total=steps, initial=start_step, desc="stage0", unit="step", disable=not cfg.progress)
-    t_last, samples = time.perf_counter(), 0
+    t_start = t_last = time.perf_counter()
+    samples = 0
     for step, idx in common.batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
         if step >= steps:
             break
@@ -107,8 +108,13 @@ def run(cfg) -> str:
             logger.log(metrics, done)
             log.info("stage0 step %d: val l1 %.4f, codebook usage %.1f%%", done, metrics["val/l1"],
                      100 * metrics["val/codebook_usage"])
-        if done % cfg.train.save_every == 0 or done == steps:
+        stop = common.out_of_time(t_start, cfg.train.stop_after_minutes)
+        if done % cfg.train.save_every == 0 or done == steps or stop:
             save(done)
+        if stop:
+            log.info("stage0: stopped after %s min at step %d; continue with resume=true",
+                     cfg.train.stop_after_minutes, done)
+            break
     bar.close()
     logger.close()
     log.info("stage0: done; checkpoint %s", run_dir / "checkpoints" / "last")

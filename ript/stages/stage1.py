@@ -181,7 +181,8 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
     from tqdm import tqdm
 
     bar = tqdm(total=steps, initial=start_step, desc=stage, unit="step", disable=not cfg.progress)
-    t_last, samples = time.perf_counter(), 0
+    t_start = t_last = time.perf_counter()
+    samples = 0
     try:
         for step, idx in common.batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
             if step >= steps:
@@ -208,11 +209,16 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
                 logger.log(metrics, done)
                 log.info("%s step %d: val ce %.3f, token acc %.3f", stage, done, metrics["val/ce"],
                          metrics["val/token_acc"])
-            if done % cfg.train.save_every == 0 or done == steps:
+            stop = common.out_of_time(t_start, cfg.train.stop_after_minutes)
+            if done % cfg.train.save_every == 0 or done == steps or stop:
                 state = common.training_state(opt, sched, done, generator, logger.run_id)
                 save_checkpoint(run_dir, done, model, ckpt_config, state, keep_last=cfg.train.keep_last)
             if cfg.eval.every and (done % cfg.eval.every == 0 or done == steps):
                 evaluate(done)
+            if stop:
+                log.info("%s: stopped after %s min at step %d; continue with resume=true", stage,
+                         cfg.train.stop_after_minutes, done)
+                break
     finally:
         bar.close()
         if runner is not None:

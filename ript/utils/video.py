@@ -5,13 +5,31 @@ from pathlib import Path
 
 import numpy as np
 
+from ript.utils.logging import log
 
-def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 30) -> None:
-    """Write (H, W, 3) uint8 frames to an mp4 atomically (imageio-ffmpeg ships its own ffmpeg)."""
-    import imageio
 
+def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 30) -> bool:
+    """Write (H, W, 3) uint8 frames to an mp4 atomically. Uses imageio-ffmpeg (which ships ffmpeg), else
+    OpenCV; with neither, logs a warning and writes nothing. Returns whether a file was written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.mp4")
-    imageio.mimwrite(tmp, [np.asarray(f) for f in frames], fps=fps, macro_block_size=1)
+    frames = [np.ascontiguousarray(f, dtype=np.uint8) for f in frames]
+    try:
+        import imageio_ffmpeg  # noqa: F401  (imageio picks its ffmpeg plugin only when this is present)
+        import imageio
+
+        imageio.mimwrite(tmp, frames, fps=fps, macro_block_size=1, format="FFMPEG")
+    except ImportError:
+        try:
+            import cv2
+        except ImportError:
+            log.warning("no video written to %s: install imageio-ffmpeg", path)
+            return False
+        h, w = frames[0].shape[:2]
+        writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+        for f in frames:
+            writer.write(f[:, :, ::-1])  # OpenCV wants BGR
+        writer.release()
     os.replace(tmp, path)
+    return True
