@@ -9,7 +9,7 @@ T="task=metaworld_ml45_10"
 RUN=runs/metaworld_ml45_10
 case "$1" in
   collect) ript collect $T num_workers=16 episodes_per_job=10 ;;
-  stage0)  ript stage0 $T run_dir=$RUN/stage0 train.steps=${S0_STEPS:-3000} progress=false ;;
+  stage0)  ript stage0 $T run_dir=$RUN/stage0 train.steps=${S0_STEPS:-3000} progress=false ${S0_EXTRA:-} ;;
   stage1)
     resume=false; [ -e $RUN/stage1/checkpoints/last ] && resume=true
     ript stage1 $T run_dir=$RUN/stage1 stage0_checkpoint=$RUN/stage0 train.steps=${S1_STEPS:-10000} \
