@@ -141,7 +141,8 @@ class EnvRunner:
         policy.reset(n)
         video_keys = [f"{c}_rgb" for c in self.render["cameras"]]
         t0 = time.perf_counter()
-        env_steps = 0
+        env_steps = rounds = 0
+        period = getattr(policy, "decision_period", 1)
 
         def start(slots: list[int]) -> None:
             specs: list[EpisodeSpec | None] = [None] * n
@@ -163,7 +164,6 @@ class EnvRunner:
             actions = policy.act(active)
             render = [a and (policy.wants_obs(i) or running[i].record) for i, a in enumerate(active)]
             results = envs.call("advance", actions, active, render)
-            finished = []
             for i, res in enumerate(results):
                 if res is None:
                     continue
@@ -182,9 +182,12 @@ class EnvRunner:
                         tag = "success" if success else "failure"
                         write_mp4(Path(video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", frames[i])
                     running[i] = None
-                    finished.append(i)
-            if finished and pending:
-                start(finished)
+            rounds += 1
+            # Start new episodes only on decision rounds, so every env asks for its next chunk in the same
+            # round: one batched policy call per action_horizon steps instead of one nearly every step.
+            idle = [i for i, s in enumerate(running) if s is None]
+            if idle and pending and rounds % period == 0:
+                start(idle)
         return summarize(episodes, time.perf_counter() - t0, env_steps)
 
     def close(self) -> None:

@@ -81,11 +81,15 @@ class ActionAutoencoder(nn.Module):
         self.decoder = nn.TransformerDecoder(layer, dec_layers, norm=nn.LayerNorm(dim))
         self.out = nn.Linear(dim, action_dim)
 
-    def encode(self, actions_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(B, chunk, A) normalised actions -> quantised codes (B, T, d), indices (B, T), aux loss."""
+    def latents(self, actions_norm: torch.Tensor) -> torch.Tensor:
+        """(B, chunk, A) normalised actions -> continuous latents (B, T, d) before quantisation."""
         x = self.conv(self.in_proj(actions_norm).transpose(1, 2)).transpose(1, 2)
         x, _ = self.encoder(x + self.enc_pos)
-        z = self.to_code(x)
+        return self.to_code(x)
+
+    def encode(self, actions_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, chunk, A) normalised actions -> quantised codes (B, T, d), indices (B, T), aux loss."""
+        z = self.latents(actions_norm)
         if self.quantizer_kind == "fsq":
             codes, indices = self.quantizer(z)
             aux = z.new_zeros(())

@@ -46,6 +46,7 @@ class ChunkPolicy:
         self.device = torch.device(device)
         self.action_dim = model.autoencoder.action_dim
         self.action_horizon = action_horizon
+        self.decision_period = action_horizon  # runners align episode starts to this
         self.sample_kwargs = {"temperature": temperature, "top_k": top_k, "greedy": greedy}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.amp = amp and self.device.type == "cuda"

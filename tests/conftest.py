@@ -1,0 +1,68 @@
+"""Shared fixtures: one tiny real MetaWorld dataset (scripted experts, real HDF5) for the whole session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+TASKS = ["button-press-v3", "drawer-close-v3"]
+
+
+def tiny_overrides(data_dir: Path) -> list[str]:
+    """Config overrides that make every stage run in seconds on a CPU."""
+    return [
+        "task=metaworld_quick",
+        f"task.data_dir={data_dir}",
+        "task.demos_per_task=3",
+        "task.render.image_size=32",
+        "task.max_episode_steps=120",
+        "algo=quest_small",
+        "progress=false",
+    ]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    from ript.config import compose
+    from ript.stages import collect
+
+    data_dir = tmp_path_factory.mktemp("data")
+    collect.run(compose("collect", tiny_overrides(data_dir) + ["episodes_per_job=2", "num_workers=2"]))
+    return data_dir
+
+
+def train_overrides(data_dir: Path, run_dir: Path, steps: int) -> list[str]:
+    return tiny_overrides(data_dir) + [
+        f"run_dir={run_dir}",
+        f"train.steps={steps}",
+        "train.batch_size=16",
+        "train.warmup_steps=2",
+        "train.log_every=1",
+        "train.val_every=2",
+        "train.save_every=2",
+        "data.val_fraction=0.34",
+    ]
+
+
+@pytest.fixture(scope="session")
+def stage0_run(tiny_data, tmp_path_factory) -> Path:
+    from ript.config import compose
+    from ript.stages import stage0
+
+    run_dir = tmp_path_factory.mktemp("runs") / "stage0"
+    stage0.run(compose("stage0", train_overrides(tiny_data, run_dir, 4)))
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def stage1_run(tiny_data, stage0_run, tmp_path_factory) -> Path:
+    from ript.config import compose
+    from ript.stages import stage1
+
+    run_dir = tmp_path_factory.mktemp("runs") / "stage1"
+    stage1.run(compose("stage1", train_overrides(tiny_data, run_dir, 4) + [f"stage0_checkpoint={stage0_run}"]))
+    return run_dir

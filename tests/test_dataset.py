@@ -1,0 +1,83 @@
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from ript.data.dataset import ChunkDataset, DatasetSpec, batch_indices
+from ript.data.hdf5 import Demo, read_demos, write_demo_file
+from ript.errors import RiptError
+
+
+def write_synthetic(path, lengths=(5, 7), action_dim=3, attrs=None):
+    demos = []
+    for i, n in enumerate(lengths):
+        actions = np.stack([np.full(action_dim, 100 * i + t, dtype=np.float32) for t in range(n)])
+        img = np.zeros((n, 4, 4, 3), dtype=np.uint8)
+        img[:, 0, :, 0] = np.arange(n)[:, None]  # top row marks the frame index
+        demos.append(Demo(actions=actions, obs={"agentview_rgb": img, "joint_states": actions[:, :2] * 2}))
+    write_demo_file(path, demos, attrs or {"task_name": path.stem, "instruction": "do it"})
+    return path
+
+
+def spec(files, **kw):
+    base = dict(files=files, obs_keys={"cam_rgb": "agentview_rgb", "state": "joint_states"}, chunk_size=4,
+                frame_stack=2, val_fraction=0.0)
+    return DatasetSpec(**{**base, **kw})
+
+
+def test_windows_padding_and_frame_stack(tmp_path):
+    ds = ChunkDataset(spec([write_synthetic(tmp_path / "a.hdf5")]), "all")
+    assert len(ds) == 12 and ds.num_demos == 2
+    b = ds.get_batch(torch.tensor([0, 3, 5]))
+    # demo 0, t=3: actions 3, 4, then the last action repeated and masked
+    assert b["actions"][1, :, 0].tolist() == [3, 4, 4, 4]
+    assert b["action_mask"][1].tolist() == [True, True, False, False]
+    # first frame of an episode is repeated to fill the stack; stacks never cross episodes
+    assert b["obs"]["cam_rgb"][0, :, 0, 0, 0].tolist() == [0, 0]
+    assert b["obs"]["cam_rgb"][2, :, 0, 0, 0].tolist() == [0, 0]  # sample 5 is demo 1, t=0
+    assert b["actions"][2, 0, 0] == 100
+    assert b["obs"]["cam_rgb"][1, :, 0, 0, 0].tolist() == [2, 3]
+
+
+def test_flip_and_instruction_from_libero_problem_info(tmp_path):
+    path = write_synthetic(tmp_path / "b.hdf5", attrs={"problem_info": {"language_instruction": "pick it"}})
+    ds = ChunkDataset(spec([path], flip_keys=("cam_rgb",)), "all")
+    assert ds.instructions == ["pick it"]
+    assert ds.obs["cam_rgb"][1, -1, 0, 0] == 1  # the marked top row is now the bottom row
+
+
+def test_split_by_demo_is_disjoint_and_seeded(tmp_path):
+    path = write_synthetic(tmp_path / "c.hdf5", lengths=(3, 4, 5, 6, 7))
+    train = ChunkDataset(spec([path], val_fraction=0.4), "train")
+    val = ChunkDataset(spec([path], val_fraction=0.4), "val")
+    assert train.num_demos == 3 and val.num_demos == 2
+    starts = lambda d: set(d.actions[:, 0].int().tolist())  # noqa: E731
+    assert not starts(train) & starts(val)
+    assert starts(ChunkDataset(spec([path], val_fraction=0.4), "val")) == starts(val)
+
+
+def test_batch_order_depends_only_on_seed_and_epoch():
+    assert torch.equal(batch_indices(10, 4, 3, 0), batch_indices(10, 4, 3, 0))
+    assert not torch.equal(batch_indices(10, 4, 3, 0), batch_indices(10, 4, 4, 0))
+    assert batch_indices(10, 4, 0, 0).shape == (2, 4)
+
+
+def test_bad_files_give_one_line_errors(tmp_path):
+    keys = {"cam_rgb": "agentview_rgb"}
+    with pytest.raises(RiptError, match="does not exist"):
+        read_demos(tmp_path / "missing.hdf5", keys)
+    good = write_synthetic(tmp_path / "good.hdf5")
+    truncated = tmp_path / "truncated.hdf5"
+    truncated.write_bytes(good.read_bytes()[:3000])
+    with pytest.raises(RiptError, match="truncated.hdf5"):
+        read_demos(truncated, keys)
+    with pytest.raises(RiptError, match="action dim 3 but the config expects 4"):
+        read_demos(good, keys, action_dim=4)
+    with pytest.raises(RiptError, match=r"demo_0/obs/nope is missing"):
+        read_demos(good, {"x": "nope"})
+    with h5py.File(good, "a") as f:
+        f["data/demo_1/actions"][2, 1] = np.nan
+    with pytest.raises(RiptError, match=r"good.hdf5:data/demo_1/actions contains NaN"):
+        read_demos(good, keys)
+    for err in (RiptError,):
+        assert "\n" not in str(pytest.raises(err, read_demos, good, keys).value)

@@ -1,0 +1,55 @@
+import numpy as np
+import pytest
+
+from ript.envs.metaworld import INSTRUCTIONS, MetaWorldTask, RenderSettings, benchmark_tasks, expert_policy
+from ript.errors import RiptError
+
+
+def test_benchmark_task_lists_and_instructions():
+    train, test = benchmark_tasks("ML45", "train"), benchmark_tasks("ML45", "test")
+    assert len(train) == 45 and len(test) == 5 and not set(train) & set(test)
+    assert set(benchmark_tasks("MT50")) == set(INSTRUCTIONS)
+    with pytest.raises(RiptError, match="ML99"):
+        benchmark_tasks("ML99")
+
+
+def test_seeded_layouts_step_and_render():
+    render = RenderSettings(cameras=("corner", "gripperPOV"), image_size=32, quality="low")
+    task = MetaWorldTask("button-press-v3", render, max_episode_steps=20)
+    try:
+        a = task.reset(5)
+        b = task.reset(5)
+        c = task.reset(6)
+        assert np.array_equal(a["env_state"], b["env_state"])
+        assert not np.array_equal(a["env_state"], c["env_state"])
+        assert a["corner_rgb"].shape == (32, 32, 3) and a["corner_rgb"].dtype == np.uint8
+        assert a["robot_states"].shape == (4,)
+        policy = expert_policy("button-press-v3")
+        obs, steps = task.reset(5), 0
+        while not task.done:
+            obs, _, done, info = task.step(policy.get_action(obs["env_state"].astype(np.float64)), render=False)
+            steps += 1
+            assert "corner_rgb" not in obs  # no image unless asked
+        assert steps <= 20
+        # stepping past the end is a no-op, not an error
+        again, reward, done, _ = task.step(np.zeros(4))
+        assert done and reward == 0.0 and np.array_equal(again["env_state"], obs["env_state"])
+    finally:
+        task.close()
+
+
+def test_corner_camera_is_flipped_upright():
+    flipped = MetaWorldTask("reach-v3", RenderSettings(cameras=("corner",), image_size=32, flip_cameras=("corner",)))
+    raw = MetaWorldTask("reach-v3", RenderSettings(cameras=("corner",), image_size=32, flip_cameras=()))
+    try:
+        assert np.array_equal(flipped.reset(0)["corner_rgb"], raw.reset(0)["corner_rgb"][::-1])
+    finally:
+        flipped.close()
+        raw.close()
+
+
+def test_unknown_task_and_camera():
+    with pytest.raises(RiptError, match="unknown MetaWorld task 'pick-plaec-v3'"):
+        MetaWorldTask("pick-plaec-v3", None)
+    with pytest.raises(RiptError, match="unknown camera 'nope'"):
+        MetaWorldTask("reach-v3", RenderSettings(cameras=("nope",), image_size=32))

@@ -1,0 +1,91 @@
+import pytest
+import torch
+
+from ript.errors import RiptError
+from ript.models.action_autoencoder import ActionAutoencoder
+from ript.models.encoders import random_shift
+from ript.models.prior import SkillPrior, processed_log_probs
+
+AE = dict(action_dim=4, chunk_size=16, downsample=4, dim=32, n_head=2, enc_layers=1, dec_layers=1, dropout=0.0)
+
+
+def make_prior(**kw):
+    torch.manual_seed(0)
+    return SkillPrior(autoencoder=AE, task_names=["a", "b"], image_keys=["cam_rgb"], lowdim_dims={"state": 3},
+                      lang_dim=8, frame_stack=2, dim=32, n_layer=2, n_head=2, dropout=0.0, encoder_width=8,
+                      num_kp=4, **kw).eval()
+
+
+def obs(b=3):
+    return {"cam_rgb": torch.randint(0, 255, (b, 2, 32, 32, 3), dtype=torch.uint8), "state": torch.randn(b, 2, 3)}
+
+
+@pytest.mark.parametrize("quantizer", ["fsq", "vq"])
+def test_autoencoder_tokens_and_reconstruction(quantizer):
+    ae = ActionAutoencoder(**AE, quantizer=quantizer, vq_codebook_size=64, vq_dim=8)
+    actions = torch.rand(5, 16, 4) * 2 - 1
+    ae(actions)["loss"].backward()
+    ae.eval()  # VQ's EMA codebook moves on every training forward
+    out = ae(actions)
+    assert out["indices"].shape == (5, 4) and out["recon"].shape == (5, 16, 4)
+    assert int(out["indices"].max()) < ae.codebook_size
+    assert torch.allclose(ae.decode_indices(out["indices"]), out["recon"], atol=1e-5)
+
+
+def test_autoencoder_is_causal():
+    ae = ActionAutoencoder(**AE).eval()
+    a = torch.rand(1, 16, 4)
+    b = a.clone()
+    b[:, 12:] = -a[:, 12:]  # change only the last token's window
+    za, zb = ae.latents(a), ae.latents(b)
+    assert torch.allclose(za[:, :3], zb[:, :3]) and not torch.allclose(za[:, 3], zb[:, 3])
+
+
+def test_bad_downsample_is_refused():
+    with pytest.raises(RiptError, match="downsample=3"):
+        ActionAutoencoder(**{**AE, "downsample": 3})
+
+
+def test_kv_cache_sampling_matches_full_recompute():
+    prior = make_prior()
+    ctx = prior.context(obs(), torch.tensor([0, 1, 0]))
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    idx1, lp1 = prior.sample(ctx, 1.0, 5, use_cache=True, generator=g1)
+    idx2, lp2 = prior.sample(ctx, 1.0, 5, use_cache=False, generator=g2)
+    assert torch.equal(idx1, idx2) and torch.allclose(lp1, lp2, atol=1e-5)
+
+
+def test_sampled_log_probs_equal_teacher_forced_scoring():
+    """The log-probs recorded while sampling are those of the same (temperature, top-k) distribution
+    recomputed by teacher forcing: what an RL ratio needs at step 0."""
+    prior = make_prior()
+    ctx = prior.context(obs(), torch.tensor([0, 1, 1]))
+    idx, lp = prior.sample(ctx, temperature=0.7, top_k=4, generator=torch.Generator().manual_seed(3))
+    logits = prior.logits(ctx, prior.tokens_in(idx))
+    rescored = processed_log_probs(logits, 0.7, 4).gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(lp, rescored, atol=1e-5)
+    assert torch.isfinite(lp).all()
+
+
+def test_top_k_keeps_k_tokens():
+    lp = processed_log_probs(torch.randn(2, 50), 1.0, 5)
+    assert ((lp > float("-inf")).sum(-1) == 5).all()
+    assert torch.allclose(lp.exp().sum(-1), torch.ones(2))
+
+
+def test_prior_loss_and_actions_shapes():
+    prior = make_prior().train()
+    out = prior.loss(obs(), torch.tensor([0, 1, 0]), torch.rand(3, 16, 4))
+    out["loss"].backward()
+    assert prior.autoencoder.out.weight.grad is None  # stage-0 weights stay frozen
+    assert prior.predict_actions(obs(2), torch.tensor([1, 0]), top_k=3).shape == (2, 16, 4)
+    with pytest.raises(RiptError, match="task 'c'"):
+        prior.task_index("c")
+
+
+def test_random_shift_keeps_shape_and_content_range():
+    img = torch.randint(0, 255, (4, 16, 16, 3), dtype=torch.uint8)
+    out = random_shift(img, 2, torch.Generator().manual_seed(0))
+    assert out.shape == img.shape and out.dtype == torch.uint8
+    assert not torch.equal(out, img)
+    assert torch.equal(random_shift(img, 0, None), img)
