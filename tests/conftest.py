@@ -12,16 +12,14 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 TASKS = ["button-press-v3", "drawer-close-v3"]
 
 
-def tiny_overrides(data_dir: Path) -> list[str]:
-    """Config overrides that make every stage run in seconds on a CPU."""
+def task_overrides(data_dir: Path) -> list[str]:
+    """Two tasks, three demos each, 32-pixel images."""
     return [
         "task=metaworld_quick",
         f"task.data_dir={data_dir}",
         "task.demos_per_task=3",
         "task.render.image_size=32",
         "task.max_episode_steps=120",
-        "algo=quest_small",
-        "progress=false",
     ]
 
 
@@ -31,12 +29,15 @@ def tiny_data(tmp_path_factory) -> Path:
     from ript.stages import collect
 
     data_dir = tmp_path_factory.mktemp("data")
-    collect.run(compose("collect", tiny_overrides(data_dir) + ["episodes_per_job=2", "num_workers=2"]))
+    collect.run(compose("collect", task_overrides(data_dir) + ["episodes_per_job=2", "num_workers=2"]))
     return data_dir
 
 
 def train_overrides(data_dir: Path, run_dir: Path, steps: int) -> list[str]:
-    return tiny_overrides(data_dir) + [
+    """Config overrides that make a training stage run in seconds on a CPU."""
+    return task_overrides(data_dir) + [
+        "algo=quest_small",
+        "progress=false",
         f"run_dir={run_dir}",
         f"train.steps={steps}",
         "train.batch_size=16",

@@ -31,16 +31,16 @@ def test_collected_files_have_the_robomimic_layout(tiny_data):
 
 
 def test_collect_skips_finished_files_and_is_deterministic(tiny_data, tmp_path):
-    from conftest import tiny_overrides
+    from conftest import task_overrides
     from ript.config import compose
     from ript.stages import collect
 
     before = {p.name: p.stat().st_mtime_ns for p in tiny_data.glob("*.hdf5")}
-    assert collect.run(compose("collect", tiny_overrides(tiny_data))) == {}
+    assert collect.run(compose("collect", task_overrides(tiny_data))) == {}
     assert {p.name: p.stat().st_mtime_ns for p in tiny_data.glob("*.hdf5")} == before
 
     # the same seeds give the same demos however the work is split into jobs
-    overrides = tiny_overrides(tmp_path) + ["task.task_names=[button-press-v3]", "episodes_per_job=3",
+    overrides = task_overrides(tmp_path) + ["task.task_names=[button-press-v3]", "episodes_per_job=3",
                                             "num_workers=1"]
     collect.run(compose("collect", overrides))
     with h5py.File(tmp_path / "button-press-v3.hdf5") as a, h5py.File(tiny_data / "button-press-v3.hdf5") as b:

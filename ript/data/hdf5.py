@@ -99,8 +99,10 @@ def read_file_attrs(path: Path) -> dict[str, Any]:
                     v = v.item()
                 out[k] = v
             return out
+    except FileNotFoundError:
+        raise RiptError(f"dataset file {path} does not exist (run `ript collect` first?)") from None
     except OSError as e:
-        raise RiptError(f"cannot open {path}: {e}") from None
+        raise RiptError(f"{path}: corrupt or truncated HDF5 file ({e})") from None
 
 
 def instruction_from_attrs(attrs: dict[str, Any], path: Path) -> str:

@@ -1,0 +1,80 @@
+"""Bad input through the real ``ript`` command: one line naming the file/key, exit code 2, nothing lost."""
+
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import task_overrides
+
+
+def ript(*args, cwd=None):
+    proc = subprocess.run([sys.executable, "-m", "ript.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr.strip().splitlines()
+
+
+def assert_one_line_error(result, *fragments):
+    code, _, err = result
+    assert code == 2, err
+    errors = [line for line in err if line.startswith("error: ")]
+    assert len(errors) == 1, err
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def test_unknown_config_key_and_task():
+    assert_one_line_error(ript("stage1", "algo.n_layers=4"), "algo.n_layers")
+    assert_one_line_error(ript("collect", "task=metaworld_ml46"), "task/metaworld_ml46")
+    assert_one_line_error(ript("collect", "task.task_names=[pick-plaec-v3]"), "pick-plaec-v3", "task.task_names")
+
+
+def test_missing_dataset(tmp_path):
+    assert_one_line_error(ript("stage0", f"task.data_dir={tmp_path}/nothing", f"run_dir={tmp_path}/run"),
+                          "nothing/button-press-v3.hdf5", "does not exist")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "nan", "action_dim"])
+def test_damaged_dataset_files(tiny_data, tmp_path, damage):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    path = data / "drawer-close-v3.hdf5"
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:20000])
+        expected = ["drawer-close-v3.hdf5", "corrupt or truncated"]
+    elif damage == "nan":
+        with h5py.File(path, "a") as f:
+            f["data/demo_2/actions"][5, 0] = np.nan
+        expected = ["drawer-close-v3.hdf5:data/demo_2/actions", "NaN"]
+    else:
+        with h5py.File(path, "a") as f:
+            del f["data/demo_0/actions"]
+            f["data/demo_0/actions"] = np.zeros((len(f["data/demo_0/rewards"]), 7), dtype=np.float32)
+        expected = ["data/demo_0/actions", "action dim 7"]
+    overrides = [o for o in task_overrides(data)] + [f"run_dir={tmp_path}/run", "algo=quest_small"]
+    assert_one_line_error(ript("stage0", *overrides), *expected)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_wrong_stage_checkpoint_for_eval_and_stage1(stage0_run, tiny_data, tmp_path):
+    assert_one_line_error(ript("eval", f"checkpoint={stage0_run}"), "stage 'stage0'", "is needed")
+    assert_one_line_error(ript("eval", f"checkpoint={tmp_path}/nope"), "nope does not exist")
+
+
+def test_corrupt_weights_are_reported(stage1_run, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(stage1_run / "checkpoints" / "last", copy)
+    weights = copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert_one_line_error(ript("eval", f"checkpoint={copy}"), "model.safetensors")
+
+
+def test_help_lists_the_jobs():
+    code, out, _ = ript("--help")
+    assert code == 0
+    for job in ("collect", "stage0", "stage1", "finetune", "eval", "quickstart"):
+        assert job in out

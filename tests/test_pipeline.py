@@ -1,0 +1,102 @@
+"""The staged pipeline end to end on the real simulator: stage 0 -> stage 1 -> eval, finetune, resume."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import TASKS, train_overrides
+from ript.config import compose
+from ript.errors import RiptError
+from ript.model_loader import load_model
+from ript.stages import evaluate, stage0, stage1
+
+
+def weights(run_dir):
+    return load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_stage0_checkpoint_layout(stage0_run):
+    ckpt = stage0_run / "checkpoints"
+    assert (ckpt / "last").resolve().name == "0000004"
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.isdigit()) == ["0000002", "0000004"]
+    config = json.loads((ckpt / "last" / "config.json").read_text())
+    assert config["stage"] == "stage0" and config["model_name"] == "action_autoencoder"
+    assert config["metadata"]["env_args"]["render"]["image_size"] == 32
+    state = torch.load(ckpt / "last" / "training_state.pt", weights_only=True)
+    assert state["step"] == 4 and "optimizer" in state and "rng" in state
+    assert (stage0_run / "tb").is_dir()
+
+
+def test_stage_resume_matches_uninterrupted_run(tiny_data, stage0_run, stage1_run, tmp_path):
+    # stage 0: 2 steps, then resume to 4 == the fixture's uninterrupted 4 steps
+    part = tmp_path / "s0"
+    stage0.run(compose("stage0", train_overrides(tiny_data, part, 4) + ["train.stop_after_minutes=0"]))
+    assert (part / "checkpoints" / "last").resolve().name == "0000001"
+    stage0.run(compose("stage0", train_overrides(tiny_data, part, 4) + ["resume=true"]))
+    assert_same_weights(weights(part), weights(stage0_run))
+    # stage 1 likewise
+    part1 = tmp_path / "s1"
+    s1 = train_overrides(tiny_data, part1, 4) + [f"stage0_checkpoint={stage0_run}"]
+    stage1.run(compose("stage1", s1 + ["train.stop_after_minutes=0"]))
+    stage1.run(compose("stage1", s1 + ["resume=true"]))
+    assert_same_weights(weights(part1), weights(stage1_run))
+
+
+def test_existing_run_dir_is_refused_without_resume(tiny_data, stage0_run):
+    before = weights(stage0_run)
+    with pytest.raises(RiptError, match="already exists; pass resume=true"):
+        stage0.run(compose("stage0", train_overrides(tiny_data, stage0_run, 4)))
+    assert_same_weights(weights(stage0_run), before)
+
+
+def test_model_loader_refuses_wrong_stage(stage0_run, stage1_run, tiny_data, tmp_path):
+    with pytest.raises(RiptError, match="from stage 'stage1'.*stage0 checkpoint is needed"):
+        load_model(stage1_run, expect_stage="stage0")
+    with pytest.raises(RiptError, match="from stage 'stage1'.*stage0 checkpoint is needed"):
+        stage1.run(compose("stage1", train_overrides(tiny_data, tmp_path / "x", 2) +
+                           [f"stage0_checkpoint={stage1_run}"]))
+    model, config = load_model(stage1_run, expect_stage="stage1")
+    assert model.task_names == TASKS and config["metadata"]["stage0_checkpoint"]
+
+
+def test_stage1_stores_language_embeddings(stage1_run, tiny_data):
+    model, _ = load_model(stage1_run)
+    emb = model.task_embeddings
+    assert emb.shape == (2, 384) and torch.allclose(emb.norm(dim=-1), torch.ones(2), atol=1e-4)
+    assert (tiny_data / "lang_cache.safetensors").is_file()
+
+
+def test_eval_writes_results_and_videos(stage1_run, tmp_path):
+    out = tmp_path / "eval"
+    results = evaluate.run(compose("eval", [f"checkpoint={stage1_run}", "episodes_per_task=2", "num_workers=2",
+                                            "max_episode_steps=24", f"out_dir={out}", "n_videos=1"]))
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["per_task"].keys() == set(TASKS)
+    assert all(t["episodes"] == 2 for t in saved["per_task"].values())
+    assert all(e["length"] <= 24 for e in saved["episodes"])
+    assert 0.0 <= results["success_rate"] <= 1.0
+    assert len(list((out / "videos").glob("*.mp4"))) == 2
+    # fixed seeds: the same checkpoint and config give the same episodes
+    again = evaluate.run(compose("eval", [f"checkpoint={stage1_run}", "episodes_per_task=2", "num_workers=2",
+                                          "max_episode_steps=24", f"out_dir={tmp_path / 'again'}", "n_videos=0"]))
+    assert again["episodes"] == saved["episodes"]
+
+
+def test_finetune_on_a_new_task_with_decoder_l1(stage1_run, tiny_data, tmp_path):
+    run_dir = tmp_path / "ft"
+    stage1.run_finetune(compose("finetune", train_overrides(tiny_data, run_dir, 2) + [
+        f"checkpoint={stage1_run}", "task=metaworld_quick", "task.task_names=[drawer-close-v3]",
+        "task.demos_per_task=2", "decoder_l1_weight=0.5", "data.val_fraction=0"]))
+    model, config = load_model(run_dir, expect_stage="finetune")
+    base, _ = load_model(stage1_run)
+    assert model.task_names == ["drawer-close-v3"] and config["stage"] == "finetune"
+    assert not torch.equal(model.autoencoder.out.weight, base.autoencoder.out.weight)  # decoder trained
+    assert torch.equal(model.autoencoder.in_proj.weight, base.autoencoder.in_proj.weight)  # encoder frozen
