@@ -130,8 +130,8 @@ def bench_collect(cfg, workers: list[int], tmp: Path) -> dict:
     for w in workers:
         d = tmp / f"collect{w}"
         t = time.perf_counter()
-        stats = collect_metaworld(TASKS, d, 2 * w, RenderSettings.from_dict(cfg.task.render),
-                                  int(cfg.task.max_episode_steps), num_workers=w, episodes_per_job=1)
+        stats = collect_metaworld(TASKS, d, 4 * w, RenderSettings.from_dict(cfg.task.render),
+                                  int(cfg.task.max_episode_steps), num_workers=w, episodes_per_job=2)
         steps = sum(s["mean_length"] * s["demos"] for s in stats.values())
         out[w] = steps / (time.perf_counter() - t)
     return {"collect_env_steps_per_s": out}

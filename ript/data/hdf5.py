@@ -72,6 +72,30 @@ def write_demo_file(path: Path, demos: list[Demo], attrs: dict[str, Any]) -> Non
         raise
 
 
+def merge_demo_files(parts: list[Path], path: Path, attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Concatenate the demos of ``parts`` into ``path`` (renumbered, chunks copied without recompressing),
+    atomically. Returns each demo's attributes."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    demo_attrs: list[dict[str, Any]] = []
+    try:
+        with h5py.File(tmp, "w") as out:
+            data = out.create_group("data")
+            for part in parts:
+                with h5py.File(part, "r") as f:
+                    for name in sorted(f["data"], key=_demo_sort_key):
+                        f.copy(f["data"][name], data, name=f"demo_{len(demo_attrs)}")
+                        demo_attrs.append(dict(f["data"][name].attrs))
+            data.attrs["total"] = sum(int(a["num_samples"]) for a in demo_attrs)
+            for k, v in attrs.items():
+                data.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return demo_attrs
+
+
 def _demo_sort_key(name: str) -> int:
     try:
         return int(name.split("_", 1)[1])

@@ -186,8 +186,10 @@ class EnvRunner:
             # Start new episodes only on decision rounds, so every env asks for its next chunk in the same
             # round: one batched policy call per action_horizon steps instead of one nearly every step.
             idle = [i for i, s in enumerate(running) if s is None]
-            if idle and pending and rounds % period == 0:
+            if idle and pending and (rounds % period == 0 or len(idle) == n):
                 start(idle)
+        if len(episodes) != self.episodes_per_task * len(self.task_names):
+            raise RuntimeError(f"runner finished {len(episodes)} episodes of {len(self.specs())}")
         return summarize(episodes, time.perf_counter() - t0, env_steps)
 
     def close(self) -> None:
