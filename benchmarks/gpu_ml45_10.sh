@@ -2,7 +2,7 @@
 # The GPU acceptance run of the staged pipeline: 10 ML45 train tasks x 50 scripted demos, stage 0, stage 1,
 # then 20 evaluation episodes per task. Each phase fits one 10-minute device command; stage 1 is split
 # into several commands with stop_after_minutes + resume=true.
-#   bash benchmarks/gpu_ml45_10.sh collect|stage0|stage1|eval
+#   bash benchmarks/gpu_ml45_10.sh collect|stage0|stage1|eval|rl|eval_rl
 set -euo pipefail
 ript() { python3 -m ript.cli "$@"; }
 T="task=metaworld_ml45_10"
@@ -16,5 +16,10 @@ case "$1" in
       train.save_every=1000 train.val_every=1000 train.log_every=200 train.stop_after_minutes=${S1_MINUTES:-8} \
       resume=$resume progress=false ${S1_EXTRA:-} ;;
   eval)    ript eval checkpoint=$RUN/stage1 episodes_per_task=20 num_workers=16 out_dir=$RUN/eval ${EVAL_EXTRA:-} ;;
-  *) echo "usage: $0 collect|stage0|stage1|eval" >&2; exit 2 ;;
+  rl)
+    resume=false; [ -e $RUN/rl/checkpoints/last ] && resume=true
+    ript rl checkpoint=$RUN/stage1 run_dir=$RUN/rl rl.iterations=${RL_ITERS:-15} rl.num_workers=16 eval.every=0 \
+      rl.stop_after_minutes=${RL_MINUTES:-7} resume=$resume ${RL_EXTRA:-} ;;
+  eval_rl) ript eval checkpoint=$RUN/rl episodes_per_task=20 num_workers=16 out_dir=$RUN/eval_rl ;;
+  *) echo "usage: $0 collect|stage0|stage1|eval|rl|eval_rl" >&2; exit 2 ;;
 esac

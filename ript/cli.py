@@ -70,6 +70,14 @@ def finetune(overrides: Optional[list[str]] = OVERRIDES) -> None:
     _run("finetune", overrides, run_finetune)
 
 
+@app.command()
+def rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
+    """RL fine-tuning (leave-one-out PPO) of a chunk-policy checkpoint (checkpoint=...). Runs under torchrun too."""
+    from ript.stages.rl import run
+
+    _run("rl", overrides, run)
+
+
 @app.command("eval")
 def evaluate(overrides: Optional[list[str]] = OVERRIDES) -> None:
     """Evaluate a checkpoint in the simulator (checkpoint=...)."""
@@ -87,7 +95,7 @@ def quickstart(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command()
-def config(name: str = typer.Argument(..., help="collect, stage0, stage1, finetune, eval or quickstart"),
+def config(name: str = typer.Argument(..., help="collect, stage0, stage1, finetune, rl, eval or quickstart"),
            overrides: Optional[list[str]] = OVERRIDES) -> None:
     """Print a composed config."""
     _run(name, overrides, _show)

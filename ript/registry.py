@@ -34,3 +34,4 @@ class Registry:
 
 
 MODELS = Registry("model")
+ADVANTAGES = Registry("advantage estimator")

@@ -129,10 +129,14 @@ class EnvRunner:
                                         self.asynchronous)
         return self.envs
 
-    def run(self, policy, video_dir: Path | None = None) -> dict[str, Any]:
+    def run(self, policy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None) -> dict[str, Any]:
+        """Run every episode of ``specs`` (default: the evaluation protocol). With a recording policy, each
+        episode dict also carries its ``decisions``."""
         envs = self._ensure_envs()
         n = self.num_workers
-        pending = self.specs()
+        specs = self.specs() if specs is None else list(specs)
+        n_specs = len(specs)
+        pending = list(specs)
         pending.reverse()
         running: list[EpisodeSpec | None] = [None] * n
         steps = [0] * n
@@ -178,6 +182,8 @@ class EnvRunner:
                     spec = running[i]
                     episodes.append({"task": spec.task_name, "episode": spec.index, "seed": spec.seed,
                                      "success": bool(success), "length": steps[i]})
+                    if getattr(policy, "record", False):
+                        episodes[-1]["decisions"] = policy.take_record(i)
                     if spec.record and video_dir is not None:
                         tag = "success" if success else "failure"
                         write_mp4(Path(video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", frames[i])
@@ -188,8 +194,8 @@ class EnvRunner:
             idle = [i for i, s in enumerate(running) if s is None]
             if idle and pending and (rounds % period == 0 or len(idle) == n):
                 start(idle)
-        if len(episodes) != self.episodes_per_task * len(self.task_names):
-            raise RuntimeError(f"runner finished {len(episodes)} episodes of {len(self.specs())}")
+        if len(episodes) != n_specs:
+            raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs}")
         return summarize(episodes, time.perf_counter() - t0, env_steps)
 
     def close(self) -> None:
@@ -212,7 +218,7 @@ def summarize(episodes: list[dict], seconds: float, env_steps: int) -> dict[str,
     return {
         "success_rate": float(np.mean(rates)) if rates else 0.0,
         "per_task": dict(sorted(per_task.items())),
-        "episodes": sorted(episodes, key=lambda e: (e["task"], e["episode"])),
+        "episodes": sorted(episodes, key=lambda e: (e["task"], e["seed"], e["episode"])),
         "env_steps": env_steps,
         "seconds": seconds,
         "env_steps_per_second": env_steps / max(seconds, 1e-9),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,21 @@ from typing import Any
 log = logging.getLogger("ript")
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the call, not when the handler was made."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_console_logging(level: int = logging.INFO) -> None:
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("[%(asctime)s ript] %(message)s", "%H:%M:%S"))
         log.addHandler(handler)
     log.setLevel(level)

@@ -1,0 +1,272 @@
+"""RL fine-tuning of a chunk policy from sparse success rewards: leave-one-out PPO (RIPT) with dynamic sampling.
+
+Each iteration: draw initial conditions, run K rollouts from each (one batched policy call per decision for
+all envs), drop groups whose rewards are all equal and draw more until B informative groups are kept or
+the round cap is hit; then a few PPO epochs over the kept decisions, recomputing only the prior on the
+contexts cached at sampling time. Runs alone or under torchrun (initial conditions split over ranks,
+gradients all-reduced, rank 0 logs and checkpoints).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ript.config import resolve_device
+from ript.envs.runner import EpisodeSpec, EnvRunner, success_table, write_results
+from ript.errors import RiptError
+from ript.model_loader import check_and_load, load_model
+from ript.registry import ADVANTAGES
+from ript.rl import advantages as _advantages  # noqa: F401  (registers the estimators)
+from ript.rl.objective import ppo_loss, token_log_probs
+from ript.rl.sampler import InitialConditionSampler
+from ript.stages import common
+from ript.stages.evaluate import make_policy, make_runner, sampling_settings
+from ript.utils import distributed as ddist
+from ript.utils.checkpoint import load_training_state, load_weights, save_checkpoint
+from ript.utils.logging import MetricLogger, log, setup_console_logging
+from ript.utils.seeding import rng_state, seed_everything, set_rng_state
+
+
+def trainable_parameters(model, prior_only: bool) -> list[torch.nn.Parameter]:
+    model.requires_grad_(False)
+    parts = [model.gpt, model.tok_emb, model.head] if prior_only else [model]
+    for part in parts:
+        part.requires_grad_(True)
+    model.pos_emb.requires_grad_(True)
+    if not prior_only:
+        model.autoencoder.requires_grad_(False)  # the decoder stays the stage-0/finetune one
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def collect_groups(runner: EnvRunner, policy, sampler: InitialConditionSampler, cfg, info) -> dict:
+    """Dynamic sampling: rounds of K rollouts per initial condition until B informative groups (over all ranks)."""
+    rl = cfg.rl
+    k = int(rl.rollouts_per_group)
+    local_target = math.ceil(int(rl.groups_per_iteration) / info.world_size)
+    kept, episodes, rounds, sync = [], [], 0, 0.0
+    while True:
+        need = max(0, local_target - len(kept))
+        ics = sampler.draw(need)
+        specs = [EpisodeSpec(task, seed, j) for task, seed in ics for j in range(k)]
+        results = runner.run(policy, specs=specs) if specs else {"episodes": []}
+        by_ic: dict[tuple[str, int], list[dict]] = {}
+        for e in results["episodes"]:
+            by_ic.setdefault((e["task"], e["seed"]), []).append(e)
+        for ic, group in by_ic.items():
+            group.sort(key=lambda e: e["episode"])
+            rewards = [float(e["success"]) for e in group]
+            sampler.record(ic, rewards)
+            episodes.extend(group)
+            if len(set(rewards)) > 1:
+                kept.append(group)
+        rounds += 1
+        t = time.perf_counter()
+        total_kept = ddist.all_sum([len(kept)], info)[0]
+        sync += time.perf_counter() - t
+        if total_kept >= int(rl.groups_per_iteration) or rounds >= int(rl.max_sampling_rounds):
+            break
+    capped = total_kept < int(rl.groups_per_iteration)
+    return {"kept": kept, "episodes": episodes, "rounds": rounds, "capped": capped, "total_kept": total_kept,
+            "sync": sync}
+
+
+def flatten_groups(kept: list[list[dict]], estimator: str, device: str) -> dict[str, torch.Tensor] | None:
+    if not kept:
+        return None
+    rewards = torch.tensor([[float(e["success"]) for e in g] for g in kept])
+    adv = ADVANTAGES.get(estimator)(rewards)
+    ctx, tok, lp, a = [], [], [], []
+    for g, group in enumerate(kept):
+        for j, e in enumerate(group):
+            for d in e["decisions"]:
+                ctx.append(d["context"])
+                tok.append(d["tokens"])
+                lp.append(d["log_probs"])
+                a.append(adv[g, j])
+    return {"context": torch.stack(ctx).to(device), "tokens": torch.stack(tok).to(device),
+            "old_log_probs": torch.stack(lp).float().to(device), "advantages": torch.stack(a).float().to(device),
+            "group_advantages": adv}
+
+
+def ppo_update(model, params, opt, sched, data, cfg, settings, info, iteration: int, device: str) -> dict:
+    rl = cfg.rl
+    stats: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0,
+                               "ratio_max": 0.0, "grad_norm": 0.0}
+    n_updates, sync = 0, 0.0
+    n = 0 if data is None else len(data["tokens"])
+    gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + iteration)
+    model.eval()  # no dropout: the recomputed log-probs must be those recorded at sampling time
+    for _ in range(int(rl.epochs)):
+        order = torch.randperm(n, generator=gen)
+        # every rank takes the same number of optimizer steps, so the gradient all-reduces pair up
+        for chunk in torch.tensor_split(order, int(rl.minibatches)):
+            opt.zero_grad(set_to_none=True)
+            if len(chunk):
+                idx = chunk.to(device)
+                with common.autocast(device, cfg.amp):
+                    new_lp = token_log_probs(model, data["context"][idx], data["tokens"][idx],
+                                             float(settings["temperature"]), settings.get("top_k"))
+                loss, s = ppo_loss(new_lp.float(), data["old_log_probs"][idx], data["advantages"][idx],
+                                   float(rl.clip_low), float(rl.clip_high))
+                loss.backward()
+                for key, v in s.items():
+                    stats[key] = max(stats[key], float(v)) if key == "ratio_max" else stats[key] + float(v)
+                stats["loss"] += loss.item()
+            t = time.perf_counter()
+            ddist.average_gradients(params, info)
+            sync += time.perf_counter() - t
+            stats["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, float(rl.grad_clip)))
+            opt.step()
+            n_updates += 1
+    sched.step()
+    for key in ("loss", "clip_fraction", "approx_kl", "ratio_mean"):
+        stats[key] /= max(1, n_updates)
+    stats["grad_norm"] /= max(1, n_updates)
+    stats["sync"] = sync
+    return stats
+
+
+def run(cfg) -> str:
+    setup_console_logging()
+    device = resolve_device(cfg.device)
+    info = ddist.init_distributed(device)
+    if device == "cuda" and info.world_size > 1:
+        device = f"cuda:{info.local_rank}"
+        torch.cuda.set_device(device)
+    if not cfg.checkpoint:
+        raise RiptError("rl needs checkpoint=<stage-1, finetune or rl checkpoint>")
+    model, base = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune", "rl"), device=device)
+    run_dir, resume_from = Path(cfg.run_dir), None
+    if info.is_main:
+        run_dir, resume_from = common.prepare_run_dir(cfg)
+    ddist.barrier(info)
+    if info.world_size > 1 and cfg.resume:
+        from ript.utils.checkpoint import resolve_checkpoint_dir
+
+        resume_from = resolve_checkpoint_dir(run_dir)
+    seed_everything(int(cfg.seed) + info.rank)
+    names = list(cfg.task_names) if cfg.task_names else model.task_names
+    for name in names:
+        model.task_index(name)
+    settings = sampling_settings(base["cfg"], dict(cfg.sampling))
+    params = trainable_parameters(model, bool(cfg.rl.train_prior_only))
+    opt = torch.optim.AdamW(params, lr=float(cfg.rl.lr), weight_decay=float(cfg.rl.weight_decay),
+                            fused=device.startswith("cuda"))
+    warm = max(1, int(cfg.rl.warmup_iterations))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / warm))
+    sampler = InitialConditionSampler(names, int(cfg.seed) * 7919 + info.rank, int(cfg.rl.ic_pool_size),
+                                      int(cfg.rl.skip_mastered_for))
+    policy = make_policy(model, settings, device, int(cfg.seed) * 7919 + info.rank)
+    policy.record = True
+    start_iter, run_id = 0, None
+    if resume_from is not None:
+        check_and_load(model, load_weights(resume_from), str(resume_from))
+        state = load_training_state(resume_from)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        rank_state = state["ranks"][info.rank]
+        set_rng_state(rank_state["rng"])
+        sampler.load_state_dict(rank_state["sampler"])
+        policy.generator.set_state(rank_state["policy_rng"].to(policy.generator.device)
+                                   if policy.generator.device.type != "cpu" else rank_state["policy_rng"])
+        start_iter, run_id = int(state["iteration"]), state["logger_run_id"]
+        log.info("rl: resumed from %s at iteration %d", resume_from, start_iter)
+    logger = MetricLogger(run_dir, common.to_dict(cfg), run_id, enabled=info.is_main)
+    metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"]}
+    ckpt_config = common.checkpoint_config("rl", model, "skill_prior", base["model_kwargs"], cfg, metadata)
+    env_args = metadata["env_args"]
+    runner = EnvRunner(metadata["suite"], names, env_args["render"],
+                       int(cfg.rl.max_episode_steps or env_args["max_episode_steps"]), episodes_per_task=1,
+                       num_workers=cfg.rl.num_workers)
+    eval_runner = make_runner(metadata, names, cfg.eval) if info.is_main and cfg.eval.every else None
+
+    def evaluate(iteration: int) -> None:
+        if eval_runner is not None:
+            with torch.random.fork_rng(devices=[policy.device] if device.startswith("cuda") else []):
+                results = eval_runner.run(make_policy(model, settings, device, int(cfg.eval.seed)))
+            out = run_dir / "eval" / f"iter{iteration:04d}"
+            write_results(out / "results.json", results)
+            logger.log({"eval/success_rate": results["success_rate"],
+                        **{f"eval/success/{t}": r["success_rate"] for t, r in results["per_task"].items()}}, iteration)
+            log.info("rl iteration %d eval:\n%s", iteration, success_table(results))
+        ddist.barrier(info)
+
+    def save(iteration: int) -> None:
+        rank_state = {"rng": rng_state(), "sampler": sampler.state_dict(), "policy_rng": policy.generator.get_state()}
+        ranks = [rank_state]
+        if info.world_size > 1:
+            ranks = [None] * info.world_size
+            dist.all_gather_object(ranks, rank_state)
+        if info.is_main:
+            state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "iteration": iteration,
+                     "ranks": ranks, "logger_run_id": logger.run_id}
+            save_checkpoint(run_dir, iteration, model, ckpt_config, state, keep_last=cfg.keep_last)
+        ddist.barrier(info)
+
+    t_start = time.perf_counter()
+    try:
+        if start_iter == 0 and cfg.eval.every:
+            evaluate(0)
+        for it in range(start_iter, int(cfg.rl.iterations)):
+            sampler.iteration = it
+            t0 = time.perf_counter()
+            policy.inference_seconds = 0.0
+            batch = collect_groups(runner, policy, sampler, cfg, info)
+            t_rollout = time.perf_counter() - t0
+            data = flatten_groups(batch["kept"], str(cfg.rl.advantage), device)
+            t1 = time.perf_counter()
+            stats = ppo_update(model, params, opt, sched, data, cfg, settings, info, it, device)
+            t_train = time.perf_counter() - t1
+            eps = batch["episodes"]
+            local = [len(eps), sum(e["success"] for e in eps), sum(e["length"] for e in eps),
+                     0 if data is None else float((data["group_advantages"] != 0).float().sum()),
+                     policy.inference_seconds]
+            total = ddist.all_sum(local, info)
+            if batch["capped"] and info.is_main:
+                log.warning("rl iteration %d: only %d of %d groups were informative after %d sampling rounds; "
+                            "training on those", it + 1, int(batch["total_kept"]), cfg.rl.groups_per_iteration,
+                            batch["rounds"])
+            metrics = {
+                "rollout/success_rate": total[1] / max(1, total[0]),
+                "rollout/episodes": total[0],
+                "rollout/groups_kept": batch["total_kept"],
+                "rollout/kept_fraction": batch["total_kept"] * int(cfg.rl.rollouts_per_group) / max(1, total[0]),
+                "rollout/nonzero_advantage_fraction": total[3] / max(1, total[0]),
+                "rollout/sampling_rounds": batch["rounds"],
+                **{f"train/{k}": v for k, v in stats.items() if k != "sync"},
+                "time/rollout": t_rollout, "time/train": t_train, "time/sync": batch["sync"] + stats["sync"],
+                "time/inference_share": total[4] / max(1e-9, t_rollout * info.world_size),
+                "time/env_steps_per_s": total[2] / max(1e-9, t_rollout),
+            }
+            for task in names:
+                task_eps = [e for e in eps if e["task"] == task]
+                if task_eps:
+                    metrics[f"rollout/success/{task}"] = sum(e["success"] for e in task_eps) / len(task_eps)
+            logger.log(metrics, it + 1)
+            if info.is_main:
+                log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d rounds), clip %.3f, "
+                         "kl %.4f, %.0f s rollout + %.0f s train", it + 1, cfg.rl.iterations,
+                         100 * metrics["rollout/success_rate"], batch["total_kept"], batch["rounds"],
+                         stats["clip_fraction"], stats["approx_kl"], t_rollout, t_train)
+            save(it + 1)
+            if cfg.eval.every and ((it + 1) % int(cfg.eval.every) == 0 or it + 1 == int(cfg.rl.iterations)):
+                evaluate(it + 1)
+            # every rank stops together, on rank 0's clock
+            if ddist.all_sum([float(info.is_main and common.out_of_time(t_start, cfg.rl.stop_after_minutes))],
+                             info)[0] > 0:
+                if info.is_main:
+                    log.info("rl: stopped after %s min at iteration %d; continue with resume=true",
+                             cfg.rl.stop_after_minutes, it + 1)
+                break
+    finally:
+        runner.close()
+        if eval_runner is not None:
+            eval_runner.close()
+        logger.close()
+        ddist.shutdown(info)
+    return str(run_dir)

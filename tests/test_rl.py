@@ -1,0 +1,118 @@
+"""RL stage: estimators, objective, and real iterations on MetaWorld (rollouts, dynamic sampling, resume)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ript.config import compose
+from ript.envs.runner import EnvRunner, EpisodeSpec
+from ript.model_loader import load_model
+from ript.registry import ADVANTAGES
+from ript.rl import advantages  # noqa: F401
+from ript.rl.objective import ppo_loss, token_log_probs
+from ript.rl.sampler import InitialConditionSampler
+from ript.stages import rl
+from ript.stages.evaluate import make_policy, sampling_settings
+
+
+def test_rloo_and_grpo():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    a = ADVANTAGES.get("rloo")(r)
+    assert torch.allclose(a[0], torch.tensor([1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3]))
+    assert torch.equal(a[1], torch.zeros(4))
+    g = ADVANTAGES.get("grpo")(r)
+    assert torch.allclose(g[0], torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-4) and torch.equal(g[1], torch.zeros(4))
+
+
+def test_ppo_loss_clips_both_sides():
+    old = torch.zeros(2, 3)
+    new = torch.tensor([[0.5, 0.5, 0.5], [-0.5, -0.5, -0.5]])
+    loss, stats = ppo_loss(new, old, torch.tensor([1.0, -1.0]), clip_low=0.2, clip_high=0.1)
+    # positive advantage: ratio capped at 1.1; negative advantage: ratio floored at 0.8
+    assert abs(loss.item() - (-(1.1 * 1.0 + 0.8 * -1.0) / 2)) < 1e-6
+    assert stats["clip_fraction"] == 1.0
+
+
+def test_sampler_skips_mastered_and_round_trips_its_state():
+    s = InitialConditionSampler(["a"], seed=0, pool_size=2, skip_mastered_for=3)
+    first = s.draw(1)[0]
+    s.record(first, [1.0, 1.0])
+    assert all(ic != first for ic in s.draw(5))
+    state = s.state_dict()
+    again = InitialConditionSampler(["a"], seed=5, pool_size=2, skip_mastered_for=3)
+    again.load_state_dict(state)
+    assert again.draw(4) == s.draw(4)
+
+
+def test_recorded_log_probs_equal_recomputed_ones(stage1_run):
+    """The ratio at PPO step 0 is exactly 1: what is scored is what was sampled (top-k and temperature)."""
+    model, ckpt = load_model(stage1_run)
+    settings = {**sampling_settings(ckpt["cfg"]), "temperature": 0.8, "top_k": 5}
+    policy = make_policy(model, settings, "cpu", seed=0)
+    policy.record = True
+    meta = ckpt["metadata"]
+    runner = EnvRunner("metaworld", model.task_names, meta["env_args"]["render"], 20, 1, num_workers=1)
+    try:
+        out = runner.run(policy, specs=[EpisodeSpec("button-press-v3", 7, 0), EpisodeSpec("drawer-close-v3", 7, 1)])
+    finally:
+        runner.close()
+    decisions = [d for e in out["episodes"] for d in e["decisions"]]
+    assert len(decisions) == 2 * 3  # 20 steps, a new chunk every 8
+    ctx = torch.stack([d["context"] for d in decisions])
+    tokens = torch.stack([d["tokens"] for d in decisions])
+    with torch.no_grad():
+        recomputed = token_log_probs(model, ctx, tokens, 0.8, 5)
+    assert torch.allclose(recomputed, torch.stack([d["log_probs"] for d in decisions]), atol=1e-5)
+
+
+def rl_overrides(stage1_run, run_dir, iterations):
+    return [f"checkpoint={stage1_run}", f"run_dir={run_dir}", f"rl.iterations={iterations}",
+            "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",
+            "rl.max_episode_steps=36", "rl.num_workers=2", "rl.max_sampling_rounds=2", "rl.epochs=2",
+            "rl.minibatches=2", "rl.lr=1e-3", "eval.every=0", "sampling.temperature=3.0"]
+
+
+def test_rl_iteration_checkpoint_and_exact_resume(stage1_run, tmp_path):
+    full = tmp_path / "full"
+    rl.run(compose("rl", rl_overrides(stage1_run, full, 2)))
+    config = json.loads((full / "checkpoints" / "last" / "config.json").read_text())
+    assert config["stage"] == "rl" and config["step"] == 2
+    state = torch.load(full / "checkpoints" / "last" / "training_state.pt", weights_only=True)
+    assert state["iteration"] == 2 and "sampler" in state["ranks"][0]
+    model, _ = load_model(full, expect_stage="rl")
+    base, _ = load_model(stage1_run)
+    assert not torch.equal(model.head.weight, base.head.weight)  # the prior was updated
+    assert torch.equal(model.image_encoders["corner_rgb"].proj.weight, base.image_encoders["corner_rgb"].proj.weight)
+
+    part = tmp_path / "part"
+    rl.run(compose("rl", rl_overrides(stage1_run, part, 1)))
+    rl.run(compose("rl", rl_overrides(stage1_run, part, 2) + ["resume=true"]))
+    a = load_file(str(full / "checkpoints" / "last" / "model.safetensors"))
+    b = load_file(str(part / "checkpoints" / "last" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsys):
+    # one-step episodes: every rollout fails, every group has equal rewards
+    overrides = rl_overrides(stage1_run, tmp_path / "r", 1) + ["rl.max_episode_steps=1"]
+    rl.run(compose("rl", overrides))
+    assert "only 0 of 2 groups were informative after 2 sampling rounds" in capsys.readouterr().err
+    assert (tmp_path / "r" / "checkpoints" / "last").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo")
+def test_rl_under_torchrun_with_two_gloo_processes(stage1_run, tmp_path):
+    run_dir = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "ript.cli",
+           "rl", *rl_overrides(stage1_run, run_dir, 1), "rl.groups_per_iteration=2", "rl.num_workers=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = torch.load(run_dir / "checkpoints" / "last" / "training_state.pt", weights_only=True)
+    assert len(state["ranks"]) == 2
+    assert state["ranks"][0]["sampler"]["rng"] != state["ranks"][1]["sampler"]["rng"]
