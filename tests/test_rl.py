@@ -16,7 +16,7 @@ from ript.registry import ADVANTAGES
 from ript.rl import advantages  # noqa: F401
 from ript.rl.objective import ppo_loss, token_log_probs
 from ript.rl.sampler import InitialConditionSampler
-from ript.stages import rl
+from ript.stages import evaluate, rl
 from ript.stages.evaluate import make_policy, sampling_settings
 
 
@@ -52,7 +52,7 @@ def test_sampler_skips_mastered_and_round_trips_its_state():
 def test_recorded_log_probs_equal_recomputed_ones(stage1_run):
     """The ratio at PPO step 0 is exactly 1: what is scored is what was sampled (top-k and temperature)."""
     model, ckpt = load_model(stage1_run)
-    settings = {**sampling_settings(ckpt["cfg"]), "temperature": 0.8, "top_k": 5}
+    settings = {**sampling_settings(ckpt), "temperature": 0.8, "top_k": 5}
     policy = make_policy(model, settings, "cpu", seed=0)
     policy.record = True
     meta = ckpt["metadata"]
@@ -88,6 +88,11 @@ def test_rl_iteration_checkpoint_and_exact_resume(stage1_run, tmp_path):
     base, _ = load_model(stage1_run)
     assert not torch.equal(model.head.weight, base.head.weight)  # the prior was updated
     assert torch.equal(model.image_encoders["corner_rgb"].proj.weight, base.image_encoders["corner_rgb"].proj.weight)
+
+    # an RL checkpoint evaluates with the sampling settings it was trained with
+    results = evaluate.run(compose("eval", [f"checkpoint={full}", "episodes_per_task=1", "num_workers=1",
+                                            "max_episode_steps=8", f"out_dir={tmp_path / 'eval'}", "n_videos=0"]))
+    assert results["sampling"]["temperature"] == 3.0
 
     part = tmp_path / "part"
     rl.run(compose("rl", rl_overrides(stage1_run, part, 1)))

@@ -104,8 +104,7 @@ def restore_training_state(ckpt: Path, opt, sched, generator: torch.Generator) -
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
-    generator.set_state(state["data_rng"].to(generator.device) if generator.device.type != "cpu"
-                        else state["data_rng"])
+    generator.set_state(state["data_rng"])  # a CPU ByteTensor, whatever the generator's device
     return state
 
 

@@ -15,10 +15,13 @@ from ript.policies.chunk_policy import ChunkPolicy
 from ript.utils.logging import log, setup_console_logging
 
 
-def sampling_settings(train_cfg: dict, overrides: dict | None = None) -> dict[str, Any]:
-    """The checkpoint's sampling settings, with any non-null override applied."""
-    algo = train_cfg["algo"]
-    out = {"action_horizon": algo["action_horizon"], **algo["sampling"]}
+def sampling_settings(ckpt: dict, overrides: dict | None = None) -> dict[str, Any]:
+    """A checkpoint's sampling settings (RL records the ones it trained with), non-null overrides applied."""
+    out = ckpt["metadata"].get("sampling")
+    if out is None:
+        algo = ckpt["cfg"]["algo"]
+        out = {"action_horizon": algo["action_horizon"], **algo["sampling"]}
+    out = dict(out)
     for k, v in (overrides or {}).items():
         if v is not None:
             out[k] = v
@@ -56,7 +59,7 @@ def run(cfg) -> dict[str, Any]:
         model.task_index(n)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(ckpt["checkpoint_dir"]).parent.parent / "eval" / (
         f"step{ckpt['step']:07d}")
-    settings = sampling_settings(ckpt["cfg"], dict(cfg.sampling))
+    settings = sampling_settings(ckpt, dict(cfg.sampling))
     runner = make_runner(ckpt["metadata"], names, cfg)
     try:
         torch.manual_seed(int(cfg.seed))

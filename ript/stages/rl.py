@@ -153,7 +153,7 @@ def run(cfg) -> str:
     names = list(cfg.task_names) if cfg.task_names else model.task_names
     for name in names:
         model.task_index(name)
-    settings = sampling_settings(base["cfg"], dict(cfg.sampling))
+    settings = sampling_settings(base, dict(cfg.sampling))
     params = trainable_parameters(model, bool(cfg.rl.train_prior_only))
     opt = torch.optim.AdamW(params, lr=float(cfg.rl.lr), weight_decay=float(cfg.rl.weight_decay),
                             fused=device.startswith("cuda"))
@@ -172,12 +172,11 @@ def run(cfg) -> str:
         rank_state = state["ranks"][info.rank]
         set_rng_state(rank_state["rng"])
         sampler.load_state_dict(rank_state["sampler"])
-        policy.generator.set_state(rank_state["policy_rng"].to(policy.generator.device)
-                                   if policy.generator.device.type != "cpu" else rank_state["policy_rng"])
+        policy.generator.set_state(rank_state["policy_rng"])
         start_iter, run_id = int(state["iteration"]), state["logger_run_id"]
         log.info("rl: resumed from %s at iteration %d", resume_from, start_iter)
     logger = MetricLogger(run_dir, common.to_dict(cfg), run_id, enabled=info.is_main)
-    metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"]}
+    metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"], "sampling": settings}
     ckpt_config = common.checkpoint_config("rl", model, "skill_prior", base["model_kwargs"], cfg, metadata)
     env_args = metadata["env_args"]
     runner = EnvRunner(metadata["suite"], names, env_args["render"],

@@ -167,7 +167,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
         nonlocal runner
         if runner is None:
             runner = make_runner(metadata, train_set.task_names, cfg.eval)
-        settings = sampling_settings(common.to_dict(cfg))
+        settings = sampling_settings({"cfg": common.to_dict(cfg), "metadata": metadata})
         with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device.startswith("cuda") else []):
             results = runner.run(make_policy(model, settings, device, int(cfg.eval.seed)),
                                  video_dir=run_dir / "eval" / f"step{step:07d}" / "videos")
