@@ -11,11 +11,12 @@ One reader serves both layouts; obs keys in a file are mapped to canonical keys 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import h5py
 import numpy as np
@@ -37,62 +38,58 @@ def _is_image_key(key: str) -> bool:
     return key.endswith("_rgb") or key.endswith("_image")
 
 
-def write_demo_file(path: Path, demos: list[Demo], attrs: dict[str, Any]) -> None:
-    """Write demos to ``path`` atomically: a temporary file in the same folder, renamed when complete."""
+@contextlib.contextmanager
+def _atomic_data_group(path: Path, attrs: dict[str, Any]) -> Iterator[h5py.Group]:
+    """The ``data`` group of a temporary file beside ``path``; on success ``attrs`` are written to it and the
+    file is renamed into place, so no half-written file ever carries the final name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with h5py.File(tmp, "w") as f:
             data = f.create_group("data")
-            total = 0
-            for i, demo in enumerate(demos):
-                g = data.create_group(f"demo_{i}")
-                g.create_dataset("actions", data=demo.actions)
-                for key, value in demo.obs.items():
-                    if _is_image_key(key):
-                        chunks = (1,) + value.shape[1:]
-                        g.create_dataset(f"obs/{key}", data=value, chunks=chunks, compression="lzf")
-                    else:
-                        g.create_dataset(f"obs/{key}", data=value)
-                for name in ("states", "rewards", "dones"):
-                    value = getattr(demo, name)
-                    if value is not None:
-                        g.create_dataset(name, data=value)
-                g.attrs["num_samples"] = len(demo.actions)
-                for k, v in demo.attrs.items():
-                    g.attrs[k] = v
-                total += len(demo.actions)
-            data.attrs["total"] = total
+            yield data
             for k, v in attrs.items():
                 data.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_demo_file(path: Path, demos: list[Demo], attrs: dict[str, Any]) -> None:
+    """Write demos to ``path`` atomically."""
+    with _atomic_data_group(path, attrs) as data:
+        for i, demo in enumerate(demos):
+            g = data.create_group(f"demo_{i}")
+            g.create_dataset("actions", data=demo.actions)
+            for key, value in demo.obs.items():
+                if _is_image_key(key):
+                    chunks = (1,) + value.shape[1:]
+                    g.create_dataset(f"obs/{key}", data=value, chunks=chunks, compression="lzf")
+                else:
+                    g.create_dataset(f"obs/{key}", data=value)
+            for name in ("states", "rewards", "dones"):
+                value = getattr(demo, name)
+                if value is not None:
+                    g.create_dataset(name, data=value)
+            g.attrs["num_samples"] = len(demo.actions)
+            for k, v in demo.attrs.items():
+                g.attrs[k] = v
+        data.attrs["total"] = sum(len(d.actions) for d in demos)
 
 
 def merge_demo_files(parts: list[Path], path: Path, attrs: dict[str, Any]) -> list[dict[str, Any]]:
     """Concatenate the demos of ``parts`` into ``path`` (renumbered, chunks copied without recompressing),
     atomically. Returns each demo's attributes."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     demo_attrs: list[dict[str, Any]] = []
-    try:
-        with h5py.File(tmp, "w") as out:
-            data = out.create_group("data")
-            for part in parts:
-                with h5py.File(part, "r") as f:
-                    for name in sorted(f["data"], key=_demo_sort_key):
-                        f.copy(f["data"][name], data, name=f"demo_{len(demo_attrs)}")
-                        demo_attrs.append(dict(f["data"][name].attrs))
-            data.attrs["total"] = sum(int(a["num_samples"]) for a in demo_attrs)
-            for k, v in attrs.items():
-                data.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with _atomic_data_group(path, attrs) as data:
+        for part in parts:
+            with h5py.File(part, "r") as f:
+                for name in sorted(f["data"], key=_demo_sort_key):
+                    f.copy(f["data"][name], data, name=f"demo_{len(demo_attrs)}")
+                    demo_attrs.append(dict(f["data"][name].attrs))
+        data.attrs["total"] = sum(int(a["num_samples"]) for a in demo_attrs)
     return demo_attrs
 
 
