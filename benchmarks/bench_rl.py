@@ -1,0 +1,100 @@
+"""Speed of one RL iteration: rollout time, training time, env-steps/s, the policy's share of rollout time,
+and rollout throughput against the number of env workers.
+
+    python benchmarks/bench_rl.py [--overrides ...] [--workers 1,2,4] [--groups 8] [--k 8] [--steps 100]
+
+Uses an untrained prior of the configured size (speed does not depend on the weights; every episode runs
+to the horizon, the slowest case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from benchmarks.bench import ensure_data, make_prior
+from ript.config import compose, resolve_device
+from ript.data.dataset import ChunkDataset, DatasetSpec
+from ript.envs.runner import EnvRunner
+from ript.rl.sampler import InitialConditionSampler
+from ript.stages import rl
+from ript.stages.evaluate import make_policy
+from ript.utils.distributed import DistInfo
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--overrides", nargs="*", default=[])
+    ap.add_argument("--workers", default=None)
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=100, help="episode horizon")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cfg = compose("stage1", args.overrides)
+    rl_cfg = compose("rl", [f"rl.groups_per_iteration={args.groups}", f"rl.rollouts_per_group={args.k}",
+                            "rl.max_sampling_rounds=1"])
+    device = resolve_device(cfg.device)
+    cores = os.cpu_count() or 1
+    workers = [int(w) for w in args.workers.split(",")] if args.workers else sorted(
+        {min(cores, 2**i) for i in range(8) if 2**i <= cores} | {cores})
+    out: dict = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu x{cores}",
+                 "groups": args.groups, "k": args.k, "horizon": args.steps, "per_workers": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        files = ensure_data(cfg, Path(tmp), 2)
+        ds = ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), int(cfg.algo.chunk_size),
+                                      int(cfg.algo.frame_stack), val_fraction=0.0), "all")
+        model = make_prior(cfg, ds).to(device)
+        settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
+        params = rl.trainable_parameters(model, True)
+        opt = torch.optim.AdamW(params, lr=1e-5)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
+        for w in workers:
+            runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), args.steps, 1, num_workers=w)
+            policy = make_policy(model, settings, device, seed=0)
+            policy.record = True
+            sampler = InitialConditionSampler(ds.task_names, seed=0)
+            rl.collect_groups(runner, policy, sampler, rl_cfg, DistInfo())  # warm-up: spawn workers, build envs
+            policy.inference_seconds = 0.0
+            t = time.perf_counter()
+            batch = rl.collect_groups(runner, policy, sampler, rl_cfg, DistInfo())
+            t_rollout = time.perf_counter() - t
+            runner.close()
+            groups = [g for g in _groups(batch["episodes"], args.k)]
+            data = rl.flatten_groups(groups, "rloo", device)  # time training on every group, informative or not
+            data["advantages"] = torch.randn_like(data["advantages"])
+            t = time.perf_counter()
+            rl.ppo_update(model, params, opt, sched, data, rl_cfg, settings, DistInfo(), 0, device)
+            t_train = time.perf_counter() - t
+            steps = sum(e["length"] for e in batch["episodes"])
+            out["per_workers"][w] = {"rollout_s": t_rollout, "train_s": t_train, "env_steps": steps,
+                                     "env_steps_per_s": steps / t_rollout,
+                                     "inference_share": policy.inference_seconds / t_rollout,
+                                     "decisions": len(data["tokens"])}
+            print(f"workers {w}: {steps / t_rollout:.0f} env-steps/s, rollout {t_rollout:.1f} s, train {t_train:.2f} s, "
+                  f"policy {100 * policy.inference_seconds / t_rollout:.0f}% of rollout", flush=True)
+    base = out["per_workers"][workers[0]]["env_steps_per_s"] / workers[0]
+    for w, r in out["per_workers"].items():
+        r["scaling_vs_linear"] = r["env_steps_per_s"] / (base * w)
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+def _groups(episodes: list[dict], k: int) -> list[list[dict]]:
+    by_ic: dict = {}
+    for e in episodes:
+        by_ic.setdefault((e["task"], e["seed"]), []).append(e)
+    return [sorted(g, key=lambda e: e["episode"]) for g in by_ic.values() if len(g) == k]
+
+
+if __name__ == "__main__":
+    main()
