@@ -59,11 +59,18 @@ def stage0_run(tiny_data, tmp_path_factory) -> Path:
     return run_dir
 
 
+def stage1_overrides(data_dir: Path, run_dir: Path, stage0_run: Path) -> list[str]:
+    """Four steps with an evaluation in the simulator at the end of training."""
+    return train_overrides(data_dir, run_dir, 4) + [
+        f"stage0_checkpoint={stage0_run}", "eval.every=4", "eval.episodes_per_task=1", "eval.num_workers=1",
+        "eval.max_episode_steps=16", "eval.n_videos=0"]
+
+
 @pytest.fixture(scope="session")
 def stage1_run(tiny_data, stage0_run, tmp_path_factory) -> Path:
     from ript.config import compose
     from ript.stages import stage1
 
     run_dir = tmp_path_factory.mktemp("runs") / "stage1"
-    stage1.run(compose("stage1", train_overrides(tiny_data, run_dir, 4) + [f"stage0_checkpoint={stage0_run}"]))
+    stage1.run(compose("stage1", stage1_overrides(tiny_data, run_dir, stage0_run)))
     return run_dir

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TASKS, train_overrides
+from conftest import TASKS, stage1_overrides, train_overrides
 from ript.config import compose
 from ript.errors import RiptError
 from ript.model_loader import load_model
@@ -44,7 +44,7 @@ def test_stage_resume_matches_uninterrupted_run(tiny_data, stage0_run, stage1_ru
     assert_same_weights(weights(part), weights(stage0_run))
     # stage 1 likewise
     part1 = tmp_path / "s1"
-    s1 = train_overrides(tiny_data, part1, 4) + [f"stage0_checkpoint={stage0_run}"]
+    s1 = stage1_overrides(tiny_data, part1, stage0_run)  # with an evaluation, which must not disturb training
     stage1.run(compose("stage1", s1 + ["train.stop_after_minutes=0"]))
     stage1.run(compose("stage1", s1 + ["resume=true"]))
     assert_same_weights(weights(part1), weights(stage1_run))
@@ -65,6 +65,19 @@ def test_model_loader_refuses_wrong_stage(stage0_run, stage1_run, tiny_data, tmp
                            [f"stage0_checkpoint={stage1_run}"]))
     model, config = load_model(stage1_run, expect_stage="stage1")
     assert model.task_names == TASKS and config["metadata"]["stage0_checkpoint"]
+
+
+def test_stage1_evaluates_during_training(stage1_run):
+    results = json.loads((stage1_run / "eval" / "step0000004" / "results.json").read_text())
+    assert results["per_task"].keys() == set(TASKS)
+    assert (stage1_run / "tb").is_dir()
+
+
+def test_stage1_with_learned_task_ids(tiny_data, stage0_run, tmp_path):
+    stage1.run(compose("stage1", train_overrides(tiny_data, tmp_path / "ids", 2) +
+                       [f"stage0_checkpoint={stage0_run}", "lang.encoder=task_id"]))
+    model, _ = load_model(tmp_path / "ids")
+    assert model.task_table.weight.shape[0] == 2 and not hasattr(model, "task_embeddings")
 
 
 def test_stage1_stores_language_embeddings(stage1_run, tiny_data):
