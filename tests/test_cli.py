@@ -78,3 +78,11 @@ def test_help_lists_the_jobs():
     assert code == 0
     for job in ("collect", "stage0", "stage1", "finetune", "eval", "quickstart"):
         assert job in out
+
+
+def test_collect_short_of_demos_leaves_no_final_file(tmp_path):
+    # 30 steps are too few for the expert: no task file appears, so a rerun collects again rather than skipping
+    result = ript("collect", f"task.data_dir={tmp_path}", "task.demos_per_task=1", "task.max_episode_steps=30",
+                  "task.task_names=[button-press-v3]", "task.render.image_size=32")
+    assert_one_line_error(result, "only 0 of 1", "button-press-v3", "task.max_episode_steps")
+    assert not (tmp_path / "button-press-v3.hdf5").exists()

@@ -161,7 +161,10 @@ def collect_metaworld(
             "images_upright": True,
             "expert_attempts": attempts[t],
         }
-        demos = merge_demo_files(shards, data_dir / f"{t}.hdf5", attrs)
+        # a task short of demos gets no final file, so that a rerun collects it again instead of skipping it
+        complete = len(shards) and sum(_count_demos(p) for p in shards) >= demos_per_task
+        target = data_dir / f"{t}.hdf5" if complete else data_dir / f".{t}.incomplete.hdf5"
+        demos = merge_demo_files(shards, target, attrs)
         for shard in shards:
             shard.unlink()
         n_success = sum(bool(d["success"]) for d in demos)
@@ -170,3 +173,10 @@ def collect_metaworld(
         log.info("collect: %s: %d demos (%d successful) from %d attempts", t, len(demos), n_success, attempts[t])
     return stats
 
+
+
+def _count_demos(path: Path) -> int:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return len(f["data"])

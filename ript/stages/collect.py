@@ -29,6 +29,9 @@ def run(cfg) -> dict:
             print(f"{t:<32} {s['demos']:>6d} {s['successes'] / max(1, s['attempts']):>15.1%}")
     short = [t for t, s in stats.items() if s["demos"] < int(cfg.task.demos_per_task)]
     if short:
-        raise RiptError(f"collect: the expert did not reach {cfg.task.demos_per_task} successful demos for "
-                        f"{short[0]!r} (see {Path(cfg.task.data_dir) / (short[0] + '.hdf5')})")
+        s = stats[short[0]]
+        raise RiptError(f"collect: the expert reached only {s['demos']} of {cfg.task.demos_per_task} successful demos "
+                        f"for {short[0]!r} in {s['attempts']} attempts (kept in "
+                        f"{Path(cfg.task.data_dir) / ('.' + short[0] + '.incomplete.hdf5')}); raise "
+                        f"task.max_episode_steps or set filter_success=false")
     return stats
