@@ -102,9 +102,6 @@ class ChunkDataset:
             "task_ids": self.task_ids[idx],
         }
 
-    def lowdim(self, key: str) -> torch.Tensor:
-        return self.obs[key]
-
     def obs_shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape[1:]) for k, v in self.obs.items()}
 

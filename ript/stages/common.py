@@ -49,8 +49,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-def checkpoint_config(stage: str, model: torch.nn.Module, model_name: str, model_kwargs: dict, cfg,
-                      metadata: dict) -> dict[str, Any]:
+def checkpoint_config(stage: str, model_name: str, model_kwargs: dict, cfg, metadata: dict) -> dict[str, Any]:
     return {"stage": stage, "model_name": model_name, "model_kwargs": model_kwargs, "cfg": to_dict(cfg),
             "metadata": metadata, "versions": versions()}
 

@@ -177,7 +177,7 @@ def run(cfg) -> str:
         log.info("rl: resumed from %s at iteration %d", resume_from, start_iter)
     logger = MetricLogger(run_dir, common.to_dict(cfg), run_id, enabled=info.is_main)
     metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"], "sampling": settings}
-    ckpt_config = common.checkpoint_config("rl", model, "skill_prior", base["model_kwargs"], cfg, metadata)
+    ckpt_config = common.checkpoint_config("rl", "skill_prior", base["model_kwargs"], cfg, metadata)
     env_args = metadata["env_args"]
     runner = EnvRunner(metadata["suite"], names, env_args["render"],
                        int(cfg.rl.max_episode_steps or env_args["max_episode_steps"]), episodes_per_task=1,

@@ -73,7 +73,7 @@ def run(cfg) -> str:
         start_step, run_id = int(state["step"]), state["logger_run_id"]
         log.info("stage0: resumed from %s at step %d", resume_from, start_step)
     logger = MetricLogger(run_dir, common.to_dict(cfg), run_id)
-    ckpt_config = common.checkpoint_config("stage0", model, "action_autoencoder", kwargs, cfg,
+    ckpt_config = common.checkpoint_config("stage0", "action_autoencoder", kwargs, cfg,
                                            train_set.metadata())
 
     def save(step: int) -> None:

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ript.config import data_files, resolve_device, task_names
 from ript.data.language import TASK_ID, embed_instructions
@@ -156,7 +155,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
         start_step, run_id = int(state["step"]), state["logger_run_id"]
         log.info("%s: resumed from %s at step %d", stage, resume_from, start_step)
     logger = MetricLogger(run_dir, common.to_dict(cfg), run_id)
-    ckpt_config = common.checkpoint_config(stage, model, "skill_prior", model_kwargs, cfg, metadata)
+    ckpt_config = common.checkpoint_config(stage, "skill_prior", model_kwargs, cfg, metadata)
     decoder_l1_weight = float(cfg.get("decoder_l1_weight", 0.0))
     runner = None
     log.info("%s: %d tasks, %d train samples, %d demos, %.1fM trainable params", stage, len(train_set.task_names),
