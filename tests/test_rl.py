@@ -104,8 +104,12 @@ def test_rl_iteration_checkpoint_and_exact_resume(stage1_run, tmp_path):
 
 def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsys):
     # one-step episodes: every rollout fails, every group has equal rewards
-    overrides = rl_overrides(stage1_run, tmp_path / "r", 1) + ["rl.max_episode_steps=1"]
+    overrides = rl_overrides(stage1_run, tmp_path / "r", 1) + [
+        "rl.max_episode_steps=1", "eval.every=1", "eval.episodes_per_task=1", "eval.num_workers=1",
+        "eval.max_episode_steps=8"]
     rl.run(compose("rl", overrides))
+    for iteration in ("iter0000", "iter0001"):  # evaluated before training and after the iteration
+        assert (tmp_path / "r" / "eval" / iteration / "results.json").is_file()
     assert "only 0 of 2 groups were informative after 2 sampling rounds" in capsys.readouterr().err
     assert (tmp_path / "r" / "checkpoints" / "last").exists()
 

@@ -50,6 +50,20 @@ def make_policy(model, settings: dict, device: str, seed: int) -> ChunkPolicy:
                        seed=seed, amp=device.startswith("cuda"))
 
 
+def evaluate_during_training(runner: EnvRunner, model, settings: dict, device: str, seed: int, out_dir: Path,
+                             logger, step: int, label: str) -> dict[str, Any]:
+    """One evaluation inside a training loop: leaves the training RNG streams untouched, writes
+    ``out_dir/results.json`` and videos, logs ``eval/...`` metrics and the success table."""
+    devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
+    with torch.random.fork_rng(devices=devices):
+        results = runner.run(make_policy(model, settings, device, seed), video_dir=out_dir / "videos")
+    write_results(out_dir / "results.json", results)
+    logger.log({"eval/success_rate": results["success_rate"],
+                **{f"eval/success/{t}": r["success_rate"] for t, r in results["per_task"].items()}}, step)
+    log.info("%s eval:\n%s", label, success_table(results))
+    return results
+
+
 def run(cfg) -> dict[str, Any]:
     setup_console_logging()
     device = resolve_device(cfg.device)

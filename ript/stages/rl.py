@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ript.config import resolve_device
-from ript.envs.runner import EpisodeSpec, EnvRunner, success_table, write_results
+from ript.envs.runner import EpisodeSpec, EnvRunner
 from ript.errors import RiptError
 from ript.model_loader import check_and_load, load_model
 from ript.registry import ADVANTAGES
@@ -25,7 +25,7 @@ from ript.rl import advantages as _advantages  # noqa: F401  (registers the esti
 from ript.rl.objective import ppo_loss, token_log_probs
 from ript.rl.sampler import InitialConditionSampler
 from ript.stages import common
-from ript.stages.evaluate import make_policy, make_runner, sampling_settings
+from ript.stages.evaluate import evaluate_during_training, make_policy, make_runner, sampling_settings
 from ript.utils import distributed as ddist
 from ript.utils.checkpoint import load_training_state, load_weights, save_checkpoint
 from ript.utils.logging import MetricLogger, log, setup_console_logging
@@ -186,13 +186,9 @@ def run(cfg) -> str:
 
     def evaluate(iteration: int) -> None:
         if eval_runner is not None:
-            with torch.random.fork_rng(devices=[policy.device] if device.startswith("cuda") else []):
-                results = eval_runner.run(make_policy(model, settings, device, int(cfg.eval.seed)))
-            out = run_dir / "eval" / f"iter{iteration:04d}"
-            write_results(out / "results.json", results)
-            logger.log({"eval/success_rate": results["success_rate"],
-                        **{f"eval/success/{t}": r["success_rate"] for t, r in results["per_task"].items()}}, iteration)
-            log.info("rl iteration %d eval:\n%s", iteration, success_table(results))
+            evaluate_during_training(eval_runner, model, settings, device, int(cfg.eval.seed),
+                                     run_dir / "eval" / f"iter{iteration:04d}", logger, iteration,
+                                     f"rl iteration {iteration}")
         ddist.barrier(info)
 
     def save(iteration: int) -> None:

@@ -18,8 +18,7 @@ from ript.model_loader import check_and_load, load_model
 from ript.models.encoders import random_shift
 from ript.models.prior import SkillPrior
 from ript.stages import common
-from ript.stages.evaluate import make_policy, make_runner, sampling_settings
-from ript.envs.runner import success_table, write_results
+from ript.stages.evaluate import evaluate_during_training, make_runner, sampling_settings
 from ript.utils.checkpoint import load_weights, save_checkpoint
 from ript.utils.logging import MetricLogger, log, setup_console_logging
 from ript.utils.seeding import seed_everything
@@ -167,15 +166,10 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
         if runner is None:
             runner = make_runner(metadata, train_set.task_names, cfg.eval)
         settings = sampling_settings({"cfg": common.to_dict(cfg), "metadata": metadata})
-        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device.startswith("cuda") else []):
-            results = runner.run(make_policy(model, settings, device, int(cfg.eval.seed)),
-                                 video_dir=run_dir / "eval" / f"step{step:07d}" / "videos")
+        evaluate_during_training(runner, model, settings, device, int(cfg.eval.seed),
+                                 run_dir / "eval" / f"step{step:07d}", logger, step, f"{stage} step {step}")
         model.train()
         model.autoencoder.eval()
-        write_results(run_dir / "eval" / f"step{step:07d}" / "results.json", results)
-        logger.log({"eval/success_rate": results["success_rate"],
-                    **{f"eval/success/{t}": r["success_rate"] for t, r in results["per_task"].items()}}, step)
-        log.info("%s step %d eval:\n%s", stage, step, success_table(results))
 
     from tqdm import tqdm
 
