@@ -20,8 +20,9 @@ from ript.utils.checkpoint import atomic_write_text, load_training_state, resolv
 from ript.utils.seeding import rng_state, set_rng_state
 
 
-def prepare_run_dir(cfg) -> tuple[Path, Path | None]:
-    """Create the run dir, or find the checkpoint to resume. Never starts over an existing run."""
+def prepare_run_dir(cfg, create: bool = True) -> tuple[Path, Path | None]:
+    """Create the run dir, or find the checkpoint to resume. Never starts over an existing run.
+    ``create=False`` only checks (for the ranks that do not write, before rank 0 creates it)."""
     run_dir = Path(cfg.run_dir)
     has_ckpt = (run_dir / "checkpoints" / "last").exists()
     if cfg.resume:
@@ -30,6 +31,8 @@ def prepare_run_dir(cfg) -> tuple[Path, Path | None]:
         return run_dir, resolve_checkpoint_dir(run_dir)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise RiptError(f"run_dir {run_dir} already exists; pass resume=true to continue it or choose another run_dir")
+    if not create:
+        return run_dir, None
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
     return run_dir, None

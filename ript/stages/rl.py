@@ -141,14 +141,12 @@ def run(cfg) -> str:
     if not cfg.checkpoint:
         raise RiptError("rl needs checkpoint=<stage-1, finetune or rl checkpoint>")
     model, base = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune", "rl"), device=device)
-    run_dir, resume_from = Path(cfg.run_dir), None
-    if info.is_main:
-        run_dir, resume_from = common.prepare_run_dir(cfg)
+    # every rank checks (and fails alike) before rank 0 creates anything, so no rank waits on a dead one
+    run_dir, resume_from = common.prepare_run_dir(cfg, create=False)
     ddist.barrier(info)
-    if info.world_size > 1 and cfg.resume:
-        from ript.utils.checkpoint import resolve_checkpoint_dir
-
-        resume_from = resolve_checkpoint_dir(run_dir)
+    if info.is_main:
+        common.prepare_run_dir(cfg)
+    ddist.barrier(info)
     seed_everything(int(cfg.seed) + info.rank)
     names = list(cfg.task_names) if cfg.task_names else model.task_names
     for name in names:
