@@ -49,6 +49,21 @@ def test_sampler_skips_mastered_and_round_trips_its_state():
     assert again.draw(4) == s.draw(4)
 
 
+def test_informative_task_weighting_favours_tasks_with_mixed_outcomes():
+    s = InitialConditionSampler(["solved", "mixed", "failed"], seed=0, task_weighting="informative", k=8)
+    assert abs(s.task_probabilities() - 1 / 3).max() < 1e-9  # nothing seen yet: uniform
+    s.record(("solved", 1), [1.0] * 8)
+    s.record(("mixed", 1), [1.0, 0.0] * 4)
+    s.record(("failed", 1), [0.0] * 8)
+    p = s.task_probabilities()
+    assert p[1] > 0.8 and p[0] == p[2] > 0  # floored, never starved
+    draws = [task for task, _ in s.draw(200)]
+    assert draws.count("mixed") > 150
+    restored = InitialConditionSampler(["solved", "mixed", "failed"], seed=1, task_weighting="informative")
+    restored.load_state_dict(s.state_dict())
+    assert restored.draw(5) == s.draw(5)
+
+
 def test_recorded_log_probs_equal_recomputed_ones(stage1_run):
     """The ratio at PPO step 0 is exactly 1: what is scored is what was sampled (top-k and temperature)."""
     model, ckpt = load_model(stage1_run)
@@ -105,7 +120,7 @@ def test_rl_iteration_checkpoint_and_exact_resume(stage1_run, tmp_path):
 def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsys):
     # one-step episodes: every rollout fails, every group has equal rewards
     overrides = rl_overrides(stage1_run, tmp_path / "r", 1) + [
-        "rl.max_episode_steps=1", "eval.every=1", "eval.episodes_per_task=1", "eval.num_workers=1",
+        "rl.max_episode_steps=1", "rl.task_weighting=informative", "eval.every=1", "eval.episodes_per_task=1", "eval.num_workers=1",
         "eval.max_episode_steps=8"]
     rl.run(compose("rl", overrides))
     for iteration in ("iter0000", "iter0001"):  # evaluated before training and after the iteration

@@ -1,5 +1,6 @@
 """Initial conditions for RL: (task, layout seed) pairs drawn from a seeded stream, optionally skipping
-ones the policy mastered (all K rollouts succeeded) in recent iterations. Its state is checkpointed."""
+ones the policy mastered (all K rollouts succeeded) in recent iterations, and optionally drawing tasks in
+proportion to the chance that a group of K rollouts on them is informative. Its state is checkpointed."""
 
 from __future__ import annotations
 
@@ -11,19 +12,34 @@ RL_SEED_BASE = 3 * 10**9  # disjoint from demonstration (< 10**9) and evaluation
 
 
 class InitialConditionSampler:
-    def __init__(self, task_names: list[str], seed: int, pool_size: int = 1000, skip_mastered_for: int = 0):
+    def __init__(self, task_names: list[str], seed: int, pool_size: int = 1000, skip_mastered_for: int = 0,
+                 task_weighting: str = "uniform", k: int = 8, ema: float = 0.7):
+        if task_weighting not in ("uniform", "informative"):
+            raise ValueError(f"rl.task_weighting={task_weighting!r}: expected 'uniform' or 'informative'")
         self.task_names = list(task_names)
         self.pool_size = pool_size
         self.skip_mastered_for = skip_mastered_for
+        self.task_weighting, self.k, self.ema = task_weighting, k, ema
         self.rng = np.random.default_rng(seed)
         self.mastered: dict[str, int] = {}  # "task|seed" -> iteration it was last mastered
+        self.success: dict[str, float] = {}  # task -> running estimate of rollout success
         self.iteration = 0
+
+    def task_probabilities(self) -> np.ndarray:
+        """``informative``: P(a group of K is mixed) = 1 - p^K - (1-p)^K under each task's success estimate p,
+        floored so no task is starved; unseen tasks count as p = 0.5."""
+        if self.task_weighting == "uniform":
+            return np.full(len(self.task_names), 1.0 / len(self.task_names))
+        p = np.array([self.success.get(t, 0.5) for t in self.task_names])
+        w = np.maximum(1.0 - p**self.k - (1.0 - p) ** self.k, 0.05)
+        return w / w.sum()
 
     def draw(self, n: int, max_tries: int = 100) -> list[tuple[str, int]]:
         out = []
+        probs = self.task_probabilities()
         for _ in range(n):
             for _ in range(max_tries):
-                task = self.task_names[int(self.rng.integers(len(self.task_names)))]
+                task = self.task_names[int(self.rng.choice(len(self.task_names), p=probs))]
                 ic = (task, RL_SEED_BASE + int(self.rng.integers(self.pool_size)))
                 last = self.mastered.get(f"{ic[0]}|{ic[1]}")
                 if last is None or self.iteration - last > self.skip_mastered_for:
@@ -32,14 +48,18 @@ class InitialConditionSampler:
         return out
 
     def record(self, ic: tuple[str, int], rewards: list[float]) -> None:
+        mean = float(np.mean(rewards))
+        self.success[ic[0]] = mean if ic[0] not in self.success else (
+            self.ema * self.success[ic[0]] + (1 - self.ema) * mean)
         if self.skip_mastered_for and min(rewards) >= 1.0:
             self.mastered[f"{ic[0]}|{ic[1]}"] = self.iteration
 
     def state_dict(self) -> dict:
         return {"rng": json.dumps(self.rng.bit_generator.state), "mastered": json.dumps(self.mastered),
-                "iteration": self.iteration}
+                "success": json.dumps(self.success), "iteration": self.iteration}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = json.loads(state["rng"])
         self.mastered = json.loads(state["mastered"])
+        self.success = json.loads(state["success"])
         self.iteration = int(state["iteration"])

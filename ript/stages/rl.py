@@ -158,7 +158,8 @@ def run(cfg) -> str:
     warm = max(1, int(cfg.rl.warmup_iterations))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / warm))
     sampler = InitialConditionSampler(names, int(cfg.seed) * 7919 + info.rank, int(cfg.rl.ic_pool_size),
-                                      int(cfg.rl.skip_mastered_for))
+                                      int(cfg.rl.skip_mastered_for), str(cfg.rl.task_weighting),
+                                      int(cfg.rl.rollouts_per_group))
     policy = make_policy(model, settings, device, int(cfg.seed) * 7919 + info.rank)
     policy.record = True
     start_iter, run_id = 0, None
