@@ -149,17 +149,17 @@ class EnvRunner:
         period = getattr(policy, "decision_period", 1)
 
         def start(slots: list[int]) -> None:
-            specs: list[EpisodeSpec | None] = [None] * n
+            assigned: list[EpisodeSpec | None] = [None] * n
             for i in slots:
                 if pending:
-                    specs[i] = running[i] = pending.pop()
+                    assigned[i] = running[i] = pending.pop()
                     steps[i] = 0
                     frames[i] = []
-            for i, obs in enumerate(envs.call("begin", specs)):
+            for i, obs in enumerate(envs.call("begin", assigned)):
                 if obs is not None:
-                    policy.reset_env(i, specs[i].task_name)
+                    policy.reset_env(i, assigned[i].task_name)
                     policy.observe(i, obs)
-                    if specs[i].record:
+                    if assigned[i].record:
                         frames[i].append(_video_frame(obs, video_keys))
 
         start(list(range(n)))
