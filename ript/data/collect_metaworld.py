@@ -123,6 +123,7 @@ def collect_metaworld(
         return stats
     num_workers = max(1, min(num_workers or os.cpu_count() or 1, len(jobs)))
     attempts: dict[str, int] = {}
+    collected: dict[str, int] = {}
     # spawn: a forked child inherits a GL context and hangs.
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager, ctx.Pool(num_workers) as pool:
@@ -138,8 +139,9 @@ def collect_metaworld(
             still = []
             for r in remaining:
                 if r.ready():
-                    task, _, n_attempts = r.get()  # re-raises a worker's error here
+                    task, n_demos, n_attempts = r.get()  # re-raises a worker's error here
                     attempts[task] = attempts.get(task, 0) + n_attempts
+                    collected[task] = collected.get(task, 0) + n_demos
                 else:
                     still.append(r)
             remaining = still
@@ -162,7 +164,7 @@ def collect_metaworld(
             "expert_attempts": attempts[t],
         }
         # a task short of demos gets no final file, so that a rerun collects it again instead of skipping it
-        complete = len(shards) and sum(_count_demos(p) for p in shards) >= demos_per_task
+        complete = collected.get(t, 0) >= demos_per_task
         target = data_dir / f"{t}.hdf5" if complete else data_dir / f".{t}.incomplete.hdf5"
         demos = merge_demo_files(shards, target, attrs)
         for shard in shards:
@@ -173,10 +175,3 @@ def collect_metaworld(
         log.info("collect: %s: %d demos (%d successful) from %d attempts", t, len(demos), n_success, attempts[t])
     return stats
 
-
-
-def _count_demos(path: Path) -> int:
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        return len(f["data"])
