@@ -67,6 +67,18 @@ def test_sampled_log_probs_equal_teacher_forced_scoring():
     assert torch.isfinite(lp).all()
 
 
+def test_gumbel_sampling_follows_the_scored_distribution():
+    """Token frequencies over many draws match the processed softmax the log-probs come from."""
+    prior = make_prior()
+    n = 4000
+    ctx = prior.context(obs(1), torch.tensor([1])).expand(n, -1, -1)
+    idx, _ = prior.sample(ctx, temperature=1.5, top_k=6, generator=torch.Generator().manual_seed(0))
+    first = processed_log_probs(prior.logits(ctx[:1], prior.tokens_in(idx[:1]))[:, 0], 1.5, 6).exp()[0]
+    freq = torch.bincount(idx[:, 0], minlength=prior.vocab_size).float() / n
+    assert float((freq - first).abs().max()) < 0.04
+    assert int((freq > 0).sum()) <= 6
+
+
 def test_top_k_keeps_k_tokens():
     lp = processed_log_probs(torch.randn(2, 50), 1.0, 5)
     assert ((lp > float("-inf")).sum(-1) == 5).all()

@@ -139,9 +139,17 @@ class SkillPrior(nn.Module):
         greedy: bool = False,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample T tokens. Returns indices (B, T) and their log-probs under the sampled distribution."""
+        """Sample T tokens. Returns indices (B, T) and their log-probs under the sampled distribution.
+
+        Sampling is Gumbel-max on ``noise`` (B, T, vocab) uniforms in (0, 1), drawn here from ``generator``
+        unless given: exact samples of the processed softmax, and no host synchronisation, so the whole
+        call can be captured in a CUDA graph with the noise as an input.
+        """
         b = context.shape[0]
+        if noise is None and not greedy:
+            noise = self.sampling_noise(b, context.device, generator)
         tokens = torch.full((b, 1), self.start_token, dtype=torch.long, device=context.device)
         prefix = context + self.pos_emb[:, : self.prefix_len]
         cache = None
@@ -159,11 +167,17 @@ class SkillPrior(nn.Module):
                 nxt = lp.argmax(-1)
             else:
                 lp = processed_log_probs(logits, temperature, top_k)
-                nxt = torch.multinomial(lp.exp(), 1, generator=generator).squeeze(-1)
+                gumbel = -torch.log(-torch.log(noise[:, t].float()))
+                nxt = (lp + gumbel).argmax(-1)  # -inf (outside top-k) never wins
             out_idx.append(nxt)
             out_lp.append(lp.gather(-1, nxt[:, None]).squeeze(-1))
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
         return torch.stack(out_idx, 1), torch.stack(out_lp, 1)
+
+    def sampling_noise(self, batch: int, device, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Uniforms in the open interval (0, 1) for ``sample``'s Gumbel-max draws."""
+        u = torch.rand((batch, self.num_tokens, self.vocab_size), device=device, generator=generator)
+        return u.clamp_(torch.finfo(u.dtype).tiny, 1.0 - torch.finfo(u.dtype).eps)
 
     @torch.no_grad()
     def predict_actions(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, **sample_kwargs) -> torch.Tensor:

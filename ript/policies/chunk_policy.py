@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ript.models.prior import SkillPrior
+from ript.utils.logging import log
 
 
 class Policy(Protocol):
@@ -40,6 +41,7 @@ class ChunkPolicy:
         seed: int = 0,
         amp: bool = False,
         record: bool = False,
+        cuda_graph: bool = True,
     ):
         chunk = model.autoencoder.chunk_size
         if not 1 <= action_horizon <= chunk:
@@ -55,6 +57,9 @@ class ChunkPolicy:
         self.obs_keys = model.image_keys + model.lowdim_keys
         self.record = record
         self.inference_seconds = 0.0
+        # one CUDA graph per padded batch size: a decision is ~1,300 small kernels, launch-bound when eager
+        self.cuda_graph = cuda_graph and self.device.type == "cuda"
+        self.graphs: dict[int, GraphedCall] = {}
         self.reset(0)
 
     def reset(self, n_envs: int) -> None:
@@ -81,27 +86,51 @@ class ChunkPolicy:
                 self.history[i].append(frame)  # pad the start of an episode with its first frame
         self.history[i].append(frame)
 
+    def _infer(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, noise: torch.Tensor | None = None):
+        """Observations -> (context, tokens, log-probs, action chunks); no host synchronisation inside."""
+        model = self.model
+        # autocast's weight-cast cache must stay off for CUDA-graph capture
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False):
+            context = model.context(obs, task_ids)
+            tokens, log_probs = model.sample(context, noise=noise, **self.sample_kwargs)
+            chunks = model.autoencoder.action_normalizer.unnormalize(model.autoencoder.decode_indices(tokens).float())
+        return context.float(), tokens, log_probs, chunks[:, : self.action_horizon].float()
+
     @torch.no_grad()
     def plan(self, envs: list[int]) -> None:
         t0 = time.perf_counter()
-        obs = {
+        inputs = {
             k: torch.from_numpy(np.stack([np.stack([f[k] for f in self.history[i]]) for i in envs])).to(self.device)
             for k in self.obs_keys
         }
-        task_ids = torch.tensor([self.task_ids[i] for i in envs], device=self.device)
-        model = self.model
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            context = model.context(obs, task_ids)
-            tokens, log_probs = model.sample(context, generator=self.generator, **self.sample_kwargs)
-            chunks = model.autoencoder.action_normalizer.unnormalize(model.autoencoder.decode_indices(tokens).float())
+        inputs = {"obs": inputs, "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
+        if not self.sample_kwargs["greedy"]:
+            inputs["noise"] = self.model.sampling_noise(len(envs), self.device, self.generator)
+        graphed = self._graph_for(len(self.history), inputs) if self.cuda_graph and not self.model.training else None
+        if graphed is not None:
+            context, tokens, log_probs, chunks = graphed(inputs)
+        else:
+            context, tokens, log_probs, chunks = self._infer(**inputs)
         if self.record:
             # what RL training needs, so it recomputes only the prior: context, sampled tokens, old log-probs
+            # (cloned: a graph's outputs are overwritten by its next replay)
             for j, i in enumerate(envs):
-                self.records[i].append({"context": context[j].float(), "tokens": tokens[j], "log_probs": log_probs[j]})
-        chunks = chunks[:, : self.action_horizon].float().cpu().numpy()
+                self.records[i].append({"context": context[j].clone(), "tokens": tokens[j].clone(),
+                                        "log_probs": log_probs[j].clone()})
+        chunks = chunks.cpu().numpy()
         for i, chunk in zip(envs, chunks):
             self.queues[i].extend(chunk)
         self.inference_seconds += time.perf_counter() - t0  # .cpu() above waited for the GPU
+
+    def _graph_for(self, batch: int, inputs: dict) -> "GraphedCall | None":
+        if batch not in self.graphs:
+            try:
+                self.graphs[batch] = GraphedCall(self._infer, inputs, batch)
+            except RuntimeError as e:  # an op that cannot be captured: stay correct, just slower
+                log.warning("CUDA graph capture of the policy failed (%s); running it eagerly", e)
+                self.cuda_graph = False
+                return None
+        return self.graphs[batch]
 
     def take_record(self, i: int) -> list[dict]:
         """The decisions of env i's episode so far (empty unless ``record``), handed over and cleared."""
@@ -117,3 +146,50 @@ class ChunkPolicy:
             if a:
                 actions[i] = self.queues[i].popleft()
         return actions
+
+
+class GraphedCall:
+    """``fn(**inputs)`` captured in a CUDA graph for a fixed batch size ``batch``.
+
+    Calls with up to ``batch`` rows copy their inputs into static buffers (the other rows keep earlier,
+    valid data), replay the graph and return views of its first rows — valid until the next call. The
+    graph reads parameters in place, so in-place optimiser steps are seen; replacing parameter tensors is not.
+    """
+
+    def __init__(self, fn, inputs: dict, batch: int):
+        def padded(x: torch.Tensor) -> torch.Tensor:
+            reps = -(-batch // x.shape[0])
+            return x.repeat(reps, *[1] * (x.dim() - 1))[:batch].clone()
+
+        self.static = _map(padded, inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside capture: cuDNN/cuBLAS choose their kernels here
+            for _ in range(2):
+                fn(**self.static)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = fn(**self.static)
+
+    def __call__(self, inputs: dict):
+        n = _first(inputs).shape[0]
+        _map2(lambda dst, src: dst[:n].copy_(src), self.static, inputs)
+        self.graph.replay()
+        return tuple(o[:n] for o in self.outputs)
+
+
+def _map(fn, tree):
+    return {k: _map(fn, v) for k, v in tree.items()} if isinstance(tree, dict) else fn(tree)
+
+
+def _map2(fn, dst, src):
+    if isinstance(dst, dict):
+        for k in dst:
+            _map2(fn, dst[k], src[k])
+    else:
+        fn(dst, src)
+
+
+def _first(tree):
+    return _first(next(iter(tree.values()))) if isinstance(tree, dict) else tree

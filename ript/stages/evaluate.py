@@ -44,19 +44,19 @@ def make_runner(metadata: dict, task_names: list[str], eval_cfg) -> EnvRunner:
     )
 
 
-def make_policy(model, settings: dict, device: str, seed: int) -> ChunkPolicy:
+def make_policy(model, settings: dict, device: str, seed: int, cuda_graph: bool = True) -> ChunkPolicy:
     return ChunkPolicy(model, action_horizon=int(settings["action_horizon"]), temperature=float(settings["temperature"]),
                        top_k=settings.get("top_k"), greedy=bool(settings.get("greedy", False)), device=device,
-                       seed=seed, amp=device.startswith("cuda"))
+                       seed=seed, amp=device.startswith("cuda"), cuda_graph=cuda_graph)
 
 
 def evaluate_during_training(runner: EnvRunner, model, settings: dict, device: str, seed: int, out_dir: Path,
-                             logger, step: int, label: str) -> dict[str, Any]:
+                             logger, step: int, label: str, cuda_graph: bool = True) -> dict[str, Any]:
     """One evaluation inside a training loop: leaves the training RNG streams untouched, writes
     ``out_dir/results.json`` and videos, logs ``eval/...`` metrics and the success table."""
     devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
     with torch.random.fork_rng(devices=devices):
-        results = runner.run(make_policy(model, settings, device, seed), video_dir=out_dir / "videos")
+        results = runner.run(make_policy(model, settings, device, seed, cuda_graph), video_dir=out_dir / "videos")
     write_results(out_dir / "results.json", results)
     logger.log({"eval/success_rate": results["success_rate"],
                 **{f"eval/success/{t}": r["success_rate"] for t, r in results["per_task"].items()}}, step)
@@ -77,7 +77,8 @@ def run(cfg) -> dict[str, Any]:
     runner = make_runner(ckpt["metadata"], names, cfg)
     try:
         torch.manual_seed(int(cfg.seed))
-        results = runner.run(make_policy(model, settings, device, int(cfg.seed)), video_dir=out_dir / "videos")
+        policy = make_policy(model, settings, device, int(cfg.seed), bool(cfg.cuda_graph))
+        results = runner.run(policy, video_dir=out_dir / "videos")
     finally:
         runner.close()
     results.update(checkpoint=ckpt["checkpoint_dir"], sampling=settings)

@@ -159,7 +159,7 @@ def run(cfg) -> str:
     sampler = InitialConditionSampler(names, int(cfg.seed) * 7919 + info.rank, int(cfg.rl.ic_pool_size),
                                       int(cfg.rl.skip_mastered_for), str(cfg.rl.task_weighting),
                                       int(cfg.rl.rollouts_per_group))
-    policy = make_policy(model, settings, device, int(cfg.seed) * 7919 + info.rank)
+    policy = make_policy(model, settings, device, int(cfg.seed) * 7919 + info.rank, bool(cfg.cuda_graph))
     policy.record = True
     start_iter, run_id = 0, None
     if resume_from is not None:
@@ -186,7 +186,7 @@ def run(cfg) -> str:
         if eval_runner is not None:
             evaluate_during_training(eval_runner, model, settings, device, int(cfg.eval.seed),
                                      run_dir / "eval" / f"iter{iteration:04d}", logger, iteration,
-                                     f"rl iteration {iteration}")
+                                     f"rl iteration {iteration}", bool(cfg.cuda_graph))
         ddist.barrier(info)
 
     def save(iteration: int) -> None:

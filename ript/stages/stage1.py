@@ -167,7 +167,8 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
             runner = make_runner(metadata, train_set.task_names, cfg.eval)
         settings = sampling_settings({"cfg": common.to_dict(cfg), "metadata": metadata})
         evaluate_during_training(runner, model, settings, device, int(cfg.eval.seed),
-                                 run_dir / "eval" / f"step{step:07d}", logger, step, f"{stage} step {step}")
+                                 run_dir / "eval" / f"step{step:07d}", logger, step, f"{stage} step {step}",
+                                 bool(cfg.cuda_graph))
         model.train()
         model.autoencoder.eval()
 
