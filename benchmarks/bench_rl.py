@@ -67,7 +67,7 @@ def main() -> None:
             batch = rl.collect_groups(runner, policy, sampler, rl_cfg, DistInfo())
             t_rollout = time.perf_counter() - t
             runner.close()
-            groups = [g for g in _groups(batch["episodes"], args.k)]
+            groups = rl.group_episodes(batch["episodes"], args.k)
             data = rl.flatten_groups(groups, "rloo", device)  # time training on every group, informative or not
             data["advantages"] = torch.randn_like(data["advantages"])
             t = time.perf_counter()
@@ -87,13 +87,6 @@ def main() -> None:
     print(text)
     if args.out:
         Path(args.out).write_text(text)
-
-
-def _groups(episodes: list[dict], k: int) -> list[list[dict]]:
-    by_ic: dict = {}
-    for e in episodes:
-        by_ic.setdefault((e["task"], e["seed"]), []).append(e)
-    return [sorted(g, key=lambda e: e["episode"]) for g in by_ic.values() if len(g) == k]
 
 
 if __name__ == "__main__":

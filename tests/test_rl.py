@@ -49,6 +49,14 @@ def test_sampler_skips_mastered_and_round_trips_its_state():
     assert again.draw(4) == s.draw(4)
 
 
+def test_groups_stay_apart_when_two_draws_share_an_initial_condition():
+    eps = [{"task": "a", "seed": 5, "episode": g * 2 + j, "success": bool(j)} for g in (1, 0) for j in (1, 0)]
+    groups = rl.group_episodes(eps, 2)
+    assert [[e["episode"] for e in g] for g in groups] == [[0, 1], [2, 3]]
+    with pytest.raises(RuntimeError, match="malformed"):
+        rl.group_episodes(eps[:3], 2)
+
+
 def test_informative_task_weighting_favours_tasks_with_mixed_outcomes():
     s = InitialConditionSampler(["solved", "mixed", "failed"], seed=0, task_weighting="informative", k=8)
     assert abs(s.task_probabilities() - 1 / 3).max() < 1e-9  # nothing seen yet: uniform

@@ -13,13 +13,13 @@ RL_SEED_BASE = 3 * 10**9  # disjoint from demonstration (< 10**9) and evaluation
 
 class InitialConditionSampler:
     def __init__(self, task_names: list[str], seed: int, pool_size: int = 1000, skip_mastered_for: int = 0,
-                 task_weighting: str = "uniform", k: int = 8, ema: float = 0.7):
+                 task_weighting: str = "uniform", k: int = 8, ema: float = 0.7, floor: float = 0.01):
         if task_weighting not in ("uniform", "informative"):
             raise ValueError(f"rl.task_weighting={task_weighting!r}: expected 'uniform' or 'informative'")
         self.task_names = list(task_names)
         self.pool_size = pool_size
         self.skip_mastered_for = skip_mastered_for
-        self.task_weighting, self.k, self.ema = task_weighting, k, ema
+        self.task_weighting, self.k, self.ema, self.floor = task_weighting, k, ema, floor
         self.rng = np.random.default_rng(seed)
         self.mastered: dict[str, int] = {}  # "task|seed" -> iteration it was last mastered
         self.success: dict[str, float] = {}  # task -> running estimate of rollout success
@@ -27,11 +27,11 @@ class InitialConditionSampler:
 
     def task_probabilities(self) -> np.ndarray:
         """``informative``: P(a group of K is mixed) = 1 - p^K - (1-p)^K under each task's success estimate p,
-        floored so no task is starved; unseen tasks count as p = 0.5."""
+        floored at ``floor`` so no task is starved (its estimate keeps updating); unseen tasks count as p = 0.5."""
         if self.task_weighting == "uniform":
             return np.full(len(self.task_names), 1.0 / len(self.task_names))
         p = np.array([self.success.get(t, 0.5) for t in self.task_names])
-        w = np.maximum(1.0 - p**self.k - (1.0 - p) ** self.k, 0.05)
+        w = np.maximum(1.0 - p**self.k - (1.0 - p) ** self.k, self.floor)
         return w / w.sum()
 
     def draw(self, n: int, max_tries: int = 100) -> list[tuple[str, int]]:

@@ -51,15 +51,12 @@ def collect_groups(runner: EnvRunner, policy, sampler: InitialConditionSampler, 
     while True:
         need = max(0, local_target - len(kept))
         ics = sampler.draw(need)
-        specs = [EpisodeSpec(task, seed, j) for task, seed in ics for j in range(k)]
+        # episode index g*K + j: group g of this round, even when two draws share an initial condition
+        specs = [EpisodeSpec(task, seed, g * k + j) for g, (task, seed) in enumerate(ics) for j in range(k)]
         results = runner.run(policy, specs=specs) if specs else {"episodes": []}
-        by_ic: dict[tuple[str, int], list[dict]] = {}
-        for e in results["episodes"]:
-            by_ic.setdefault((e["task"], e["seed"]), []).append(e)
-        for ic, group in by_ic.items():
-            group.sort(key=lambda e: e["episode"])
+        for group in group_episodes(results["episodes"], k):
             rewards = [float(e["success"]) for e in group]
-            sampler.record(ic, rewards)
+            sampler.record((group[0]["task"], group[0]["seed"]), rewards)
             episodes.extend(group)
             if len(set(rewards)) > 1:
                 kept.append(group)
@@ -72,6 +69,20 @@ def collect_groups(runner: EnvRunner, policy, sampler: InitialConditionSampler, 
     capped = total_kept < int(rl.groups_per_iteration)
     return {"kept": kept, "episodes": episodes, "rounds": rounds, "capped": capped, "total_kept": total_kept,
             "sync": sync}
+
+
+def group_episodes(episodes: list[dict], k: int) -> list[list[dict]]:
+    """Split one round's episodes into its groups of K rollouts (episode index g*K + j), in draw order."""
+    groups: dict[int, list[dict]] = {}
+    for e in episodes:
+        groups.setdefault(e["episode"] // k, []).append(e)
+    out = []
+    for g in sorted(groups):
+        group = sorted(groups[g], key=lambda e: e["episode"])
+        if len(group) != k or len({(e["task"], e["seed"]) for e in group}) != 1:
+            raise RuntimeError(f"rollout group {g} is malformed: {len(group)} episodes for K={k}")
+        out.append(group)
+    return out
 
 
 def flatten_groups(kept: list[list[dict]], estimator: str, device: str) -> dict[str, torch.Tensor] | None:
@@ -158,7 +169,7 @@ def run(cfg) -> str:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / warm))
     sampler = InitialConditionSampler(names, int(cfg.seed) * 7919 + info.rank, int(cfg.rl.ic_pool_size),
                                       int(cfg.rl.skip_mastered_for), str(cfg.rl.task_weighting),
-                                      int(cfg.rl.rollouts_per_group))
+                                      int(cfg.rl.rollouts_per_group), floor=float(cfg.rl.task_weighting_floor))
     policy = make_policy(model, settings, device, int(cfg.seed) * 7919 + info.rank, bool(cfg.cuda_graph))
     policy.record = True
     start_iter, run_id = 0, None
