@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--record", type=int, default=1)
     ap.add_argument("--cuda-graph", type=int, default=1)
     ap.add_argument("--torch-profile", type=int, default=0)
+    ap.add_argument("--chunked", type=int, default=1, help="whole chunks per worker call (0: one call per step)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     cfg = compose("stage1", args.overrides)
@@ -86,7 +87,8 @@ def main() -> None:
     out["cuda_graph"] = policy.cuda_graph
     per_task = max(1, args.episodes // len(ds.task_names))
     runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), args.steps, per_task,
-                       num_workers=args.workers)
+                       num_workers=args.workers, chunked=bool(args.chunked))
+    out["chunked"] = bool(args.chunked)
     runner.run(policy)  # warm-up: spawn workers, build envs, first kernels
     log: list = []
     timed_plans(policy, log)

@@ -148,3 +148,28 @@ def test_rl_under_torchrun_with_two_gloo_processes(stage1_run, tmp_path):
     state = torch.load(run_dir / "checkpoints" / "last" / "training_state.pt", weights_only=True)
     assert len(state["ranks"]) == 2
     assert state["ranks"][0]["sampler"]["rng"] != state["ranks"][1]["sampler"]["rng"]
+
+
+def test_chunked_runner_matches_step_by_step(stage1_run, tmp_path):
+    """Whole chunks per worker call see the same observations, take the same decisions and end the same
+    episodes as one worker call per env step (including videos of recorded episodes)."""
+    model, ckpt = load_model(stage1_run)
+    render = ckpt["metadata"]["env_args"]["render"]
+    specs = [EpisodeSpec("button-press-v3", 3, 0, record=True), EpisodeSpec("drawer-close-v3", 3, 1),
+             EpisodeSpec("button-press-v3", 4, 2)]
+    outs = []
+    for chunked in (True, False):
+        policy = make_policy(model, sampling_settings(ckpt), "cpu", seed=0)
+        policy.record = True
+        runner = EnvRunner("metaworld", model.task_names, render, 30, 1, num_workers=2, chunked=chunked)
+        try:
+            outs.append(runner.run(policy, video_dir=tmp_path / str(chunked), specs=specs))
+        finally:
+            runner.close()
+    for a, b in zip(outs[0]["episodes"], outs[1]["episodes"]):
+        assert (a["task"], a["seed"], a["success"], a["length"]) == (b["task"], b["seed"], b["success"], b["length"])
+        assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(a["decisions"], b["decisions"]))
+        assert len(a["decisions"]) == len(b["decisions"]) > 0
+    assert outs[0]["env_steps"] == outs[1]["env_steps"]
+    assert [p.name for p in sorted((tmp_path / "True").glob("*.mp4"))] == \
+        [p.name for p in sorted((tmp_path / "False").glob("*.mp4"))] != []

@@ -2,8 +2,9 @@
 
 Workers are gymnasium vector envs (spawned: a forked child inherits a GL context and hangs). Each worker
 hosts one simulator task at a time and is driven through two methods called on all workers at once:
-``begin`` (start an episode: task, seed) and ``advance`` (one step; images only where asked). The policy
-sees all envs together and is called once per decision for every env that needs a new chunk.
+``begin`` (start an episode: task, seed) and ``advance_chunk`` (a chunk policy's whole chunk of actions, images
+only for the frames the next decision reads) or, for other policies, ``advance`` (one step). The policy sees
+all envs together and is called once per decision for every env that needs a new chunk.
 """
 
 from __future__ import annotations
@@ -69,6 +70,24 @@ class TaskWorkerEnv(gym.Env):
         obs, reward, done, info = self.current.step(actions[self.index], render=render[self.index])
         return obs, reward, done, info["success"]
 
+    def advance_chunk(self, chunks: list[np.ndarray | None], keep_last: int, record: list[bool]):
+        """Run this worker's whole action chunk (stopping at the episode's end) in one call. Renders only the
+        last ``keep_last`` steps (the policy's next frame stack), or every step of a recorded episode;
+        returns ([(step, obs), ...] rendered, steps taken, done, success)."""
+        chunk = chunks[self.index]
+        if chunk is None:
+            return None
+        rendered, done, success, n = [], False, False, len(chunk)
+        for t, action in enumerate(chunk):
+            render = record[self.index] or t >= n - keep_last
+            obs, _, done, info = self.current.step(action, render=render)
+            success = info["success"]
+            if render:
+                rendered.append((t, obs))
+            if done:
+                break
+        return rendered, t + 1, done, success
+
     def close(self):
         for task in self.tasks.values():
             task.close()
@@ -104,6 +123,7 @@ class EnvRunner:
         seed: int = 0,
         n_videos: int = 0,
         asynchronous: bool = True,
+        chunked: bool = True,
     ):
         self.suite = suite
         self.task_names = list(task_names)
@@ -114,6 +134,7 @@ class EnvRunner:
         self.seed = seed
         self.n_videos = n_videos
         self.asynchronous = asynchronous
+        self.chunked = chunked  # whole action chunks per worker call, for policies that plan chunks
         self.envs = None
 
     def specs(self) -> list[EpisodeSpec]:
@@ -162,33 +183,56 @@ class EnvRunner:
                     if assigned[i].record:
                         frames[i].append(_video_frame(obs, video_keys))
 
+        def finish(i: int, success: bool) -> None:
+            spec = running[i]
+            episodes.append({"task": spec.task_name, "episode": spec.index, "seed": spec.seed,
+                             "success": bool(success), "length": steps[i]})
+            if getattr(policy, "record", False):
+                episodes[-1]["decisions"] = policy.take_record(i)
+            if spec.record and video_dir is not None:
+                tag = "success" if success else "failure"
+                write_mp4(Path(video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", frames[i])
+            running[i] = None
+
+        chunked = self.chunked and hasattr(policy, "act_chunk")
         start(list(range(n)))
         while any(s is not None for s in running):
             active = [s is not None for s in running]
-            actions = policy.act(active)
-            render = [a and (policy.wants_obs(i) or running[i].record) for i, a in enumerate(active)]
-            results = envs.call("advance", actions, active, render)
-            for i, res in enumerate(results):
-                if res is None:
-                    continue
-                obs, _, done, success = res
-                steps[i] += 1
-                env_steps += 1
-                if render[i]:
-                    policy.observe(i, obs)
-                    if running[i].record:
-                        frames[i].append(_video_frame(obs, video_keys))
-                if done:
-                    spec = running[i]
-                    episodes.append({"task": spec.task_name, "episode": spec.index, "seed": spec.seed,
-                                     "success": bool(success), "length": steps[i]})
-                    if getattr(policy, "record", False):
-                        episodes[-1]["decisions"] = policy.take_record(i)
-                    if spec.record and video_dir is not None:
-                        tag = "success" if success else "failure"
-                        write_mp4(Path(video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", frames[i])
-                    running[i] = None
-            rounds += 1
+            if chunked:
+                # one worker call per decision: each env runs its whole chunk, rendering only what is read
+                chunks = policy.act_chunk(active)
+                record = [a and running[i].record for i, a in enumerate(active)]
+                keep = int(getattr(policy, "frame_stack", 1))
+                for i, res in enumerate(envs.call("advance_chunk", chunks, keep, record)):
+                    if res is None:
+                        continue
+                    rendered, taken, done, success = res
+                    steps[i] += taken
+                    env_steps += taken
+                    for t, obs in rendered:
+                        if t >= len(chunks[i]) - keep:
+                            policy.observe(i, obs)
+                        if running[i].record:
+                            frames[i].append(_video_frame(obs, video_keys))
+                    if done:
+                        finish(i, success)
+                rounds += period
+            else:
+                actions = policy.act(active)
+                render = [a and (policy.wants_obs(i) or running[i].record) for i, a in enumerate(active)]
+                for i, res in enumerate(envs.call("advance", actions, active, render)):
+                    if res is None:
+                        continue
+                    obs, _, done, success = res
+                    steps[i] += 1
+                    env_steps += 1
+                    if render[i]:
+                        policy.observe(i, obs)
+                        if running[i].record:
+                            frames[i].append(_video_frame(obs, video_keys))
+                    if done:
+                        finish(i, success)
+                rounds += 1
             # Start new episodes only on decision rounds, so every env asks for its next chunk in the same
             # round: one batched policy call per action_horizon steps instead of one nearly every step.
             idle = [i for i, s in enumerate(running) if s is None]

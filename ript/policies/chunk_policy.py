@@ -26,6 +26,18 @@ class Policy(Protocol):
     def reset_env(self, i: int, task_name: str) -> None: ...
     def wants_obs(self, i: int) -> bool: ...
     def observe(self, i: int, obs: dict[str, np.ndarray]) -> None: ...
+    def act_chunk(self, active: list[bool]) -> list[np.ndarray | None]:
+        """Every active env's planned actions at once (runners that execute whole chunks in the worker)."""
+        need = [i for i, a in enumerate(active) if a and not self.queues[i]]
+        if need:
+            self.plan(need)
+        out: list[np.ndarray | None] = [None] * len(active)
+        for i, a in enumerate(active):
+            if a:
+                out[i] = np.stack(self.queues[i])
+                self.queues[i].clear()
+        return out
+
     def act(self, active: list[bool]) -> np.ndarray: ...
 
 
@@ -51,6 +63,7 @@ class ChunkPolicy:
         self.action_dim = model.autoencoder.action_dim
         self.action_horizon = action_horizon
         self.decision_period = action_horizon  # runners align episode starts to this
+        self.frame_stack = model.frame_stack  # observations a decision reads
         self.sample_kwargs = {"temperature": temperature, "top_k": top_k, "greedy": greedy}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.amp = amp and self.device.type == "cuda"
@@ -135,6 +148,18 @@ class ChunkPolicy:
     def take_record(self, i: int) -> list[dict]:
         """The decisions of env i's episode so far (empty unless ``record``), handed over and cleared."""
         out, self.records[i] = self.records[i], []
+        return out
+
+    def act_chunk(self, active: list[bool]) -> list[np.ndarray | None]:
+        """Every active env's planned actions at once (runners that execute whole chunks in the worker)."""
+        need = [i for i, a in enumerate(active) if a and not self.queues[i]]
+        if need:
+            self.plan(need)
+        out: list[np.ndarray | None] = [None] * len(active)
+        for i, a in enumerate(active):
+            if a:
+                out[i] = np.stack(self.queues[i])
+                self.queues[i].clear()
         return out
 
     def act(self, active: list[bool]) -> np.ndarray:
