@@ -51,6 +51,13 @@ def ensure_data(cfg, data_dir: Path, demos: int) -> list[Path]:
     return [data_dir / f"{t}.hdf5" for t in TASKS]
 
 
+def demo_dataset(cfg, data_dir: Path, demos: int) -> ChunkDataset:
+    """Scripted demos of the benchmark tasks (collected if missing) as one training dataset."""
+    files = ensure_data(cfg, data_dir, demos)
+    return ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), int(cfg.algo.chunk_size),
+                                    int(cfg.algo.frame_stack), val_fraction=0.0), "all")
+
+
 def bench_data(ds: ChunkDataset, batch: int, device: str) -> dict:
     ds.to(device)
     idx = lambda: torch.randint(0, len(ds), (batch,))  # noqa: E731
@@ -174,9 +181,7 @@ def main() -> None:
         tmp = Path(tmp)
         ds = None
         if only & {"data", "train", "sample", "eval"}:
-            files = ensure_data(cfg, tmp / "data", args.demos)
-            ds = ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), int(cfg.algo.chunk_size),
-                                          int(cfg.algo.frame_stack), val_fraction=0.0), "all")
+            ds = demo_dataset(cfg, tmp / "data", args.demos)
         if "data" in only:
             results["cpu"] = bench_data(ds, args.batch, "cpu")
             if device != "cpu":

@@ -19,9 +19,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.bench import ensure_data, make_prior
+from benchmarks.bench import demo_dataset, make_prior
 from ript.config import compose, resolve_device
-from ript.data.dataset import ChunkDataset, DatasetSpec
 from ript.envs.runner import EnvRunner
 from ript.rl.sampler import InitialConditionSampler
 from ript.stages import rl
@@ -48,9 +47,7 @@ def main() -> None:
     out: dict = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu x{cores}",
                  "groups": args.groups, "k": args.k, "horizon": args.steps, "per_workers": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        files = ensure_data(cfg, Path(tmp), 2)
-        ds = ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), int(cfg.algo.chunk_size),
-                                      int(cfg.algo.frame_stack), val_fraction=0.0), "all")
+        ds = demo_dataset(cfg, Path(tmp), 2)
         model = make_prior(cfg, ds).to(device)
         settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
         params = rl.trainable_parameters(model, True)

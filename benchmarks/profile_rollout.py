@@ -19,9 +19,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.bench import ensure_data, make_prior
+from benchmarks.bench import demo_dataset, make_prior
 from ript.config import compose, resolve_device
-from ript.data.dataset import ChunkDataset, DatasetSpec
 from ript.envs.runner import EnvRunner
 from ript.stages.evaluate import make_policy
 
@@ -76,9 +75,7 @@ def main() -> None:
     device = resolve_device(cfg.device)
     out: dict = {"workers": args.workers, "episodes": args.episodes, "horizon": args.steps}
     with tempfile.TemporaryDirectory() as tmp:
-        files = ensure_data(cfg, Path(tmp), 2)
-        ds = ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), int(cfg.algo.chunk_size),
-                                      int(cfg.algo.frame_stack), val_fraction=0.0), "all")
+        ds = demo_dataset(cfg, Path(tmp), 2)
         model = make_prior(cfg, ds).to(device)
     settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
     policy = make_policy(model, settings, device, seed=0)

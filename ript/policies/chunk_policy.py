@@ -26,19 +26,8 @@ class Policy(Protocol):
     def reset_env(self, i: int, task_name: str) -> None: ...
     def wants_obs(self, i: int) -> bool: ...
     def observe(self, i: int, obs: dict[str, np.ndarray]) -> None: ...
-    def act_chunk(self, active: list[bool]) -> list[np.ndarray | None]:
-        """Every active env's planned actions at once (runners that execute whole chunks in the worker)."""
-        need = [i for i, a in enumerate(active) if a and not self.queues[i]]
-        if need:
-            self.plan(need)
-        out: list[np.ndarray | None] = [None] * len(active)
-        for i, a in enumerate(active):
-            if a:
-                out[i] = np.stack(self.queues[i])
-                self.queues[i].clear()
-        return out
-
     def act(self, active: list[bool]) -> np.ndarray: ...
+    # optional: act_chunk(active) -> list[np.ndarray | None], whole chunks for runners that step them in workers
 
 
 class ChunkPolicy:
@@ -150,11 +139,14 @@ class ChunkPolicy:
         out, self.records[i] = self.records[i], []
         return out
 
-    def act_chunk(self, active: list[bool]) -> list[np.ndarray | None]:
-        """Every active env's planned actions at once (runners that execute whole chunks in the worker)."""
+    def _plan_empty(self, active: list[bool]) -> None:
         need = [i for i, a in enumerate(active) if a and not self.queues[i]]
         if need:
             self.plan(need)
+
+    def act_chunk(self, active: list[bool]) -> list[np.ndarray | None]:
+        """Every active env's planned actions at once (runners that execute whole chunks in the worker)."""
+        self._plan_empty(active)
         out: list[np.ndarray | None] = [None] * len(active)
         for i, a in enumerate(active):
             if a:
@@ -163,9 +155,7 @@ class ChunkPolicy:
         return out
 
     def act(self, active: list[bool]) -> np.ndarray:
-        need = [i for i, a in enumerate(active) if a and not self.queues[i]]
-        if need:
-            self.plan(need)
+        self._plan_empty(active)
         actions = np.zeros((len(active), self.action_dim), dtype=np.float32)
         for i, a in enumerate(active):
             if a:
