@@ -51,6 +51,31 @@ def collision_corners(sim, body: str) -> np.ndarray:
     return np.concatenate(pts)
 
 
+def obstacle_points(sim, exclude: set[str], z_lo: float, z_hi: float) -> np.ndarray:
+    """Horizontal positions of other objects' collision geoms (bounding-box corners) between two heights:
+    what a finger could hit. The robot, the table and the floor are left out."""
+    import mujoco
+
+    model, data = sim.model._model, sim.data._data
+    skip = tuple(f"{e}_" for e in exclude) + ("robot", "gripper", "mount", "table", "floor", "world")
+    pts = []
+    for g in range(model.ngeom):
+        if model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0:
+            continue
+        b = int(model.geom_bodyid[g])
+        while int(model.body_parentid[b]) != 0:
+            b = int(model.body_parentid[b])
+        name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or ""
+        if b == 0 or name.startswith(skip):
+            continue
+        center, half = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
+        signs = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T
+        corners = data.geom_xpos[g] + (center + signs * half) @ data.geom_xmat[g].reshape(3, 3).T
+        keep = (corners[:, 2] > z_lo) & (corners[:, 2] < z_hi)
+        pts.append(corners[keep, :2])
+    return np.concatenate(pts) if pts else np.zeros((0, 2))
+
+
 def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
     """The horizontal direction (angle, radians) across which the footprint is narrowest, and that width."""
     angles = np.linspace(0.0, np.pi, 72, endpoint=False)
@@ -85,16 +110,26 @@ class PickPlaceExpert:
         d = right - left
         return float(np.arctan2(d[1], d[0]))
 
-    def _plan_grasp(self, obj_pts: np.ndarray, obj_xy: np.ndarray, eef: np.ndarray) -> None:
-        """Across the narrow side when it fits between the fingers; else pinch the wall (a bowl's rim) on
-        the side facing the hand, fingers closing radially."""
+    def _plan_grasp(self, sim, obj_pts: np.ndarray, obj_xy: np.ndarray) -> None:
+        """Across the narrow side when it fits between the fingers; else pinch the wall (a bowl's rim),
+        fingers closing radially, on the side where the outer finger has most room from other objects
+        (ties go to the side facing the robot)."""
         self.grasp_yaw, width = narrow_direction(obj_pts)
-        if width > MAX_GRASP_WIDTH:
-            d = eef[:2] - obj_xy
-            self.rim = d / max(np.linalg.norm(d), 1e-6)
-            self.grasp_yaw = float(np.arctan2(self.rim[1], self.rim[0]))
-        else:
-            self.rim = None
+        self.rim = None
+        if width <= MAX_GRASP_WIDTH:
+            return
+        lo, hi = obj_pts.min(0), obj_pts.max(0)
+        others = obstacle_points(sim, {self.obj}, lo[2], hi[2] + 0.12)
+        best = -np.inf
+        for a in np.deg2rad(np.arange(90, 271, 30)):  # the half facing the robot (which sits at -x)
+            d = np.array([np.cos(a), np.sin(a)])
+            half = float(np.max((obj_pts[:, :2] - obj_xy) @ d))
+            outer = obj_xy + d * (half - RIM_INSET + 0.045)
+            room = np.min(np.linalg.norm(others - outer, axis=1)) if len(others) else 1.0
+            score = min(room, 0.06) + 0.001 * -d[0]
+            if score > best:
+                best, self.rim = score, d
+        self.grasp_yaw = float(np.arctan2(self.rim[1], self.rim[0]))
 
     def get_action(self, task) -> np.ndarray:
         sim, raw = task.sim, task.privileged()
@@ -103,7 +138,7 @@ class PickPlaceExpert:
         lo, hi = obj_pts.min(0), obj_pts.max(0)
         obj_xy = (lo[:2] + hi[:2]) / 2
         if self.phase == "align":
-            self._plan_grasp(obj_pts, obj_xy, eef)
+            self._plan_grasp(sim, obj_pts, obj_xy)
         if self.rim is not None:
             half = float(np.max(np.abs((obj_pts[:, :2] - obj_xy) @ self.rim)))
             grasp_xy = obj_xy + self.rim * (half - RIM_INSET)
