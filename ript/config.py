@@ -45,12 +45,21 @@ def task_names(task_cfg: DictConfig) -> list[str]:
             task_cfg.benchmark, task_cfg.split)
         check_task_names(names)
         return names
-    raise RiptError(f"task.suite={task_cfg.suite!r} is unknown; available: metaworld")
+    from ript.envs import libero
+
+    if libero.is_libero_suite(task_cfg.suite):
+        if task_cfg.get("task_names"):
+            names = list(task_cfg.task_names)
+            libero.check_task_names(task_cfg.suite, names)
+            return names
+        return libero.suite_tasks(task_cfg.suite)
+    raise RiptError(f"task.suite={task_cfg.suite!r} is unknown; available: metaworld, {', '.join(libero.SUITE_HORIZONS)}")
 
 
 def data_files(task_cfg: DictConfig, names: list[str] | None = None) -> list[Path]:
     names = names or task_names(task_cfg)
-    files = [Path(task_cfg.data_dir) / f"{n}.hdf5" for n in names]
+    pattern = str(task_cfg.get("file_pattern") or "{name}.hdf5")  # official LIBERO files: {name}_demo.hdf5
+    files = [Path(task_cfg.data_dir) / pattern.format(name=n) for n in names]
     missing = [f for f in files if not f.is_file()]
     if missing:
         raise RiptError(f"dataset file {missing[0]} does not exist; run `ript collect task={task_cfg.name}` first")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from ript.data.hdf5 import instruction_from_attrs, read_demos, read_file_attrs
 from ript.errors import RiptError
@@ -105,12 +106,19 @@ class ChunkDataset:
     def obs_shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape[1:]) for k, v in self.obs.items()}
 
-    def metadata(self) -> dict:
-        """What a checkpoint needs to rebuild the evaluation env and read the same data again."""
+    def metadata(self, task_cfg=None) -> dict:
+        """What a checkpoint needs to rebuild the evaluation env and read the same data again. Files not
+        written by ript (official LIBERO data) lack the suite and render settings: ``task_cfg`` supplies them."""
         first = self.file_attrs[0]
+        env_args = dict(first.get("env_args") or {})
+        suite = first.get("suite")
+        if task_cfg is not None:
+            suite = suite or str(task_cfg.suite)
+            env_args.setdefault("render", OmegaConf.to_container(task_cfg.render, resolve=True))
+            env_args.setdefault("max_episode_steps", int(task_cfg.max_episode_steps))
         return {
-            "suite": first.get("suite"),
-            "env_args": first.get("env_args"),
+            "suite": suite,
+            "env_args": env_args,
             "task_names": self.task_names,
             "instructions": self.instructions,
             "files": [str(p) for p in self.spec.files],

@@ -32,6 +32,7 @@ class Demo:
     rewards: np.ndarray | None = None
     dones: np.ndarray | None = None
     attrs: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # further per-step arrays, e.g. robot_states
 
 
 def _is_image_key(key: str) -> bool:
@@ -73,6 +74,8 @@ def write_demo_file(path: Path, demos: list[Demo], attrs: dict[str, Any]) -> Non
                 value = getattr(demo, name)
                 if value is not None:
                     g.create_dataset(name, data=value)
+            for name, value in demo.extra.items():
+                g.create_dataset(name, data=value)
             g.attrs["num_samples"] = len(demo.actions)
             for k, v in demo.attrs.items():
                 g.attrs[k] = v

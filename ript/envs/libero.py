@@ -81,6 +81,15 @@ class LiberoRender:
         return cls(cams, int(d["image_size"]), str(d["quality"]))
 
 
+def _problem_name(bddl_file: str) -> str | None:
+    """The ``(problem <name>)`` a BDDL file declares (LIBERO's scene class)."""
+    import re
+
+    with open(bddl_file) as f:
+        m = re.search(r"\(problem\s+([A-Za-z0-9_]+)\)", f.read())
+    return m.group(1) if m else None
+
+
 def quat_to_axis_angle(q: np.ndarray) -> np.ndarray:
     """robosuite's (x, y, z, w) quaternion as an axis-angle vector (LIBERO's ``ee_ori``)."""
     q = np.asarray(q, dtype=np.float64)
@@ -93,6 +102,19 @@ def quat_to_axis_angle(q: np.ndarray) -> np.ndarray:
 
 class LiberoTask:
     """One LIBERO task: ``reset(seed)``, ``step(action)``, images rendered only when asked for."""
+
+    @staticmethod
+    def describe(suite: str, task_name: str) -> dict[str, str]:
+        """Instruction, problem name and BDDL file of a task, without building its scene."""
+        bench = _benchmark(suite)
+        for i in range(bench.n_tasks):
+            task = bench.get_task(i)
+            if task.name == task_name:
+                from libero.libero import get_libero_path
+
+                bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+                return {"instruction": task.language, "bddl_file": bddl, "problem_name": _problem_name(bddl) or ""}
+        raise RiptError(f"unknown {suite} task {task_name!r}")
 
     def __init__(self, suite: str, task_name: str, render: LiberoRender | None, max_episode_steps: int | None = None):
         bench = _benchmark(suite)

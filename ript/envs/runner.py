@@ -39,9 +39,13 @@ def make_task(suite: str, task_name: str, render: dict, max_episode_steps: int):
     """The one place a simulator adapter is chosen by suite name."""
     if suite == "metaworld":
         return MetaWorldTask(task_name, RenderSettings.from_dict(render), max_episode_steps)
+    from ript.envs import libero
+
+    if libero.is_libero_suite(suite):
+        return libero.LiberoTask(suite, task_name, libero.LiberoRender.from_dict(render), max_episode_steps)
     from ript.errors import RiptError
 
-    raise RiptError(f"unknown simulator suite {suite!r}; available: metaworld")
+    raise RiptError(f"unknown simulator suite {suite!r}; available: metaworld, {', '.join(libero.SUITE_HORIZONS)}")
 
 
 class TaskWorkerEnv(gym.Env):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ript.config import task_names
+from ript.config import task_names, to_dict
 from ript.errors import RiptError
 from ript.utils.logging import setup_console_logging
 
@@ -12,17 +12,15 @@ from ript.utils.logging import setup_console_logging
 def run(cfg) -> dict:
     setup_console_logging()
     names = task_names(cfg.task)
-    if cfg.task.suite != "metaworld":
-        raise RiptError(f"collect: no scripted experts for suite {cfg.task.suite!r}")
-    from ript.data.collect_metaworld import collect_metaworld
-    from ript.envs.metaworld import RenderSettings
+    from ript.data.collect import collect_demos
 
     workers = None if cfg.num_workers == "auto" else int(cfg.num_workers)
-    stats = collect_metaworld(
-        names, Path(cfg.task.data_dir), int(cfg.task.demos_per_task),
-        RenderSettings.from_dict(cfg.task.render), int(cfg.task.max_episode_steps), seed=int(cfg.seed),
-        noise=float(cfg.noise), filter_success=bool(cfg.filter_success), num_workers=workers,
-        episodes_per_job=int(cfg.episodes_per_job))
+    noise = cfg.task.get("expert_noise", 0.2) if cfg.noise is None else cfg.noise
+    stats = collect_demos(
+        str(cfg.task.suite), names, Path(cfg.task.data_dir), int(cfg.task.demos_per_task),
+        to_dict(cfg.task.render), int(cfg.task.max_episode_steps), seed=int(cfg.seed),
+        noise=float(noise), filter_success=bool(cfg.filter_success), num_workers=workers,
+        episodes_per_job=int(cfg.episodes_per_job), file_pattern=str(cfg.task.get("file_pattern", "{name}.hdf5")))
     if stats:
         print(f"{'task':<32} {'demos':>6} {'expert success':>15}")
         for t, s in stats.items():

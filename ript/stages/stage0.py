@@ -74,7 +74,7 @@ def run(cfg) -> str:
         log.info("stage0: resumed from %s at step %d", resume_from, start_step)
     logger = MetricLogger(run_dir, common.to_dict(cfg), run_id)
     ckpt_config = common.checkpoint_config("stage0", "action_autoencoder", kwargs, cfg,
-                                           train_set.metadata())
+                                           train_set.metadata(cfg.task))
 
     def save(step: int) -> None:
         state = common.training_state(opt, sched, step, generator, logger.run_id)

@@ -75,7 +75,7 @@ def run(cfg) -> str:
     _set_task_conditioning(model, embeddings)
     for k in model.lowdim_keys:
         model.lowdim_normalizers[k].fit(train_set.obs[k])
-    metadata = {**train_set.metadata(), "stage0_checkpoint": ae_ckpt["checkpoint_dir"]}
+    metadata = {**train_set.metadata(cfg.task), "stage0_checkpoint": ae_ckpt["checkpoint_dir"]}
     return train_prior(cfg, model, kwargs, train_set, val_set, run_dir, resume_from, "stage1", metadata, device)
 
 
@@ -102,7 +102,7 @@ def run_finetune(cfg) -> str:
         for part in (model.autoencoder.from_code, model.autoencoder.decoder, model.autoencoder.out,
                      model.autoencoder.dec_queries, model.autoencoder.dec_mem_pos):
             part.requires_grad_(True)
-    metadata = {**train_set.metadata(), "base_checkpoint": base_ckpt["checkpoint_dir"]}
+    metadata = {**train_set.metadata(cfg.task), "base_checkpoint": base_ckpt["checkpoint_dir"]}
     return train_prior(cfg, model, kwargs, train_set, val_set, run_dir, resume_from, "finetune", metadata, device)
 
 
