@@ -29,6 +29,7 @@ os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
 # The official per-suite horizons (LIBERO's evaluation scripts).
 SUITE_HORIZONS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
 ACTION_DIM = 7
+LIBERO_INIT_STATES = 50  # packaged init states per task
 PACKAGED_STATE_SEED_BASE = 10**9  # evaluation (10**9 + j) and RL (3 * 10**9 + j) seeds use packaged init states
 SETTLE_STEPS = 5
 SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1.0])
@@ -198,12 +199,25 @@ class LiberoTask:
         raw = self.env.reset()
         if seed >= PACKAGED_STATE_SEED_BASE:
             raw = self.env.set_init_state(self.init_states[seed % len(self.init_states)])
+        self._forget_previous_episode()
         # let objects settle (no motion, gripper open) before the first decision, as LIBERO evaluations do
         for _ in range(SETTLE_STEPS):
             raw, _, _, _ = self.env.step(SETTLE_ACTION)
         self._raw = raw
         self.done, self.success, self.steps = False, False, 0
         return self._obs(raw, render)
+
+    def _forget_previous_episode(self) -> None:
+        """A soft reset (hard_reset=False) keeps two things a hard reset would rebuild: the Panda gripper's
+        incremental command and MuJoCo's solver warm start. Without clearing them an episode depends on the
+        one before it."""
+        for robot in self.env.robots:
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
+        data = self.sim.data._data
+        data.qacc_warmstart[:] = 0
+        data.ctrl[:] = 0
+        data.qfrc_applied[:] = 0
+        data.xfrc_applied[:] = 0
 
     def step(self, action: np.ndarray, render: bool = True) -> tuple[dict[str, np.ndarray], float, bool, dict]:
         """Steps once; after the episode ended (success or horizon) it is a no-op that repeats the last obs."""

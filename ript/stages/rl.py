@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ript.config import resolve_device
+from ript.envs.libero import LIBERO_INIT_STATES, is_libero_suite
 from ript.envs.runner import EpisodeSpec, EnvRunner
 from ript.errors import RiptError
 from ript.model_loader import check_and_load, load_model
@@ -167,7 +168,10 @@ def run(cfg) -> str:
                             fused=device.startswith("cuda"))
     warm = max(1, int(cfg.rl.warmup_iterations))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / warm))
-    sampler = InitialConditionSampler(names, int(cfg.seed) * 7919 + info.rank, int(cfg.rl.ic_pool_size),
+    pool = int(cfg.rl.ic_pool_size)
+    if is_libero_suite(str(base["metadata"].get("suite"))):
+        pool = min(pool, LIBERO_INIT_STATES)  # RL starts from the packaged init states (seed % 50)
+    sampler = InitialConditionSampler(names, int(cfg.seed) * 7919 + info.rank, pool,
                                       int(cfg.rl.skip_mastered_for), str(cfg.rl.task_weighting),
                                       int(cfg.rl.rollouts_per_group), floor=float(cfg.rl.task_weighting_floor))
     policy = make_policy(model, settings, device, int(cfg.seed) * 7919 + info.rank, bool(cfg.cuda_graph))

@@ -1,0 +1,159 @@
+"""LIBERO on the real simulator: a task builds, resets from a packaged init state and steps; a file in the
+official dataset layout trains through the same reader; the scripted expert collects a successful episode;
+a tiny pipeline (stage 0, stage 1, one RL iteration) runs on those demonstrations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from ript.config import compose
+from ript.errors import RiptError
+
+SUITE = "libero_object"
+TASK = "pick_up_the_alphabet_soup_and_place_it_in_the_basket"
+
+
+@pytest.fixture(scope="module")
+def soup_task():
+    from ript.envs.libero import LiberoRender, LiberoTask
+
+    task = LiberoTask(SUITE, TASK, LiberoRender(image_size=32), max_episode_steps=6)
+    yield task
+    task.close()
+
+
+def test_libero_task_resets_from_packaged_init_states_and_steps(soup_task):
+    from ript.envs.libero import LIBERO_INIT_STATES, SETTLE_STEPS
+
+    assert soup_task.instruction == "pick up the alphabet soup and place it in the basket"
+    obs = soup_task.reset(10**9 + 3)
+    assert obs["agentview_rgb"].shape == (32, 32, 3) and obs["eye_in_hand_rgb"].dtype == np.uint8
+    assert obs["joint_states"].shape == (7,) and obs["gripper_states"].shape == (2,) and obs["ee_states"].shape == (6,)
+    # the upright image is robosuite's rendering flipped vertically
+    np.testing.assert_array_equal(obs["agentview_rgb"], soup_task.raw_images()["agentview_rgb"][::-1])
+    # packaged state j: objects where the init state puts them (before the settle steps move them at all)
+    soup_task.env.reset()
+    soup_task.env.set_init_state(soup_task.init_states[3])
+    placed = soup_task.sim.data.body_xpos[soup_task.sim.model.body_name2id("alphabet_soup_1_main")].copy()
+    obs_again = soup_task.reset(10**9 + 3 + LIBERO_INIT_STATES)  # the same state, 50 seeds later
+    np.testing.assert_allclose(soup_task.privileged()["alphabet_soup_1_pos"][:2], placed[:2], atol=0.01)
+    np.testing.assert_allclose(obs_again["joint_states"], obs["joint_states"], atol=1e-6)
+    assert SETTLE_STEPS > 0
+    # demonstration seeds draw fresh placements: reproducible per seed, different across seeds
+    states = []
+    for seed in (5, 6, 5):
+        soup_task.reset(seed)
+        states.append(soup_task.sim_state()[1:])  # [0] is the sim time
+    assert np.array_equal(states[0], states[2]) and not np.allclose(states[0], states[1])
+    moved = None
+    for _ in range(6):
+        obs, reward, done, info = soup_task.step(np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, -1.0]), render=False)
+        moved = obs
+    assert done and not info["success"] and reward == 0.0 and "agentview_rgb" not in moved
+    assert soup_task.step(np.zeros(7))[2]  # stepping past the end is a no-op that stays done
+
+
+def test_unknown_libero_names_are_one_line_errors():
+    from ript.envs.libero import LiberoTask, check_task_names
+
+    with pytest.raises(RiptError, match="unknown libero_object task 'no_such_task'"):
+        check_task_names(SUITE, ["no_such_task"])
+    with pytest.raises(RiptError, match="unknown LIBERO suite 'libero_100'"):
+        LiberoTask("libero_100", TASK, None)
+
+
+def write_official_file(path: Path, n_demos: int = 2, steps: int = 12, size: int = 16) -> None:
+    """A small file in exactly the layout of LIBERO's create_dataset.py (random contents)."""
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["problem_info"] = json.dumps({"problem_name": "LIBERO_Floor_Manipulation", "domain_name": "robosuite",
+                                                 "language_instruction": "pick up the alphabet soup and place it in the basket"})
+        data.attrs["bddl_file_name"] = "libero/libero/bddl_files/libero_object/soup.bddl"
+        data.attrs["env_args"] = json.dumps({"type": 1, "env_name": "LIBERO_Floor_Manipulation",
+                                             "env_kwargs": {"camera_heights": size, "camera_widths": size}})
+        data.attrs["tag"] = "libero-v1"
+        data.attrs["num_demos"] = n_demos
+        data.attrs["total"] = n_demos * steps
+        for i in range(n_demos):
+            g = data.create_group(f"demo_{i}")
+            g.create_dataset("actions", data=rng.uniform(-1, 1, (steps, 7)))
+            g.create_dataset("states", data=rng.normal(size=(steps, 110)))
+            g.create_dataset("robot_states", data=rng.normal(size=(steps, 9)))
+            g.create_dataset("rewards", data=np.r_[np.zeros(steps - 1), 1].astype(np.uint8))
+            g.create_dataset("dones", data=np.r_[np.zeros(steps - 1), 1].astype(np.uint8))
+            img = rng.integers(0, 255, (steps, size, size, 3), dtype=np.uint8)
+            img[:, 0] = 255  # the first stored row (the bottom of the upright image) is marked
+            g.create_dataset("obs/agentview_rgb", data=img)
+            g.create_dataset("obs/eye_in_hand_rgb", data=img)
+            for key, dim in (("joint_states", 7), ("gripper_states", 2), ("ee_states", 6), ("ee_pos", 3), ("ee_ori", 3)):
+                g.create_dataset(f"obs/{key}", data=rng.normal(size=(steps, dim)))
+            g.attrs["num_samples"] = steps
+
+
+def test_official_layout_reads_through_the_task_config(tmp_path):
+    from ript.config import data_files
+    from ript.data.dataset import ChunkDataset, DatasetSpec
+
+    write_official_file(tmp_path / f"{TASK}_demo.hdf5")
+    cfg = compose("stage1", ["task=libero_object", f"task.data_dir={tmp_path}", f"task.task_names=[{TASK}]"])
+    files = data_files(cfg.task)
+    ds = ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), 8, action_dim=7, val_fraction=0.0,
+                                  flip_keys=tuple(cfg.task.flip_obs_keys)), "all")
+    assert ds.num_demos == 2 and len(ds) == 24
+    assert ds.instructions == ["pick up the alphabet soup and place it in the basket"]
+    assert (ds.obs["agentview_rgb"][:, -1] == 255).all()  # flipped upright on reading
+    assert ds.obs["joint_states"].shape == (24, 7)
+    meta = ds.metadata(cfg.task)
+    assert meta["suite"] == SUITE and meta["env_args"]["render"]["cameras"] == ["agentview", "eye_in_hand"]
+    # a missing key names the file and the key
+    with h5py.File(files[0], "a") as f:
+        del f["data/demo_1/obs/gripper_states"]
+    with pytest.raises(RiptError, match=r"_demo\.hdf5:data/demo_1/obs/gripper_states is missing"):
+        ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), 8), "all")
+
+
+@pytest.fixture(scope="module")
+def libero_demos(tmp_path_factory) -> Path:
+    from ript.stages import collect
+
+    data_dir = tmp_path_factory.mktemp("libero_data")
+    collect.run(compose("collect", ["task=libero_object_test", f"task.data_dir={data_dir}", "task.demos_per_task=1",
+                                    "task.render.image_size=32", "num_workers=1"]))
+    return data_dir
+
+
+def test_scripted_expert_collects_a_successful_episode_in_the_official_layout(libero_demos):
+    path = libero_demos / f"{TASK}_demo.hdf5"
+    with h5py.File(path, "r") as f:
+        data = f["data"]
+        assert json.loads(data.attrs["problem_info"])["language_instruction"].startswith("pick up the alphabet soup")
+        assert json.loads(data.attrs["env_args"])["env_kwargs"]["controller"] == "OSC_POSE"
+        g = data["demo_0"]
+        assert bool(g.attrs["success"])
+        n = len(g["actions"])
+        assert 60 < n < 280 and g["rewards"][-1] == 1 and g["dones"][-1] == 1
+        assert g["states"].shape[0] == n and g["robot_states"].shape == (n, 9)
+        assert g["obs/agentview_rgb"].shape == (n, 32, 32, 3) and g["obs/ee_pos"].shape == (n, 3)
+        assert 0.3 < float(np.mean(np.abs(g["actions"][:, :3]))) < 1.0  # the arm really moved
+
+
+def test_pipeline_and_rl_iteration_on_libero(libero_demos, tmp_path):
+    from ript.stages import rl, stage0, stage1
+
+    task = ["task=libero_object_test", f"task.data_dir={libero_demos}", "task.render.image_size=32",
+            "algo=quest_small", "progress=false"]
+    train = ["train.batch_size=8", "train.warmup_steps=1", "train.val_every=2", "data.val_fraction=0"]
+    stage0.run(compose("stage0", task + train + [f"run_dir={tmp_path / 's0'}", "train.steps=2"]))
+    stage1.run(compose("stage1", task + train + [f"run_dir={tmp_path / 's1'}", f"stage0_checkpoint={tmp_path / 's0'}",
+                                                 "train.steps=2"]))
+    rl.run(compose("rl", [f"checkpoint={tmp_path / 's1'}", f"run_dir={tmp_path / 'rl'}", "rl.iterations=1",
+                          "rl.groups_per_iteration=1", "rl.rollouts_per_group=2", "rl.max_episode_steps=16",
+                          "rl.num_workers=1", "rl.max_sampling_rounds=1", "eval.every=0"]))
+    ckpt = json.loads((tmp_path / "rl" / "checkpoints" / "last" / "config.json").read_text())
+    assert ckpt["metadata"]["suite"] == SUITE and ckpt["step"] == 1
