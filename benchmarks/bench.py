@@ -44,10 +44,10 @@ def timed(fn, repeat: int, warmup: int = 2, sync: bool = False) -> float:
 
 
 def ensure_data(cfg, data_dir: Path, demos: int) -> list[Path]:
-    from ript.data.collect_metaworld import collect_metaworld
+    from ript.data.collect import collect_demos
 
-    collect_metaworld(TASKS, data_dir, demos, RenderSettings.from_dict(cfg.task.render),
-                      int(cfg.task.max_episode_steps), episodes_per_job=max(1, demos // 2))
+    collect_demos("metaworld", TASKS, data_dir, demos, RenderSettings.from_dict(cfg.task.render).to_dict(),
+                  int(cfg.task.max_episode_steps), episodes_per_job=max(1, demos // 2))
     return [data_dir / f"{t}.hdf5" for t in TASKS]
 
 
@@ -131,14 +131,14 @@ def bench_sim(cfg) -> dict:
 
 
 def bench_collect(cfg, workers: list[int], tmp: Path) -> dict:
-    from ript.data.collect_metaworld import collect_metaworld
+    from ript.data.collect import collect_demos
 
     out = {}
     for w in workers:
         d = tmp / f"collect{w}"
         t = time.perf_counter()
-        stats = collect_metaworld(TASKS, d, 4 * w, RenderSettings.from_dict(cfg.task.render),
-                                  int(cfg.task.max_episode_steps), num_workers=w, episodes_per_job=2)
+        stats = collect_demos("metaworld", TASKS, d, 4 * w, RenderSettings.from_dict(cfg.task.render).to_dict(),
+                              int(cfg.task.max_episode_steps), num_workers=w, episodes_per_job=2)
         steps = sum(s["mean_length"] * s["demos"] for s in stats.values())
         out[w] = steps / (time.perf_counter() - t)
     return {"collect_env_steps_per_s": out}

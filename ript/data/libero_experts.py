@@ -94,8 +94,9 @@ def _wrap_half_turn(a: float) -> float:
 class PickPlaceExpert:
     """Pick ``obj`` and release it above ``target``. ``get_action(task)`` reads the task's simulator."""
 
-    def __init__(self, obj: str, target: str, release_height: float = 0.03, clearance: float = 0.10):
-        self.obj, self.target = obj, target
+    def __init__(self, obj: str, target: str, target_site: str | None = None, release_height: float = 0.03,
+                 clearance: float = 0.10):
+        self.obj, self.target, self.target_site = obj, target, target_site
         self.release_height, self.clearance = release_height, clearance
         self.phase, self.timer = "align", 0
         self.rim: np.ndarray | None = None  # unit vector from the object's centre to its grasped rim, if any
@@ -131,6 +132,16 @@ class PickPlaceExpert:
                 best, self.rim = score, d
         self.grasp_yaw = float(np.arctan2(self.rim[1], self.rim[0]))
 
+    def _target(self, sim) -> tuple[np.ndarray, float]:
+        """Where the object goes (the goal region's site, else the target's centre) and the height of the
+        target's top around that point."""
+        pts = collision_corners(sim, f"{self.target}_main")
+        xy = (pts[:, :2].min(0) + pts[:, :2].max(0)) / 2
+        if self.target_site is not None:
+            xy = site_position(sim, self.target_site)[:2]
+        near = pts[np.linalg.norm(pts[:, :2] - xy, axis=1) < 0.08]
+        return xy, float((near if len(near) else pts)[:, 2].max())
+
     def get_action(self, task) -> np.ndarray:
         sim, raw = task.sim, task.privileged()
         eef = raw["robot0_eef_pos"]
@@ -148,9 +159,7 @@ class PickPlaceExpert:
             # flat things at their middle (clear of the table), tall ones 2.5 cm under the top: the palm
             # meets the top of a tall object about 3 cm below it
             grasp_z = max(lo[2] + 0.012, (lo[2] + hi[2]) / 2, hi[2] - 0.025)
-        tgt_pts = collision_corners(sim, f"{self.target}_main")
-        tgt_xy = (tgt_pts[:, :2].min(0) + tgt_pts[:, :2].max(0)) / 2
-        tgt_top = tgt_pts[:, 2].max()
+        tgt_xy, tgt_top = self._target(sim)
 
         gripper, goal = OPEN, eef.copy()
         yaw_err = _wrap_half_turn(self.grasp_yaw - self._finger_angle(sim))
@@ -204,19 +213,71 @@ class PickPlaceExpert:
         return action
 
 
-def _object_names(task) -> tuple[str, str]:
-    """(object to move, where it goes) from the task's objects of interest and its instruction."""
-    objs = task.objects_of_interest
-    if len(objs) != 2:
-        raise RiptError(f"{task.suite}/{task.task_name}: no pick-and-place expert ({len(objs)} objects of interest)")
-    words = re.sub(r"[^a-z ]", " ", task.instruction.lower())
-    first = objs[0].rsplit("_", 1)[0].replace("_", " ")
-    # the object named first in "pick up the X ... place it in/on the Y" is the one that moves
-    if first.split()[-1] in words.split(" place")[0]:
-        return objs[0], objs[1]
-    return objs[1], objs[0]
+def site_position(sim, name: str) -> np.ndarray:
+    import mujoco
+
+    model = sim.model._model
+    i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, name)
+    if i < 0:
+        raise RiptError(f"LIBERO scene has no site {name!r}")
+    return sim.data._data.site_xpos[i].copy()
 
 
-def make_expert(task) -> PickPlaceExpert:
-    obj, target = _object_names(task)
-    return PickPlaceExpert(obj, target)
+def goal_predicates(bddl_file: str) -> list[tuple[str, ...]]:
+    """The ``(:goal (And (Pred a b) ...))`` clauses of a BDDL problem, lower-cased."""
+    text = open(bddl_file).read()
+    start = text.find("(:goal")
+    if start < 0:
+        raise RiptError(f"{bddl_file}: no (:goal ...) section")
+    return [tuple(m.lower().split()) for m in re.findall(r"\(([A-Za-z]+(?:\s+[A-Za-z0-9_]+)+)\)", text[start:])]
+
+
+class SequenceExpert:
+    """Pick-and-place steps one after another (``put both X and Y in the basket``)."""
+
+    def __init__(self, steps: list[PickPlaceExpert], settle: int = 10):
+        self.steps, self.settle, self.index = steps, settle, 0
+
+    @property
+    def phase(self) -> str:
+        return f"{self.index}:{self.steps[self.index].phase}"
+
+    @property
+    def obj(self) -> str:
+        return self.steps[0].obj
+
+    @property
+    def target(self) -> str:
+        return self.steps[0].target
+
+    def get_action(self, task) -> np.ndarray:
+        step = self.steps[self.index]
+        if step.phase == "release" and step.timer > self.settle and self.index + 1 < len(self.steps):
+            self.index += 1
+            step = self.steps[self.index]
+        return step.get_action(task)
+
+
+def make_expert(task) -> PickPlaceExpert | SequenceExpert:
+    """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements; tasks that open, close
+    or turn things on have none (a one-line error)."""
+    import mujoco
+
+    model = task.sim.model._model
+    bodies = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or "" for b in range(model.nbody)}
+    objects = sorted((b[: -len("_main")] for b in bodies if b.endswith("_main")), key=len, reverse=True)
+    steps = []
+    for pred in goal_predicates(task.bddl_file):
+        if pred[0] == "and":
+            continue
+        if pred[0] not in ("on", "in") or len(pred) != 3:
+            raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")
+        obj, region = pred[1], pred[2]
+        target = next((o for o in objects if region == o or region.startswith(o + "_")), None)
+        if obj not in objects or target is None:
+            raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")
+        site = None if region == target else region
+        steps.append(PickPlaceExpert(obj, target, site))
+    if not steps:
+        raise RiptError(f"{task.suite}/{task.task_name}: the BDDL goal has no placements")
+    return steps[0] if len(steps) == 1 else SequenceExpert(steps)

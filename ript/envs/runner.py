@@ -48,6 +48,14 @@ def make_task(suite: str, task_name: str, render: dict, max_episode_steps: int):
     raise RiptError(f"unknown simulator suite {suite!r}; available: metaworld, {', '.join(libero.SUITE_HORIZONS)}")
 
 
+def tasks_per_worker(suite: str) -> int | None:
+    """How many tasks a worker keeps built. A LIBERO scene holds ~0.8 GB, so a worker keeps one and the
+    runner gives it episodes of that task while there are any; MetaWorld tasks are cheap to keep."""
+    from ript.envs.libero import is_libero_suite
+
+    return 1 if is_libero_suite(suite) else None
+
+
 class TaskWorkerEnv(gym.Env):
     """A worker's env: builds simulator tasks on demand and keeps them for reuse."""
 
@@ -56,16 +64,20 @@ class TaskWorkerEnv(gym.Env):
 
     def __init__(self, index: int, suite: str, render: dict, max_episode_steps: int):
         self.index, self.suite, self.render_cfg, self.max_steps = index, suite, render, max_episode_steps
-        self.tasks: dict[str, Any] = {}
+        self.tasks: dict[str, Any] = {}  # in order of last use
         self.current = None
+        self.cache_limit = tasks_per_worker(suite)
 
     def begin(self, specs: list[EpisodeSpec | None]):
         spec = specs[self.index]
         if spec is None:
             return None
-        if spec.task_name not in self.tasks:
-            self.tasks[spec.task_name] = make_task(self.suite, spec.task_name, self.render_cfg, self.max_steps)
-        self.current = self.tasks[spec.task_name]
+        task = self.tasks.pop(spec.task_name, None)
+        if task is None:
+            while self.cache_limit is not None and len(self.tasks) >= self.cache_limit:
+                self.tasks.pop(next(iter(self.tasks))).close()  # least recently used
+            task = make_task(self.suite, spec.task_name, self.render_cfg, self.max_steps)
+        self.tasks[spec.task_name] = self.current = task
         return self.current.reset(spec.seed, render=True)
 
     def advance(self, actions: np.ndarray, active: list[bool], render: list[bool]):
@@ -162,7 +174,9 @@ class EnvRunner:
         specs = self.specs() if specs is None else list(specs)
         n_specs = len(specs)
         pending = list(specs)
-        pending.reverse()
+        pending.reverse()  # popped from the end
+        sticky = tasks_per_worker(self.suite) is not None
+        hosted: list[str | None] = [None] * n  # the task each worker last ran
         running: list[EpisodeSpec | None] = [None] * n
         steps = [0] * n
         frames: list[list] = [[] for _ in range(n)]
@@ -177,7 +191,11 @@ class EnvRunner:
             assigned: list[EpisodeSpec | None] = [None] * n
             for i in slots:
                 if pending:
-                    assigned[i] = running[i] = pending.pop()
+                    # a worker that keeps few tasks built gets the next episode of its own task if one is left
+                    j = next((j for j in range(len(pending) - 1, -1, -1) if pending[j].task_name == hosted[i]),
+                             len(pending) - 1) if sticky else len(pending) - 1
+                    assigned[i] = running[i] = pending.pop(j)
+                    hosted[i] = assigned[i].task_name
                     steps[i] = 0
                     frames[i] = []
             for i, obs in enumerate(envs.call("begin", assigned)):

@@ -28,6 +28,13 @@ def sampling_settings(ckpt: dict, overrides: dict | None = None) -> dict[str, An
     return out
 
 
+def standard_episodes(suite: str) -> int:
+    """Episodes per task of a suite's standard protocol: LIBERO's 50 packaged init states; 20 on MetaWorld."""
+    from ript.envs.libero import LIBERO_INIT_STATES, is_libero_suite
+
+    return LIBERO_INIT_STATES if is_libero_suite(suite) else 20
+
+
 def make_runner(metadata: dict, task_names: list[str], eval_cfg) -> EnvRunner:
     env_args = metadata.get("env_args") or {}
     if "render" not in env_args:
@@ -37,7 +44,7 @@ def make_runner(metadata: dict, task_names: list[str], eval_cfg) -> EnvRunner:
         task_names=task_names,
         render=env_args["render"],  # same cameras, size and quality as the training images
         max_episode_steps=int(eval_cfg.get("max_episode_steps") or env_args["max_episode_steps"]),
-        episodes_per_task=int(eval_cfg.episodes_per_task),
+        episodes_per_task=int(eval_cfg.episodes_per_task or standard_episodes(metadata["suite"])),
         num_workers=eval_cfg.num_workers,
         seed=int(eval_cfg.seed),
         n_videos=int(eval_cfg.n_videos),
