@@ -24,7 +24,6 @@ def run_task(args: tuple[str, str, int, int, float]) -> dict:
     from ript.data.collect_libero import run_episode
     from ript.data.libero_experts import make_expert
     from ript.envs.libero import LiberoTask
-
     from ript.errors import RiptError
 
     suite, name, episodes, seed, noise = args

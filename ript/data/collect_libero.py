@@ -9,7 +9,6 @@ written in the layout of LIBERO's own ``create_dataset.py`` so that official fil
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np

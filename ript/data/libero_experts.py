@@ -225,7 +225,8 @@ def site_position(sim, name: str) -> np.ndarray:
 
 def goal_predicates(bddl_file: str) -> list[tuple[str, ...]]:
     """The ``(:goal (And (Pred a b) ...))`` clauses of a BDDL problem, lower-cased."""
-    text = open(bddl_file).read()
+    with open(bddl_file) as f:
+        text = f.read()
     start = text.find("(:goal")
     if start < 0:
         raise RiptError(f"{bddl_file}: no (:goal ...) section")

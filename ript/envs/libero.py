@@ -72,7 +72,7 @@ class LiberoRender:
     quality: str = "low"  # "low": no shadows, reflections or multisampling (several times faster on a CPU)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LiberoRender":
+    def from_dict(cls, d: dict[str, Any]) -> LiberoRender:
         cams = tuple(d["cameras"])
         unknown = [c for c in cams if c not in CAMERAS]
         if unknown:
