@@ -51,9 +51,9 @@ def collision_corners(sim, body: str) -> np.ndarray:
     return np.concatenate(pts)
 
 
-def obstacle_points(sim, exclude: set[str], z_lo: float, z_hi: float) -> np.ndarray:
-    """Horizontal positions of other objects' collision geoms (bounding-box corners) between two heights:
-    what a finger could hit. The robot, the table and the floor are left out."""
+def obstacle_boxes(sim, exclude: set[str], z_lo: float, z_hi: float) -> np.ndarray:
+    """Horizontal bounding rectangles (x0, y0, x1, y1) of other objects' collision geoms reaching between
+    two heights: what a finger could hit. The robot, the table and the floor are left out."""
     import mujoco
 
     model, data = sim.model._model, sim.data._data
@@ -71,9 +71,17 @@ def obstacle_points(sim, exclude: set[str], z_lo: float, z_hi: float) -> np.ndar
         center, half = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
         signs = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T
         corners = data.geom_xpos[g] + (center + signs * half) @ data.geom_xmat[g].reshape(3, 3).T
-        keep = (corners[:, 2] > z_lo) & (corners[:, 2] < z_hi)
-        pts.append(corners[keep, :2])
-    return np.concatenate(pts) if pts else np.zeros((0, 2))
+        if corners[:, 2].max() > z_lo and corners[:, 2].min() < z_hi:
+            pts.append(np.r_[corners[:, :2].min(0), corners[:, :2].max(0)])
+    return np.stack(pts) if pts else np.zeros((0, 4))
+
+
+def distance_to_boxes(point: np.ndarray, boxes: np.ndarray) -> float:
+    """Distance in the plane from ``point`` to the nearest rectangle (0 inside one)."""
+    if not len(boxes):
+        return np.inf
+    gap = np.maximum(np.maximum(boxes[:, :2] - point, point - boxes[:, 2:]), 0.0)
+    return float(np.min(np.linalg.norm(gap, axis=1)))
 
 
 def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
@@ -120,13 +128,13 @@ class PickPlaceExpert:
         if width <= MAX_GRASP_WIDTH:
             return
         lo, hi = obj_pts.min(0), obj_pts.max(0)
-        others = obstacle_points(sim, {self.obj}, lo[2], hi[2] + 0.12)
+        others = obstacle_boxes(sim, {self.obj}, lo[2], hi[2] + 0.12)
         best = -np.inf
         for a in np.deg2rad(np.arange(90, 271, 30)):  # the half facing the robot (which sits at -x)
             d = np.array([np.cos(a), np.sin(a)])
             half = float(np.max((obj_pts[:, :2] - obj_xy) @ d))
             outer = obj_xy + d * (half - RIM_INSET + 0.045)
-            room = np.min(np.linalg.norm(others - outer, axis=1)) if len(others) else 1.0
+            room = distance_to_boxes(outer, others)
             score = min(room, 0.06) + 0.001 * -d[0]
             if score > best:
                 best, self.rim = score, d

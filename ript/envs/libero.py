@@ -32,6 +32,8 @@ ACTION_DIM = 7
 LIBERO_INIT_STATES = 50  # packaged init states per task
 PACKAGED_STATE_SEED_BASE = 10**9  # evaluation (10**9 + j) and RL (3 * 10**9 + j) seeds use packaged init states
 SETTLE_STEPS = 5
+MAX_PLACEMENT_DRAWS = 5  # fresh placements tried before falling back to a perturbed packaged state
+PERTURB_XY = 0.015
 SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1.0])
 CAMERAS = {"agentview": "agentview", "eye_in_hand": "robot0_eye_in_hand"}  # canonical -> robosuite name
 
@@ -194,18 +196,46 @@ class LiberoTask:
 
     def reset(self, seed: int, render: bool = True) -> dict[str, np.ndarray]:
         seed = int(seed)
-        self.env.seed(seed % (2**32))
-        # reset before every set_init_state: it also restarts robosuite's own step counter
-        raw = self.env.reset()
-        if seed >= PACKAGED_STATE_SEED_BASE:
-            raw = self.env.set_init_state(self.init_states[seed % len(self.init_states)])
-        self._forget_previous_episode()
-        # let objects settle (no motion, gripper open) before the first decision, as LIBERO evaluations do
-        for _ in range(SETTLE_STEPS):
-            raw, _, _, _ = self.env.step(SETTLE_ACTION)
+        for redraw in range(MAX_PLACEMENT_DRAWS + 1):
+            self.env.seed((seed + redraw * 1_000_003) % (2**32))
+            # reset before every set_init_state: it also restarts robosuite's own step counter
+            raw = self.env.reset()
+            if seed >= PACKAGED_STATE_SEED_BASE:
+                raw = self.env.set_init_state(self.init_states[seed % len(self.init_states)])
+            elif redraw == MAX_PLACEMENT_DRAWS:
+                raw = self._perturbed_packaged_state(seed)
+            self._forget_previous_episode()
+            heights = self._object_heights()
+            # let objects settle (no motion, gripper open) before the first decision, as LIBERO evaluations do
+            for _ in range(SETTLE_STEPS):
+                raw, _, _, _ = self.env.step(SETTLE_ACTION)
+            # LIBERO's placement sampler sometimes puts an object where it falls (off a fixture, off the
+            # table); packaged states are kept as they are, fresh placements are drawn again
+            if seed >= PACKAGED_STATE_SEED_BASE or np.all(heights - self._object_heights() < 0.02):
+                break
         self._raw = raw
         self.done, self.success, self.steps = False, False, 0
         return self._obs(raw, render)
+
+    def _perturbed_packaged_state(self, seed: int) -> dict:
+        """Some scenes' sampler never yields a stable fresh placement (a bowl "on the stove" falls off the
+        table): start those demonstrations from a packaged state with every movable object shifted by up to
+        PERTURB_XY in x and y, so they still differ from the evaluation states."""
+        raw = self.env.set_init_state(self.init_states[seed % len(self.init_states)])
+        model, data = self.sim.model._model, self.sim.data._data
+        rng = np.random.default_rng(seed)
+        for j in range(model.njnt):
+            if model.jnt_type[j] == 0:  # free joint: qpos = xyz + quaternion
+                a = int(model.jnt_qposadr[j])
+                data.qpos[a:a + 2] += rng.uniform(-PERTURB_XY, PERTURB_XY, 2)
+        self.sim.forward()
+        return self.env.regenerate_obs_from_state(self.env.get_sim_state())
+
+    def _object_heights(self) -> np.ndarray:
+        """Heights of the movable objects (bodies with a free joint)."""
+        model, data = self.sim.model._model, self.sim.data._data
+        free = [int(model.jnt_bodyid[j]) for j in range(model.njnt) if model.jnt_type[j] == 0]
+        return data.xpos[free, 2].copy()
 
     def _forget_previous_episode(self) -> None:
         """A soft reset (hard_reset=False) keeps two things a hard reset would rebuild: the Panda gripper's
