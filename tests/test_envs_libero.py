@@ -157,3 +157,23 @@ def test_pipeline_and_rl_iteration_on_libero(libero_demos, tmp_path):
                           "rl.num_workers=1", "rl.max_sampling_rounds=1", "eval.every=0"]))
     ckpt = json.loads((tmp_path / "rl" / "checkpoints" / "last" / "config.json").read_text())
     assert ckpt["metadata"]["suite"] == SUITE and ckpt["step"] == 1
+
+
+def test_demo_resets_never_start_with_a_falling_object():
+    """LIBERO's sampler drops the bowl "on the stove" off the table: such resets fall back to a shifted
+    packaged state, which differs from every evaluation state and stays put."""
+    from ript.envs.libero import LiberoTask
+
+    name = "pick_up_the_black_bowl_on_the_stove_and_place_it_on_the_plate"
+    task = LiberoTask("libero_spatial", name, None)
+    try:
+        task.reset(0, render=False)
+        bowl = task.privileged()["akita_black_bowl_1_pos"].copy()
+        for _ in range(10):
+            task.step(np.zeros(7), render=False)
+        assert bowl[2] > 0.85 and abs(task.privileged()["akita_black_bowl_1_pos"][2] - bowl[2]) < 0.01
+        task.reset(10**9, render=False)
+        packaged = task.privileged()["akita_black_bowl_1_pos"]
+        assert 1e-3 < np.abs(packaged[:2] - bowl[:2]).max() < 0.05
+    finally:
+        task.close()
