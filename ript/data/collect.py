@@ -30,9 +30,9 @@ def episode_source(suite: str):
         from ript.data import collect_metaworld as source
     else:
         from ript.data import collect_libero as source
-        from ript.envs.libero import _check_suite
+        from ript.envs.libero import check_suite
 
-        _check_suite(suite)
+        check_suite(suite)
     return source
 
 

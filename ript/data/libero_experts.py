@@ -29,23 +29,32 @@ def _body_id(model, name: str) -> int:
     return i
 
 
+_BOX_SIGNS = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T
+
+
+def _is_collision_geom(model, g: int) -> bool:
+    return not (model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0)  # else a visual-only mesh
+
+
+def _geom_box_corners(model, data, g: int) -> np.ndarray:
+    """World coordinates of the 8 corners of geom ``g``'s bounding box."""
+    center, half = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
+    return data.geom_xpos[g] + (center + _BOX_SIGNS * half) @ data.geom_xmat[g].reshape(3, 3).T
+
+
 def collision_corners(sim, body: str) -> np.ndarray:
     """World coordinates of the corners of each collision geom's bounding box in ``body``'s subtree."""
     model, data = sim.model._model, sim.data._data
     root = _body_id(model, body)
     pts = []
     for g in range(model.ngeom):
-        if model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0:
-            continue  # visual-only mesh
+        if not _is_collision_geom(model, g):
+            continue
         b = int(model.geom_bodyid[g])
         while b not in (0, root):
             b = int(model.body_parentid[b])
-        if b != root:
-            continue
-        center, half = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
-        signs = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T
-        local = center + signs * half
-        pts.append(data.geom_xpos[g] + local @ data.geom_xmat[g].reshape(3, 3).T)
+        if b == root:
+            pts.append(_geom_box_corners(model, data, g))
     if not pts:
         raise RiptError(f"LIBERO body {body!r} has no collision geometry")
     return np.concatenate(pts)
@@ -60,7 +69,7 @@ def obstacle_boxes(sim, exclude: set[str], z_lo: float, z_hi: float) -> np.ndarr
     skip = tuple(f"{e}_" for e in exclude) + ("robot", "gripper", "mount", "table", "floor", "world")
     pts = []
     for g in range(model.ngeom):
-        if model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0:
+        if not _is_collision_geom(model, g):
             continue
         b = int(model.geom_bodyid[g])
         while int(model.body_parentid[b]) != 0:
@@ -68,9 +77,7 @@ def obstacle_boxes(sim, exclude: set[str], z_lo: float, z_hi: float) -> np.ndarr
         name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or ""
         if b == 0 or name.startswith(skip):
             continue
-        center, half = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
-        signs = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T
-        corners = data.geom_xpos[g] + (center + signs * half) @ data.geom_xmat[g].reshape(3, 3).T
+        corners = _geom_box_corners(model, data, g)
         if corners[:, 2].max() > z_lo and corners[:, 2].min() < z_hi:
             pts.append(np.r_[corners[:, :2].min(0), corners[:, :2].max(0)])
     return np.stack(pts) if pts else np.zeros((0, 4))

@@ -42,13 +42,13 @@ def is_libero_suite(suite: str) -> bool:
     return suite in SUITE_HORIZONS
 
 
-def _check_suite(suite: str) -> None:
+def check_suite(suite: str) -> None:
     if not is_libero_suite(suite):
         raise RiptError(f"unknown LIBERO suite {suite!r}; available: {', '.join(SUITE_HORIZONS)}")
 
 
 def _benchmark(suite: str):
-    _check_suite(suite)
+    check_suite(suite)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints its task order on every construction
         from libero.libero import benchmark
 
@@ -58,6 +58,19 @@ def _benchmark(suite: str):
 def suite_tasks(suite: str) -> list[str]:
     bench = _benchmark(suite)
     return [bench.get_task(i).name for i in range(bench.n_tasks)]
+
+
+def _find_task(suite: str, task_name: str):
+    """(benchmark, index, task, BDDL file path) of a LIBERO task; an unknown name is a one-line error."""
+    bench = _benchmark(suite)
+    names = [bench.get_task(i).name for i in range(bench.n_tasks)]
+    if task_name not in names:
+        raise RiptError(f"unknown {suite} task {task_name!r}; known: {names[0]!r}, ...")
+    from libero.libero import get_libero_path
+
+    index = names.index(task_name)
+    task = bench.get_task(index)
+    return bench, index, task, os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
 
 
 def check_task_names(suite: str, names: list[str]) -> None:
@@ -109,29 +122,15 @@ class LiberoTask:
     @staticmethod
     def describe(suite: str, task_name: str) -> dict[str, str]:
         """Instruction, problem name and BDDL file of a task, without building its scene."""
-        bench = _benchmark(suite)
-        for i in range(bench.n_tasks):
-            task = bench.get_task(i)
-            if task.name == task_name:
-                from libero.libero import get_libero_path
-
-                bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
-                return {"instruction": task.language, "bddl_file": bddl, "problem_name": _problem_name(bddl) or ""}
-        raise RiptError(f"unknown {suite} task {task_name!r}")
+        _, _, task, bddl = _find_task(suite, task_name)
+        return {"instruction": task.language, "bddl_file": bddl, "problem_name": _problem_name(bddl) or ""}
 
     def __init__(self, suite: str, task_name: str, render: LiberoRender | None, max_episode_steps: int | None = None):
-        bench = _benchmark(suite)
-        names = [bench.get_task(i).name for i in range(bench.n_tasks)]
-        if task_name not in names:
-            raise RiptError(f"unknown {suite} task {task_name!r}; known: {names[0]!r}, ...")
-        index = names.index(task_name)
-        task = bench.get_task(index)
-        from libero.libero import get_libero_path
+        bench, index, task, self.bddl_file = _find_task(suite, task_name)
         from libero.libero.envs import OffScreenRenderEnv
 
         self.suite, self.task_name, self.render_settings = suite, task_name, render
         self.instruction = task.language
-        self.bddl_file = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
         self.init_states = bench.get_task_init_states(index)
         self.max_episode_steps = int(max_episode_steps or SUITE_HORIZONS[suite])
         size = render.image_size if render is not None else 128
@@ -221,14 +220,13 @@ class LiberoTask:
         """Some scenes' sampler never yields a stable fresh placement (a bowl "on the stove" falls off the
         table): start those demonstrations from a packaged state with every movable object shifted by up to
         PERTURB_XY in x and y, so they still differ from the evaluation states."""
-        raw = self.env.set_init_state(self.init_states[seed % len(self.init_states)])
+        self.env.set_init_state(self.init_states[seed % len(self.init_states)])
         model, data = self.sim.model._model, self.sim.data._data
         rng = np.random.default_rng(seed)
         for j in range(model.njnt):
             if model.jnt_type[j] == 0:  # free joint: qpos = xyz + quaternion
                 a = int(model.jnt_qposadr[j])
                 data.qpos[a:a + 2] += rng.uniform(-PERTURB_XY, PERTURB_XY, 2)
-        self.sim.forward()
         return self.env.regenerate_obs_from_state(self.env.get_sim_state())
 
     def _object_heights(self) -> np.ndarray:
