@@ -15,7 +15,7 @@ def run(cfg) -> dict:
     from ript.data.collect import collect_demos
 
     workers = None if cfg.num_workers == "auto" else int(cfg.num_workers)
-    noise = cfg.task.get("expert_noise", 0.2) if cfg.noise is None else cfg.noise
+    noise = cfg.task.expert_noise if cfg.noise is None else cfg.noise
     stats = collect_demos(
         str(cfg.task.suite), names, Path(cfg.task.data_dir), int(cfg.task.demos_per_task),
         to_dict(cfg.task.render), int(cfg.task.max_episode_steps), seed=int(cfg.seed),
