@@ -176,6 +176,8 @@ class PickPlaceExpert:
             grasp_z = max(lo[2] + 0.012, (lo[2] + hi[2]) / 2, hi[2] - 0.025)
         tgt_xy, tgt_top = self._target(sim)
 
+        if self.phase in ("lift", "carry", "lower") and eef[2] - lo[2] > self.hang + 0.04:
+            self.phase = "align"  # the object slipped out of the fingers: open, line up and grasp again
         gripper, goal = OPEN, eef.copy()
         yaw_err = _wrap_half_turn(self.grasp_yaw - self._finger_angle(sim))
         if self.phase == "align":
