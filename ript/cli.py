@@ -78,6 +78,22 @@ def rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
     _run("rl", overrides, run)
 
 
+@app.command("oft-eval")
+def oft_eval(overrides: Optional[list[str]] = OVERRIDES) -> None:
+    """Evaluate an official OpenVLA-OFT checkpoint folder (checkpoint=..., task=libero_*), optionally with an RL adapter."""
+    from ript.stages.oft import run_eval
+
+    _run("oft", overrides, run_eval)
+
+
+@app.command("oft-rl")
+def oft_rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
+    """RL fine-tuning of an OpenVLA-OFT checkpoint with LoRA and a Laplace head (checkpoint=..., task=...)."""
+    from ript.stages.oft import run_rl
+
+    _run("oft", overrides, run_rl)
+
+
 @app.command("eval")
 def evaluate(overrides: Optional[list[str]] = OVERRIDES) -> None:
     """Evaluate a checkpoint in the simulator (checkpoint=...)."""

@@ -86,32 +86,48 @@ def group_episodes(episodes: list[dict], k: int) -> list[list[dict]]:
     return out
 
 
-def flatten_groups(kept: list[list[dict]], estimator: str, device: str) -> dict[str, torch.Tensor] | None:
+def flatten_groups(kept: list[list[dict]], estimator: str) -> tuple[list[dict], torch.Tensor, torch.Tensor] | None:
+    """The kept groups' decisions in order, each decision's advantage, and the (groups, K) advantages."""
     if not kept:
         return None
     rewards = torch.tensor([[float(e["success"]) for e in g] for g in kept])
     adv = ADVANTAGES.get(estimator)(rewards)
-    ctx, tok, lp, a = [], [], [], []
+    decisions, per_decision = [], []
     for g, group in enumerate(kept):
         for j, e in enumerate(group):
-            for d in e["decisions"]:
-                ctx.append(d["context"])
-                tok.append(d["tokens"])
-                lp.append(d["log_probs"])
-                a.append(adv[g, j])
-    return {"context": torch.stack(ctx).to(device), "tokens": torch.stack(tok).to(device),
-            "old_log_probs": torch.stack(lp).float().to(device), "advantages": torch.stack(a).float().to(device),
-            "group_advantages": adv}
+            decisions.extend(e["decisions"])
+            per_decision.extend([adv[g, j]] * len(e["decisions"]))
+    return decisions, torch.stack(per_decision).float(), adv
 
 
-def ppo_update(model, params, opt, sched, data, cfg, settings, info, iteration: int, device: str) -> dict:
+class ChunkLearner:
+    """What the RL loop needs from a chunk policy: its trainable prior, and token log-probs recomputed on
+    the contexts cached at sampling time."""
+
+    def __init__(self, model, settings: dict, prior_only: bool):
+        self.model, self.settings = model, settings
+        self.params = trainable_parameters(model, prior_only)
+        self.weights = model  # what checkpoints hold
+
+    def collate(self, decisions: list[dict], device: str) -> dict[str, torch.Tensor]:
+        return {"context": torch.stack([d["context"] for d in decisions]).to(device),
+                "tokens": torch.stack([d["tokens"] for d in decisions]).to(device),
+                "old_log_probs": torch.stack([d["log_probs"] for d in decisions]).float().to(device)}
+
+    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+        return token_log_probs(self.model, data["context"][idx], data["tokens"][idx],
+                               float(self.settings["temperature"]), self.settings.get("top_k"))
+
+
+def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str) -> dict:
     rl = cfg.rl
+    params = learner.params
     stats: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0,
                                "ratio_max": 0.0, "grad_norm": 0.0}
     n_updates, sync = 0, 0.0
-    n = 0 if data is None else len(data["tokens"])
+    n = 0 if data is None else len(data["old_log_probs"])
     gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + iteration)
-    model.eval()  # no dropout: the recomputed log-probs must be those recorded at sampling time
+    learner.model.eval()  # no dropout: the recomputed log-probs must be those recorded at sampling time
     for _ in range(int(rl.epochs)):
         order = torch.randperm(n, generator=gen)
         # every rank takes the same number of optimizer steps, so the gradient all-reduces pair up
@@ -120,8 +136,7 @@ def ppo_update(model, params, opt, sched, data, cfg, settings, info, iteration: 
             if len(chunk):
                 idx = chunk.to(device)
                 with common.autocast(device, cfg.amp):
-                    new_lp = token_log_probs(model, data["context"][idx], data["tokens"][idx],
-                                             float(settings["temperature"]), settings.get("top_k"))
+                    new_lp = learner.log_probs(data, idx)
                 loss, s = ppo_loss(new_lp.float(), data["old_log_probs"][idx], data["advantages"][idx],
                                    float(rl.clip_low), float(rl.clip_high))
                 loss.backward()
@@ -142,43 +157,78 @@ def ppo_update(model, params, opt, sched, data, cfg, settings, info, iteration: 
     return stats
 
 
-def run(cfg) -> str:
+def make_sampler(cfg, names: list[str], suite: str, info) -> InitialConditionSampler:
+    pool = int(cfg.rl.ic_pool_size)
+    if is_libero_suite(suite):
+        pool = min(pool, LIBERO_INIT_STATES)  # RL starts from the packaged init states (seed % 50)
+    return InitialConditionSampler(names, int(cfg.seed) * 7919 + info.rank, pool, int(cfg.rl.skip_mastered_for),
+                                   str(cfg.rl.task_weighting), int(cfg.rl.rollouts_per_group),
+                                   floor=float(cfg.rl.task_weighting_floor))
+
+
+def setup_run(cfg):
+    """Device, distributed info and run dir (rank 0 creates it after every rank has checked it)."""
     setup_console_logging()
     device = resolve_device(cfg.device)
     info = ddist.init_distributed(device)
     if device == "cuda" and info.world_size > 1:
         device = f"cuda:{info.local_rank}"
         torch.cuda.set_device(device)
-    if not cfg.checkpoint:
-        raise RiptError("rl needs checkpoint=<stage-1, finetune or rl checkpoint>")
-    model, base = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune", "rl"), device=device)
-    # every rank checks (and fails alike) before rank 0 creates anything, so no rank waits on a dead one
     run_dir, resume_from = common.prepare_run_dir(cfg, create=False)
     ddist.barrier(info)
     if info.is_main:
         common.prepare_run_dir(cfg)
     ddist.barrier(info)
     seed_everything(int(cfg.seed) + info.rank)
+    return device, info, run_dir, resume_from
+
+
+def run(cfg) -> str:
+    device = resolve_device(cfg.device)
+    if not cfg.checkpoint:
+        raise RiptError("rl needs checkpoint=<stage-1, finetune or rl checkpoint>")
+    # every rank checks (and fails alike) before rank 0 creates anything, so no rank waits on a dead one
+    model, base = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune", "rl"), device="cpu")
+    device, info, run_dir, resume_from = setup_run(cfg)
+    model = model.to(device)
     names = list(cfg.task_names) if cfg.task_names else model.task_names
     for name in names:
         model.task_index(name)
     settings = sampling_settings(base, dict(cfg.sampling))
-    params = trainable_parameters(model, bool(cfg.rl.train_prior_only))
+    learner = ChunkLearner(model, settings, bool(cfg.rl.train_prior_only))
+    policy = make_policy(model, settings, device, int(cfg.seed) * 7919 + info.rank, bool(cfg.cuda_graph))
+    metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"], "sampling": settings}
+    ckpt_config = common.checkpoint_config("rl", "skill_prior", base["model_kwargs"], cfg, metadata)
+    eval_runner = make_runner(metadata, names, cfg.eval) if info.is_main and cfg.eval.every else None
+
+    def evaluate(iteration: int, logger) -> None:
+        if eval_runner is not None:
+            evaluate_during_training(eval_runner, model, settings, device, int(cfg.eval.seed),
+                                     run_dir / "eval" / f"iter{iteration:04d}", logger, iteration,
+                                     f"rl iteration {iteration}", bool(cfg.cuda_graph))
+
+    try:
+        return train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir, resume_from,
+                          evaluate)
+    finally:
+        if eval_runner is not None:
+            eval_runner.close()
+
+
+def train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir, resume_from,
+               evaluate) -> str:
+    """The RL iterations, shared by every policy family: rollouts with dynamic sampling, PPO on the
+    learner's log-probs, metrics, per-iteration checkpoints (weights: ``learner.weights``) and resume."""
+    params = learner.params
     opt = torch.optim.AdamW(params, lr=float(cfg.rl.lr), weight_decay=float(cfg.rl.weight_decay),
                             fused=device.startswith("cuda"))
     warm = max(1, int(cfg.rl.warmup_iterations))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / warm))
-    pool = int(cfg.rl.ic_pool_size)
-    if is_libero_suite(str(base["metadata"].get("suite"))):
-        pool = min(pool, LIBERO_INIT_STATES)  # RL starts from the packaged init states (seed % 50)
-    sampler = InitialConditionSampler(names, int(cfg.seed) * 7919 + info.rank, pool,
-                                      int(cfg.rl.skip_mastered_for), str(cfg.rl.task_weighting),
-                                      int(cfg.rl.rollouts_per_group), floor=float(cfg.rl.task_weighting_floor))
-    policy = make_policy(model, settings, device, int(cfg.seed) * 7919 + info.rank, bool(cfg.cuda_graph))
+    sampler = make_sampler(cfg, names, str(metadata.get("suite")), info)
     policy.record = True
     start_iter, run_id = 0, None
     if resume_from is not None:
-        check_and_load(model, load_weights(resume_from), str(resume_from))
+        check_and_load(learner.weights, load_weights(resume_from), str(resume_from))
         state = load_training_state(resume_from)
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -189,20 +239,10 @@ def run(cfg) -> str:
         start_iter, run_id = int(state["iteration"]), state["logger_run_id"]
         log.info("rl: resumed from %s at iteration %d", resume_from, start_iter)
     logger = MetricLogger(run_dir, common.to_dict(cfg), run_id, enabled=info.is_main)
-    metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"], "sampling": settings}
-    ckpt_config = common.checkpoint_config("rl", "skill_prior", base["model_kwargs"], cfg, metadata)
     env_args = metadata["env_args"]
     runner = EnvRunner(metadata["suite"], names, env_args["render"],
                        int(cfg.rl.max_episode_steps or env_args["max_episode_steps"]), episodes_per_task=1,
                        num_workers=cfg.rl.num_workers)
-    eval_runner = make_runner(metadata, names, cfg.eval) if info.is_main and cfg.eval.every else None
-
-    def evaluate(iteration: int) -> None:
-        if eval_runner is not None:
-            evaluate_during_training(eval_runner, model, settings, device, int(cfg.eval.seed),
-                                     run_dir / "eval" / f"iter{iteration:04d}", logger, iteration,
-                                     f"rl iteration {iteration}", bool(cfg.cuda_graph))
-        ddist.barrier(info)
 
     def save(iteration: int) -> None:
         rank_state = {"rng": rng_state(), "sampler": sampler.state_dict(), "policy_rng": policy.generator.get_state()}
@@ -213,22 +253,30 @@ def run(cfg) -> str:
         if info.is_main:
             state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "iteration": iteration,
                      "ranks": ranks, "logger_run_id": logger.run_id}
-            save_checkpoint(run_dir, iteration, model, ckpt_config, state, keep_last=cfg.keep_last)
+            save_checkpoint(run_dir, iteration, learner.weights, ckpt_config, state, keep_last=cfg.keep_last)
+        ddist.barrier(info)
+
+    def maybe_evaluate(iteration: int) -> None:
+        evaluate(iteration, logger)
         ddist.barrier(info)
 
     t_start = time.perf_counter()
     try:
         if start_iter == 0 and cfg.eval.every:
-            evaluate(0)
+            maybe_evaluate(0)
         for it in range(start_iter, int(cfg.rl.iterations)):
             sampler.iteration = it
             t0 = time.perf_counter()
             policy.inference_seconds = 0.0
             batch = collect_groups(runner, policy, sampler, cfg, info)
             t_rollout = time.perf_counter() - t0
-            data = flatten_groups(batch["kept"], str(cfg.rl.advantage), device)
+            flat = flatten_groups(batch["kept"], str(cfg.rl.advantage))
+            data = None
+            if flat is not None:
+                data = learner.collate(flat[0], device)
+                data.update(advantages=flat[1].to(device), group_advantages=flat[2])
             t1 = time.perf_counter()
-            stats = ppo_update(model, params, opt, sched, data, cfg, settings, info, it, device)
+            stats = ppo_update(learner, opt, sched, data, cfg, info, it, device)
             t_train = time.perf_counter() - t1
             eps = batch["episodes"]
             local = [len(eps), sum(e["success"] for e in eps), sum(e["length"] for e in eps),
@@ -263,7 +311,7 @@ def run(cfg) -> str:
                          stats["clip_fraction"], stats["approx_kl"], t_rollout, t_train)
             save(it + 1)
             if cfg.eval.every and ((it + 1) % int(cfg.eval.every) == 0 or it + 1 == int(cfg.rl.iterations)):
-                evaluate(it + 1)
+                maybe_evaluate(it + 1)
             # every rank stops together, on rank 0's clock
             if ddist.all_sum([float(info.is_main and common.out_of_time(t_start, cfg.rl.stop_after_minutes))],
                              info)[0] > 0:
@@ -273,8 +321,6 @@ def run(cfg) -> str:
                 break
     finally:
         runner.close()
-        if eval_runner is not None:
-            eval_runner.close()
         logger.close()
         ddist.shutdown(info)
     return str(run_dir)

@@ -1,0 +1,196 @@
+"""OpenVLA-OFT behind the runners' policy interface: one batched forward per decision for every env that
+needs a new chunk; deterministic (the L1 head's mean, as OFT evaluates) or sampled from the Laplace head
+for RL, recording what PPO needs to rescore the same distribution.
+
+Inputs follow OFT's LIBERO evaluation: upright third-person and wrist images resized to the towers' size
+(optionally a centre crop of 90% of the area first), proprio = end-effector position, axis-angle and the
+two gripper joints, normalised to [-1, 1] with the checkpoint's q01/q99; the prompt
+``In: What action should the robot take to {instruction}?\\nOut:``; actions un-normalised with q01/q99
+where the statistics' mask says so, and LIBERO's gripper convention (+1 close, -1 open).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from ript.errors import RiptError
+from ript.models.openvla_oft.model import OpenVLAOFT, laplace_log_prob
+
+PROMPT = "In: What action should the robot take to {}?\nOut:"
+
+
+def prompt_ids(tokenizer, instruction: str) -> list[int]:
+    """Token ids of OFT's prompt, BOS first, ending with the empty '▁' token OFT appends after 'Out:'."""
+    ids = list(tokenizer(PROMPT.format(instruction.lower()))["input_ids"])
+    empty = tokenizer.convert_tokens_to_ids("▁")
+    if ids[-1] != empty:
+        ids.append(empty)
+    return ids
+
+
+def assemble_text(prompts: list[list[int]], action_tokens: int, eos: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, valid) of [BOS][pads][prompt][action placeholders][EOS]; pads sit right after BOS so the
+    image tokens (inserted after BOS) and the action block keep fixed positions in the batch."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width + action_tokens + 1), pad, dtype=torch.long)
+    valid = torch.zeros(ids.shape, dtype=torch.bool)
+    for r, p in enumerate(prompts):
+        start = 1 + width - len(p)
+        ids[r, 0], ids[r, start:width] = p[0], torch.tensor(p[1:], dtype=torch.long)
+        valid[r, 0], valid[r, start:] = True, True
+    ids[:, width: width + action_tokens] = 1  # any id: these embeddings are zeroed
+    ids[:, -1] = eos
+    return ids, valid
+
+
+def resize_images(frames: torch.Tensor, size: int, center_crop: bool) -> torch.Tensor:
+    """uint8 (N, H, W, 3) -> uint8 (N, 3, size, size). Rounded to uint8, so that RL training rescores the
+    very inputs the rollout saw."""
+    x = frames.permute(0, 3, 1, 2).float()
+    if center_crop:  # OFT trains with random crops of 90% of the area and evaluates on the centre one
+        h, w = x.shape[-2:]
+        ch, cw = round(h * 0.9 ** 0.5), round(w * 0.9 ** 0.5)
+        top, left = (h - ch) // 2, (w - cw) // 2
+        x = x[..., top: top + ch, left: left + cw]
+    x = F.interpolate(x, size=(size, size), mode="bicubic", antialias=True, align_corners=False)
+    return x.round().clamp(0, 255).to(torch.uint8)
+
+
+class Normalizer:
+    """q01/q99 bounds to and from [-1, 1], on the dims the statistics' mask selects."""
+
+    def __init__(self, entry: dict):
+        self.low, self.high = np.asarray(entry["q01"], np.float32), np.asarray(entry["q99"], np.float32)
+        self.mask = np.asarray(entry.get("mask", [True] * len(self.low)), bool)
+
+    def normalize(self, x: np.ndarray) -> np.ndarray:
+        y = 2 * (x - self.low) / (self.high - self.low + 1e-8) - 1
+        return np.clip(np.where(self.mask, y, x), -1, 1)
+
+    def unnormalize(self, y: np.ndarray) -> np.ndarray:
+        return np.where(self.mask, 0.5 * (y + 1) * (self.high - self.low + 1e-8) + self.low, y)
+
+
+class OFTPolicy:
+    def __init__(self, model: OpenVLAOFT, tokenizer, statistics: dict, instructions: dict[str, str],
+                 image_keys: list[str], proprio_keys: list[str], device: str | torch.device = "cpu",
+                 action_horizon: int | None = None, center_crop: bool = True, gripper: str = "libero",
+                 sample: bool = False, seed: int = 0, amp: bool = True):
+        cfg = model.cfg
+        if len(image_keys) != cfg.num_images:
+            raise RiptError(f"the checkpoint takes {cfg.num_images} images; oft.image_keys names {len(image_keys)}")
+        if gripper not in ("libero", "none"):
+            raise RiptError(f"oft.gripper must be 'libero' or 'none', not {gripper!r}")
+        if sample and model.scale_head is None:
+            raise RiptError("sampling needs the Laplace scale head (model.add_scale_head())")
+        self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
+        self.actions = Normalizer(statistics["action"])
+        self.proprio = Normalizer(statistics["proprio"]) if cfg.proprio_dim else None
+        self.instructions, self.image_keys, self.proprio_keys = instructions, image_keys, proprio_keys
+        self.action_dim, self.chunk = cfg.action_dim, cfg.chunk_size
+        self.action_horizon = action_horizon or cfg.chunk_size
+        self.decision_period = self.action_horizon
+        self.center_crop, self.gripper, self.sample = center_crop, gripper, sample
+        self.amp = amp and self.device.type == "cuda"
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.record = False
+        self.inference_seconds = 0.0
+        self._prompts: dict[str, list[int]] = {}
+        self.eos = tokenizer.eos_token_id
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+        self.reset(0)
+
+    def reset(self, n_envs: int) -> None:
+        self.last_obs: list[dict | None] = [None] * n_envs
+        self.queues: list[deque] = [deque() for _ in range(n_envs)]
+        self.tasks: list[str] = [""] * n_envs
+        self.records: list[list[dict]] = [[] for _ in range(n_envs)]
+
+    def reset_env(self, i: int, task_name: str) -> None:
+        if task_name not in self.instructions:
+            raise RiptError(f"no instruction known for task {task_name!r}")
+        self.queues[i].clear()
+        self.records[i] = []
+        self.tasks[i] = task_name
+        if task_name not in self._prompts:
+            self._prompts[task_name] = prompt_ids(self.tokenizer, self.instructions[task_name])
+
+    def wants_obs(self, i: int) -> bool:
+        return len(self.queues[i]) == 0
+
+    def observe(self, i: int, obs: dict[str, np.ndarray]) -> None:
+        self.last_obs[i] = obs
+
+    def inputs(self, envs: list[int]) -> dict:
+        """The model inputs of these envs' current observations (uint8 images, normalised proprio, prompts)."""
+        obs = [self.last_obs[i] for i in envs]
+        for key in self.image_keys + self.proprio_keys:
+            if key not in obs[0]:
+                raise RiptError(f"observation has no {key!r} (has: {', '.join(sorted(obs[0]))}); set oft.image_keys / oft.proprio_keys")
+        frames = torch.from_numpy(np.stack([o[k] for o in obs for k in self.image_keys])).to(self.device)
+        images = resize_images(frames, self.model.cfg.image_size, self.center_crop)
+        images = images.reshape(len(envs), len(self.image_keys), *images.shape[1:])
+        proprio = None
+        if self.proprio is not None:
+            raw = np.stack([np.concatenate([np.asarray(o[k], np.float32).ravel() for k in self.proprio_keys]) for o in obs])
+            if raw.shape[1] != self.model.cfg.proprio_dim:
+                raise RiptError(f"proprio from {self.proprio_keys} has {raw.shape[1]} dims; the checkpoint's "
+                                f"proprio projector takes {self.model.cfg.proprio_dim}")
+            proprio = torch.from_numpy(self.proprio.normalize(raw).astype(np.float32))
+        return {"images": images, "proprio": proprio, "prompts": [self._prompts[self.tasks[i]] for i in envs]}
+
+    def forward(self, inputs: dict, **kw) -> dict[str, torch.Tensor]:
+        ids, valid = assemble_text(inputs["prompts"], self.model.action_tokens, self.eos, self.pad)
+        proprio = inputs["proprio"]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+            return self.model(inputs["images"].to(self.device), None if proprio is None else proprio.to(self.device),
+                              ids.to(self.device), valid.to(self.device), **kw)
+
+    @torch.no_grad()
+    def plan(self, envs: list[int]) -> None:
+        t0 = time.perf_counter()
+        inputs = self.inputs(envs)
+        out = self.forward(inputs)
+        mean = out["mean"]
+        if self.sample:
+            u = torch.rand(mean.shape, generator=self.generator, device=mean.device) - 0.5
+            noise = -torch.sign(u) * torch.log1p(-2 * u.abs())  # standard Laplace by inversion
+            actions = mean + out["scale"] * noise
+            log_probs = laplace_log_prob(actions, mean, out["scale"]).flatten(1)
+        else:
+            actions = mean
+        if self.record:
+            for j, i in enumerate(envs):
+                self.records[i].append({"images": inputs["images"][j].cpu(),
+                                        "proprio": None if inputs["proprio"] is None else inputs["proprio"][j],
+                                        "prompt": inputs["prompts"][j], "actions": actions[j].float().cpu(),
+                                        "log_probs": log_probs[j].float().cpu() if self.sample else None})
+        chunks = self.to_env(actions.float().cpu().numpy())
+        for i, chunk in zip(envs, chunks):
+            self.queues[i].extend(chunk[: self.action_horizon])
+        self.inference_seconds += time.perf_counter() - t0
+
+    def to_env(self, normalized: np.ndarray) -> np.ndarray:
+        a = self.actions.unnormalize(np.clip(normalized, -1, 1))
+        if self.gripper == "libero":  # OFT predicts 0 = close .. 1 = open; LIBERO takes +1 = close
+            a[..., -1] = -np.sign(2 * a[..., -1] - 1)
+        return a.astype(np.float32)
+
+    def take_record(self, i: int) -> list[dict]:
+        out, self.records[i] = self.records[i], []
+        return out
+
+    def act(self, active: list[bool]) -> np.ndarray:
+        need = [i for i, a in enumerate(active) if a and not self.queues[i]]
+        if need:
+            self.plan(need)
+        actions = np.zeros((len(active), self.action_dim), dtype=np.float32)
+        for i, a in enumerate(active):
+            if a:
+                actions[i] = self.queues[i].popleft()
+        return actions

@@ -1,0 +1,229 @@
+"""OpenVLA-OFT: evaluate an official checkpoint folder on our runners, and RL-fine-tune it with LoRA and a
+Laplace scale head through the RL stage's loop (same dynamic sampling, PPO, metrics, checkpoints, resume).
+
+    ript oft-eval checkpoint=<official folder> task=libero_spatial
+    ript oft-rl checkpoint=<official folder> task=libero_spatial run_dir=runs/oft_rl
+    ript oft-eval checkpoint=<official folder> adapter=runs/oft_rl task=libero_spatial   # after RL
+
+RL checkpoints hold only what RL trains (LoRA adapters + heads), next to a pointer to the official folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ript.config import resolve_device, task_names
+from ript.envs.runner import EnvRunner, success_table, write_results
+from ript.errors import RiptError
+from ript.models.openvla_oft.official import load_official, pick_statistics
+from ript.policies.oft_policy import OFTPolicy
+from ript.stages import common
+from ript.stages.evaluate import standard_episodes
+from ript.utils.checkpoint import resolve_checkpoint_dir
+from ript.utils.logging import log, setup_console_logging
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def instructions(suite: str, names: list[str]) -> dict[str, str]:
+    from ript.envs import libero
+
+    if libero.is_libero_suite(suite):
+        return {n: libero.LiberoTask.describe(suite, n)["instruction"] for n in names}
+    from ript.envs.metaworld import INSTRUCTIONS
+
+    return {n: INSTRUCTIONS[n] for n in names}
+
+
+def add_lora(model, lora_cfg) -> None:
+    """LoRA adapters on the Llama decoder through peft (the towers and projector stay frozen)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=int(lora_cfg.rank), lora_alpha=float(lora_cfg.alpha), lora_dropout=0.0,
+                        target_modules=list(lora_cfg.target_modules), init_lora_weights=True)
+    model.language_model = get_peft_model(model.language_model, config)
+
+
+def save_adapter(model, folder: str | Path) -> None:
+    """peft's adapter files (adapter_config.json, adapter_model.safetensors) plus the heads RL trains."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    model.language_model.save_pretrained(str(folder))
+    heads = {f"scale_head.{k}": v.contiguous() for k, v in (model.scale_head.state_dict().items() if model.scale_head else [])}
+    save_file({k: v.detach().cpu() for k, v in heads.items()}, str(folder / "heads.safetensors"))
+
+
+def load_adapter(model, folder: str | Path, merge: bool = False) -> None:
+    """Attach a saved adapter (and heads) to a freshly loaded official model; ``merge`` folds LoRA into the
+    base weights (faster inference, no peft at run time)."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / "adapter_config.json").is_file():
+        raise RiptError(f"{folder}: no adapter_config.json (not a saved LoRA adapter)")
+    model.language_model = PeftModel.from_pretrained(model.language_model, str(folder))
+    if merge:
+        model.language_model = model.language_model.merge_and_unload()
+    heads = load_file(str(folder / "heads.safetensors")) if (folder / "heads.safetensors").is_file() else {}
+    if heads:
+        p = next(model.action_head.parameters())
+        head = model.add_scale_head(heads["scale_head.model.fc1.weight"].shape[0])
+        head.load_state_dict({k.removeprefix("scale_head."): v for k, v in heads.items()})
+        head.to(p.device, p.dtype)
+
+
+class TrainableWeights(torch.nn.Module):
+    """The parameters RL trains (LoRA + heads), as one module for checkpoints: its state dict is exactly those."""
+
+    def __init__(self, model):
+        super().__init__()
+        object.__setattr__(self, "_model", model)  # not a submodule: its frozen weights are not saved
+
+    def _params(self) -> dict[str, torch.nn.Parameter]:
+        return {k: p for k, p in self._model.named_parameters() if p.requires_grad}
+
+    def state_dict(self, *args, **kwargs):  # noqa: D102
+        return {k: p.detach() for k, p in self._params().items()}
+
+    def load_state_dict(self, state, strict: bool = True):  # noqa: D102
+        own = self._params()
+        with torch.no_grad():
+            for k, v in state.items():
+                own[k].copy_(v)
+
+
+class OFTLearner:
+    def __init__(self, model, grad_checkpointing: bool, train_action_head: bool):
+        model.requires_grad_(False)
+        for name, p in model.named_parameters():
+            if "lora_" in name or name.startswith("scale_head."):
+                p.requires_grad_(True)
+        if train_action_head:
+            model.action_head.requires_grad_(True)
+        self.model, self.grad_checkpointing = model, grad_checkpointing
+        if grad_checkpointing:
+            model.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.weights = TrainableWeights(model)
+        self.policy: OFTPolicy | None = None
+
+    def collate(self, decisions: list[dict], device: str) -> dict:
+        return {"images": torch.stack([d["images"] for d in decisions]),
+                "proprio": None if decisions[0]["proprio"] is None else torch.stack([d["proprio"] for d in decisions]),
+                "prompts": [d["prompt"] for d in decisions],
+                "actions": torch.stack([d["actions"] for d in decisions]).to(device),
+                "old_log_probs": torch.stack([d["log_probs"] for d in decisions]).to(device)}
+
+    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+        from ript.models.openvla_oft.model import laplace_log_prob
+
+        rows = idx.cpu()
+        inputs = {"images": data["images"][rows], "prompts": [data["prompts"][i] for i in rows.tolist()],
+                  "proprio": None if data["proprio"] is None else data["proprio"][rows]}
+        # Llama has no dropout: train mode only switches gradient checkpointing on
+        self.model.language_model.train(self.grad_checkpointing)
+        out = self.policy.forward(inputs)
+        self.model.language_model.eval()
+        return laplace_log_prob(data["actions"][idx], out["mean"], out["scale"]).flatten(1)
+
+
+def build(cfg, device: str, seed: int, sample: bool):
+    """(model, policy, metadata, names) for a config: the official folder, optional RL adapter."""
+    if not cfg.checkpoint:
+        raise RiptError("checkpoint=<official OpenVLA-OFT folder> is required")
+    dtype = DTYPES.get(str(cfg.oft.dtype))
+    if dtype is None:
+        raise RiptError(f"oft.dtype must be one of {', '.join(DTYPES)}, not {cfg.oft.dtype!r}")
+    if device == "cpu" and dtype != torch.float32:
+        dtype = torch.float32  # CPUs: full precision
+    model, report = load_official(cfg.checkpoint, device=device, dtype=dtype, chunk_size=cfg.oft.chunk_size,
+                                  attention=cfg.oft.attention)
+    log.info("oft: loaded %s in %.1f s (%d official keys unused by design)", cfg.checkpoint, report["seconds"],
+             report["unused_keys"])
+    stats = pick_statistics(report["statistics"], cfg.task.suite, cfg.oft.unnorm_key, str(cfg.checkpoint))
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(cfg.checkpoint))
+    except (OSError, ValueError) as e:
+        raise RiptError(f"{cfg.checkpoint}: cannot load the tokenizer (tokenizer.json): {e}") from None
+    names = task_names(cfg.task)
+    metadata = {"suite": cfg.task.suite, "task_names": names,
+                "env_args": {"render": common.to_dict(cfg.task.render), "max_episode_steps": int(cfg.task.max_episode_steps)},
+                "base_checkpoint": str(Path(cfg.checkpoint).resolve())}
+    policy = OFTPolicy(model, tokenizer, stats, instructions(cfg.task.suite, names), list(cfg.oft.image_keys),
+                       list(cfg.oft.proprio_keys), device, cfg.oft.action_horizon, bool(cfg.oft.center_crop),
+                       str(cfg.oft.gripper), sample=sample, seed=seed, amp=device.startswith("cuda"))
+    return model, policy, metadata, names
+
+
+def make_runner(metadata: dict, names: list[str], eval_cfg, episodes: int | None) -> EnvRunner:
+    return EnvRunner(metadata["suite"], names, metadata["env_args"]["render"],
+                     int(eval_cfg.max_episode_steps or metadata["env_args"]["max_episode_steps"]),
+                     episodes_per_task=int(episodes or standard_episodes(metadata["suite"])),
+                     num_workers=eval_cfg.num_workers, seed=int(eval_cfg.seed), n_videos=int(eval_cfg.n_videos))
+
+
+def run_eval(cfg) -> dict:
+    setup_console_logging()
+    device = resolve_device(cfg.device)
+    model, policy, metadata, names = build(cfg, device, int(cfg.seed), sample=False)
+    if cfg.adapter:
+        ckpt = resolve_checkpoint_dir(cfg.adapter)
+        load_adapter(model, ckpt / "adapter", merge=True)
+        policy.model = model
+    runner = make_runner(metadata, names, cfg.eval, cfg.eval.episodes_per_task)
+    out_dir = Path(cfg.out_dir or "runs/oft_eval")
+    try:
+        torch.manual_seed(int(cfg.seed))
+        results = runner.run(policy, video_dir=out_dir / "videos")
+    finally:
+        runner.close()
+    results.update(checkpoint=str(cfg.checkpoint), adapter=cfg.adapter)
+    write_results(out_dir / "results.json", results)
+    print(success_table(results))
+    return results
+
+
+def run_rl(cfg) -> str:
+    from ript.stages import rl as rl_stage
+
+    device = resolve_device(cfg.device)
+    model, policy, metadata, names = build(cfg, device, int(cfg.seed), sample=True)
+    device, info, run_dir, resume_from = rl_stage.setup_run(cfg)
+    policy.generator.manual_seed(int(cfg.seed) * 7919 + info.rank)
+    add_lora(model, cfg.lora)
+    p = next(model.action_head.parameters())
+    model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
+    learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing), bool(cfg.oft.train_action_head))
+    learner.policy = policy
+    ckpt_config = common.checkpoint_config("rl", "openvla_oft", {}, cfg, metadata)
+    eval_runner = make_runner(metadata, names, cfg.eval, cfg.eval.episodes_per_task) if info.is_main and cfg.eval.every else None
+
+    def evaluate(iteration: int, logger) -> None:
+        if eval_runner is None:
+            return
+        policy.sample, policy.record = False, False
+        try:
+            results = eval_runner.run(policy, video_dir=run_dir / "eval" / f"iter{iteration:04d}" / "videos")
+        finally:
+            policy.sample, policy.record = True, True
+        write_results(run_dir / "eval" / f"iter{iteration:04d}" / "results.json", results)
+        logger.log({"eval/success_rate": results["success_rate"]}, iteration)
+        log.info("rl iteration %d eval:\n%s", iteration, success_table(results))
+
+    try:
+        out = rl_stage.train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir,
+                                  resume_from, evaluate)
+    finally:
+        if eval_runner is not None:
+            eval_runner.close()
+    if info.is_main:  # the adapter in peft's own format, next to the last checkpoint
+        last = resolve_checkpoint_dir(run_dir)
+        save_adapter(model, last / "adapter")
+    return out
+
