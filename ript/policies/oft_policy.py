@@ -86,8 +86,6 @@ class OFTPolicy:
             raise RiptError(f"the checkpoint takes {cfg.num_images} images; oft.image_keys names {len(image_keys)}")
         if gripper not in ("libero", "none"):
             raise RiptError(f"oft.gripper must be 'libero' or 'none', not {gripper!r}")
-        if sample and model.scale_head is None:
-            raise RiptError("sampling needs the Laplace scale head (model.add_scale_head())")
         self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
         self.actions = Normalizer(statistics["action"])
         self.proprio = Normalizer(statistics["proprio"]) if cfg.proprio_dim else None
@@ -157,6 +155,8 @@ class OFTPolicy:
         inputs = self.inputs(envs)
         out = self.forward(inputs)
         mean = out["mean"]
+        if self.sample and "scale" not in out:
+            raise RiptError("sampling needs the Laplace scale head (model.add_scale_head())")
         if self.sample:
             u = torch.rand(mean.shape, generator=self.generator, device=mean.device) - 0.5
             noise = -torch.sign(u) * torch.log1p(-2 * u.abs())  # standard Laplace by inversion

@@ -141,7 +141,7 @@ def build(cfg, device: str, seed: int, sample: bool):
     if device == "cpu" and dtype != torch.float32:
         dtype = torch.float32  # CPUs: full precision
     model, report = load_official(cfg.checkpoint, device=device, dtype=dtype, chunk_size=cfg.oft.chunk_size,
-                                  attention=cfg.oft.attention)
+                                  attention=cfg.oft.attention, num_images=len(cfg.oft.image_keys))
     log.info("oft: loaded %s in %.1f s (%d official keys unused by design)", cfg.checkpoint, report["seconds"],
              report["unused_keys"])
     stats = pick_statistics(report["statistics"], cfg.task.suite, cfg.oft.unnorm_key, str(cfg.checkpoint))

@@ -105,6 +105,16 @@ def _component(folder: Path, stem: str) -> Path | None:
     return found[0] if found else None
 
 
+def _read_component(file: Path, device) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(file, map_location=device, weights_only=True)
+    except Exception as e:  # torch raises several types for truncated or foreign files
+        raise RiptError(f"{file}: not a readable torch state dict ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict):
+        raise RiptError(f"{file}: holds a {type(state).__name__}, not a state dict")
+    return {k.removeprefix("module."): v for k, v in state.items()}  # saved from DDP-wrapped modules
+
+
 def _weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -143,8 +153,13 @@ def load_official(folder: str | Path, device: str | torch.device = "cpu", dtype:
     head_file, proprio_file = _component(folder, "action_head"), _component(folder, "proprio_projector")
     if head_file is None:
         raise RiptError(f"{folder}: no action_head--*checkpoint.pt (OFT's L1-regression head)")
-    if proprio_file is None:
-        cfg.proprio_dim = None
+    extras = {stem: _read_component(f, device) for stem, f in (("action_head.", head_file), ("proprio_projector.", proprio_file))
+              if f is not None}
+    head = extras["action_head."]
+    # the chunk's action and proprio sizes are OFT code constants per platform; the files tell them
+    if "model.fc2.weight" in head:
+        cfg.action_dim, cfg.head_hidden_dim = head["model.fc2.weight"].shape[0], head["model.fc2.weight"].shape[1]
+    cfg.proprio_dim = extras["proprio_projector."]["fc1.weight"].shape[1] if proprio_file is not None else None
     with init_empty_weights(include_buffers=False):
         model = OpenVLAOFT(cfg)
     targets = key_map(model)
@@ -174,20 +189,15 @@ def load_official(folder: str | Path, device: str | torch.device = "cpu", dtype:
                     put(_aliases(key), st.get_tensor(key), str(f))
         except SafetensorError as e:
             raise RiptError(f"{f}: not a readable safetensors file ({e})") from None
-    for file, prefix in ((head_file, "action_head."), (proprio_file, "proprio_projector.")):
-        if file is None:
-            continue
-        try:
-            state = torch.load(file, map_location=device, weights_only=True)
-        except Exception as e:  # torch raises several types for truncated or foreign files
-            raise RiptError(f"{file}: not a readable torch state dict ({type(e).__name__}: {e})") from None
+    for prefix, state in extras.items():
+        file = head_file if prefix == "action_head." else proprio_file
         for key, tensor in state.items():
-            name = prefix + key.removeprefix("module.")
+            name = prefix + key
             if name not in own:
                 raise RiptError(f"{file}: unexpected key {key!r}")
             if tuple(tensor.shape) != tuple(own[name].shape):
                 raise RiptError(f"{file}: key {key!r} has shape {tuple(tensor.shape)}, model expects "
-                                f"{tuple(own[name].shape)} (chunk_size/action_dim/proprio_dim?)")
+                                f"{tuple(own[name].shape)} (config.json's LLM width, or oft.chunk_size?)")
             _set_param(model, name, tensor.to(device=device, dtype=dtype).contiguous())
             filled.add(name)
     missing = sorted(set(own) - filled)
