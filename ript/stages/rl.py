@@ -184,7 +184,6 @@ def setup_run(cfg):
 
 
 def run(cfg) -> str:
-    device = resolve_device(cfg.device)
     if not cfg.checkpoint:
         raise RiptError("rl needs checkpoint=<stage-1, finetune or rl checkpoint>")
     # every rank checks (and fails alike) before rank 0 creates anything, so no rank waits on a dead one
