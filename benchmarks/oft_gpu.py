@@ -74,17 +74,16 @@ def main() -> None:
             "old_log_probs": torch.zeros(n, 56, device="cuda")}
     opt = torch.optim.AdamW(learner.params, lr=1e-5)
     torch.cuda.reset_peak_memory_stats()
-    for label, mb in (("ppo_update", b),):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for idx in torch.arange(n, device="cuda").split(mb):
-            opt.zero_grad()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                lp = learner.log_probs(data, idx)
-            (-(lp.float().mean())).backward()
-            opt.step()
-        torch.cuda.synchronize()
-        res[f"{label}_s_{n}_decisions_mb{mb}"] = time.perf_counter() - t
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for idx in torch.arange(n, device="cuda").split(b):
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            lp = learner.log_probs(data, idx)
+        (-(lp.float().mean())).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    res[f"ppo_update_s_{n}_decisions_mb{b}"] = time.perf_counter() - t
     res["train_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     print(json.dumps(res, indent=2))
     if a.out:

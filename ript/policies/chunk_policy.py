@@ -139,14 +139,9 @@ class ChunkPolicy:
         out, self.records[i] = self.records[i], []
         return out
 
-    def _plan_empty(self, active: list[bool]) -> None:
-        need = [i for i, a in enumerate(active) if a and not self.queues[i]]
-        if need:
-            self.plan(need)
-
     def act_chunk(self, active: list[bool]) -> list[np.ndarray | None]:
         """Every active env's planned actions at once (runners that execute whole chunks in the worker)."""
-        self._plan_empty(active)
+        plan_dry(self, active)
         out: list[np.ndarray | None] = [None] * len(active)
         for i, a in enumerate(active):
             if a:
@@ -155,12 +150,24 @@ class ChunkPolicy:
         return out
 
     def act(self, active: list[bool]) -> np.ndarray:
-        self._plan_empty(active)
-        actions = np.zeros((len(active), self.action_dim), dtype=np.float32)
-        for i, a in enumerate(active):
-            if a:
-                actions[i] = self.queues[i].popleft()
-        return actions
+        return act_from_queues(self, active)
+
+
+def plan_dry(policy, active: list[bool]) -> None:
+    """One batched ``policy.plan`` call for the active envs whose queue of planned actions ran dry."""
+    need = [i for i, a in enumerate(active) if a and not policy.queues[i]]
+    if need:
+        policy.plan(need)
+
+
+def act_from_queues(policy, active: list[bool]) -> np.ndarray:
+    """Refill dry queues, then pop one planned action per active env (zeros for the others)."""
+    plan_dry(policy, active)
+    actions = np.zeros((len(active), policy.action_dim), dtype=np.float32)
+    for i, a in enumerate(active):
+        if a:
+            actions[i] = policy.queues[i].popleft()
+    return actions
 
 
 class GraphedCall:

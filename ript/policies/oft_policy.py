@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from ript.errors import RiptError
 from ript.models.openvla_oft.model import OpenVLAOFT, laplace_log_prob
+from ript.policies.chunk_policy import act_from_queues
 
 PROMPT = "In: What action should the robot take to {}?\nOut:"
 
@@ -186,11 +187,4 @@ class OFTPolicy:
         return out
 
     def act(self, active: list[bool]) -> np.ndarray:
-        need = [i for i, a in enumerate(active) if a and not self.queues[i]]
-        if need:
-            self.plan(need)
-        actions = np.zeros((len(active), self.action_dim), dtype=np.float32)
-        for i, a in enumerate(active):
-            if a:
-                actions[i] = self.queues[i].popleft()
-        return actions
+        return act_from_queues(self, active)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -59,11 +59,18 @@ def make_policy(model, settings: dict, device: str, seed: int, cuda_graph: bool 
 
 def evaluate_during_training(runner: EnvRunner, model, settings: dict, device: str, seed: int, out_dir: Path,
                              logger, step: int, label: str, cuda_graph: bool = True) -> dict[str, Any]:
-    """One evaluation inside a training loop: leaves the training RNG streams untouched, writes
-    ``out_dir/results.json`` and videos, logs ``eval/...`` metrics and the success table."""
+    """One evaluation of a chunk-policy model inside a training loop (see ``evaluate_policy``)."""
+    return evaluate_policy(runner, lambda: make_policy(model, settings, device, seed, cuda_graph), device, out_dir,
+                           logger, step, label)
+
+
+def evaluate_policy(runner: EnvRunner, make: Callable[[], Any], device: str, out_dir: Path, logger, step: int,
+                    label: str) -> dict[str, Any]:
+    """Run the policy ``make()`` builds, leaving the training RNG streams untouched; write
+    ``out_dir/results.json`` and videos, log ``eval/...`` metrics and the success table."""
     devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
     with torch.random.fork_rng(devices=devices):
-        results = runner.run(make_policy(model, settings, device, seed, cuda_graph), video_dir=out_dir / "videos")
+        results = runner.run(make(), video_dir=out_dir / "videos")
     write_results(out_dir / "results.json", results)
     logger.log({"eval/success_rate": results["success_rate"],
                 **{f"eval/success/{t}": r["success_rate"] for t, r in results["per_task"].items()}}, step)

@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 
 from ript.config import resolve_device, task_names
-from ript.envs.runner import EnvRunner, success_table, write_results
+from ript.envs.runner import success_table, write_results
 from ript.errors import RiptError
 from ript.models.openvla_oft.official import load_official, pick_statistics
 from ript.policies.oft_policy import OFTPolicy
 from ript.stages import common
-from ript.stages.evaluate import standard_episodes
+from ript.stages.evaluate import evaluate_policy, make_runner
 from ript.utils.checkpoint import resolve_checkpoint_dir
 from ript.utils.logging import log, setup_console_logging
 
@@ -161,13 +161,6 @@ def build(cfg, device: str, seed: int, sample: bool):
     return model, policy, metadata, names
 
 
-def make_runner(metadata: dict, names: list[str], eval_cfg, episodes: int | None) -> EnvRunner:
-    return EnvRunner(metadata["suite"], names, metadata["env_args"]["render"],
-                     int(eval_cfg.max_episode_steps or metadata["env_args"]["max_episode_steps"]),
-                     episodes_per_task=int(episodes or standard_episodes(metadata["suite"])),
-                     num_workers=eval_cfg.num_workers, seed=int(eval_cfg.seed), n_videos=int(eval_cfg.n_videos))
-
-
 def run_eval(cfg) -> dict:
     setup_console_logging()
     device = resolve_device(cfg.device)
@@ -176,7 +169,7 @@ def run_eval(cfg) -> dict:
         ckpt = resolve_checkpoint_dir(cfg.adapter)
         load_adapter(model, ckpt / "adapter", merge=True)
         policy.model = model
-    runner = make_runner(metadata, names, cfg.eval, cfg.eval.episodes_per_task)
+    runner = make_runner(metadata, names, cfg.eval)
     out_dir = Path(cfg.out_dir or "runs/oft_eval")
     try:
         torch.manual_seed(int(cfg.seed))
@@ -202,19 +195,17 @@ def run_rl(cfg) -> str:
     learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing), bool(cfg.oft.train_action_head))
     learner.policy = policy
     ckpt_config = common.checkpoint_config("rl", "openvla_oft", {}, cfg, metadata)
-    eval_runner = make_runner(metadata, names, cfg.eval, cfg.eval.episodes_per_task) if info.is_main and cfg.eval.every else None
+    eval_runner = make_runner(metadata, names, cfg.eval) if info.is_main and cfg.eval.every else None
 
     def evaluate(iteration: int, logger) -> None:
         if eval_runner is None:
             return
-        policy.sample, policy.record = False, False
+        policy.sample, policy.record = False, False  # the L1 head's mean, as OFT evaluates
         try:
-            results = eval_runner.run(policy, video_dir=run_dir / "eval" / f"iter{iteration:04d}" / "videos")
+            evaluate_policy(eval_runner, lambda: policy, device, run_dir / "eval" / f"iter{iteration:04d}", logger,
+                            iteration, f"rl iteration {iteration}")
         finally:
             policy.sample, policy.record = True, True
-        write_results(run_dir / "eval" / f"iter{iteration:04d}" / "results.json", results)
-        logger.log({"eval/success_rate": results["success_rate"]}, iteration)
-        log.info("rl iteration %d eval:\n%s", iteration, success_table(results))
 
     try:
         out = rl_stage.train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir,

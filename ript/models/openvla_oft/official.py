@@ -228,8 +228,7 @@ def pick_statistics(stats: dict, suite: str, key: str | None, where: str) -> dic
     for k in ([key] if key else [suite, f"{suite}_no_noops"]):
         if k in stats:
             entry = stats[k]
-            for part in ("action",):
-                if "q01" not in entry.get(part, {}) or "q99" not in entry.get(part, {}):
-                    raise RiptError(f"{where}: statistics {k!r} lack {part}.q01/q99")
+            if "q01" not in entry.get("action", {}) or "q99" not in entry.get("action", {}):
+                raise RiptError(f"{where}: statistics {k!r} lack action.q01/q99")
             return entry
     raise RiptError(f"{where}: no statistics for {key or suite!r}; available: {', '.join(stats)} (set oft.unnorm_key)")
