@@ -58,6 +58,7 @@ class ChunkPolicy:
         self.amp = amp and self.device.type == "cuda"
         self.obs_keys = model.image_keys + model.lowdim_keys
         self.record = record
+        self.record_obs = False  # also record each decision's observations (RL that trains the encoders)
         self.inference_seconds = 0.0
         # one CUDA graph per padded batch size: a decision is ~1,300 small kernels, launch-bound when eager
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
@@ -101,11 +102,12 @@ class ChunkPolicy:
     @torch.no_grad()
     def plan(self, envs: list[int]) -> None:
         t0 = time.perf_counter()
-        inputs = {
-            k: torch.from_numpy(np.stack([np.stack([f[k] for f in self.history[i]]) for i in envs])).to(self.device)
+        host_obs = {
+            k: torch.from_numpy(np.stack([np.stack([f[k] for f in self.history[i]]) for i in envs]))
             for k in self.obs_keys
         }
-        inputs = {"obs": inputs, "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
+        inputs = {"obs": {k: v.to(self.device) for k, v in host_obs.items()},
+                  "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
         if not self.sample_kwargs["greedy"]:
             inputs["noise"] = self.model.sampling_noise(len(envs), self.device, self.generator)
         graphed = self._graph_for(len(self.history), inputs) if self.cuda_graph and not self.model.training else None
@@ -117,8 +119,11 @@ class ChunkPolicy:
             # what RL training needs, so it recomputes only the prior: context, sampled tokens, old log-probs
             # (cloned: a graph's outputs are overwritten by its next replay)
             for j, i in enumerate(envs):
-                self.records[i].append({"context": context[j].clone(), "tokens": tokens[j].clone(),
-                                        "log_probs": log_probs[j].clone()})
+                record = {"context": context[j].clone(), "tokens": tokens[j].clone(),
+                          "log_probs": log_probs[j].clone()}
+                if self.record_obs:  # kept on the host: a few hundred MB per iteration at 128 px
+                    record.update(obs={k: v[j] for k, v in host_obs.items()}, task_id=self.task_ids[i])
+                self.records[i].append(record)
         chunks = chunks.cpu().numpy()
         for i, chunk in zip(envs, chunks):
             self.queues[i].extend(chunk)

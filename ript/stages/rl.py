@@ -101,22 +101,36 @@ def flatten_groups(kept: list[list[dict]], estimator: str) -> tuple[list[dict], 
 
 
 class ChunkLearner:
-    """What the RL loop needs from a chunk policy: its trainable prior, and token log-probs recomputed on
-    the contexts cached at sampling time."""
+    """What the RL loop needs from a chunk policy: its trainable parameters, and token log-probs recomputed
+    on what was cached at sampling time: the contexts when only the prior trains, else the observations
+    (so the gradient reaches the observation encoders)."""
 
     def __init__(self, model, settings: dict, prior_only: bool):
         self.model, self.settings = model, settings
         self.params = trainable_parameters(model, prior_only)
         self.weights = model  # what checkpoints hold
+        self.encodes = not prior_only
 
-    def collate(self, decisions: list[dict], device: str) -> dict[str, torch.Tensor]:
-        return {"context": torch.stack([d["context"] for d in decisions]).to(device),
-                "tokens": torch.stack([d["tokens"] for d in decisions]).to(device),
+    def attach(self, policy) -> None:
+        policy.record_obs = self.encodes
+
+    def collate(self, decisions: list[dict], device: str) -> dict:
+        data = {"tokens": torch.stack([d["tokens"] for d in decisions]).to(device),
                 "old_log_probs": torch.stack([d["log_probs"] for d in decisions]).float().to(device)}
+        if self.encodes:
+            data["obs"] = {k: torch.stack([d["obs"][k] for d in decisions]).to(device) for k in decisions[0]["obs"]}
+            data["task_ids"] = torch.tensor([d["task_id"] for d in decisions], device=device)
+        else:
+            data["context"] = torch.stack([d["context"] for d in decisions]).to(device)
+        return data
 
     def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
-        return token_log_probs(self.model, data["context"][idx], data["tokens"][idx],
-                               float(self.settings["temperature"]), self.settings.get("top_k"))
+        if self.encodes:
+            context = self.model.context({k: v[idx] for k, v in data["obs"].items()}, data["task_ids"][idx])
+        else:
+            context = data["context"][idx]
+        return token_log_probs(self.model, context, data["tokens"][idx], float(self.settings["temperature"]),
+                               self.settings.get("top_k"))
 
 
 def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str) -> dict:
@@ -126,6 +140,7 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
                                "ratio_max": 0.0, "grad_norm": 0.0}
     n_updates, sync = 0, 0.0
     n = 0 if data is None else len(data["old_log_probs"])
+    micro = int(rl.micro_batch or 0) or None  # decisions per forward/backward; gradients accumulate
     gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + iteration)
     learner.model.eval()  # no dropout: the recomputed log-probs must be those recorded at sampling time
     for _ in range(int(rl.epochs)):
@@ -133,16 +148,16 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
         # every rank takes the same number of optimizer steps, so the gradient all-reduces pair up
         for chunk in torch.tensor_split(order, int(rl.minibatches)):
             opt.zero_grad(set_to_none=True)
-            if len(chunk):
-                idx = chunk.to(device)
+            for part in (torch.split(chunk, micro) if micro and len(chunk) else [chunk] if len(chunk) else []):
+                idx, weight = part.to(device), len(part) / len(chunk)  # token means weighted to the minibatch's
                 with common.autocast(device, cfg.amp):
                     new_lp = learner.log_probs(data, idx)
                 loss, s = ppo_loss(new_lp.float(), data["old_log_probs"][idx], data["advantages"][idx],
                                    float(rl.clip_low), float(rl.clip_high))
-                loss.backward()
+                (loss * weight).backward()
                 for key, v in s.items():
-                    stats[key] = max(stats[key], float(v)) if key == "ratio_max" else stats[key] + float(v)
-                stats["loss"] += loss.item()
+                    stats[key] = max(stats[key], float(v)) if key == "ratio_max" else stats[key] + float(v) * weight
+                stats["loss"] += loss.item() * weight
             t = time.perf_counter()
             ddist.average_gradients(params, info)
             sync += time.perf_counter() - t
@@ -196,6 +211,7 @@ def run(cfg) -> str:
     settings = sampling_settings(base, dict(cfg.sampling))
     learner = ChunkLearner(model, settings, bool(cfg.rl.train_prior_only))
     policy = make_policy(model, settings, device, int(cfg.seed) * 7919 + info.rank, bool(cfg.cuda_graph))
+    learner.attach(policy)
     metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"], "sampling": settings}
     ckpt_config = common.checkpoint_config("rl", "skill_prior", base["model_kwargs"], cfg, metadata)
     eval_runner = make_runner(metadata, names, cfg.eval) if info.is_main and cfg.eval.every else None
