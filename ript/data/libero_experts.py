@@ -60,35 +60,45 @@ def collision_corners(sim, body: str) -> np.ndarray:
     return np.concatenate(pts)
 
 
-def obstacle_boxes(sim, exclude: set[str], z_lo: float, z_hi: float) -> np.ndarray:
-    """Horizontal bounding rectangles (x0, y0, x1, y1) of other objects' collision geoms reaching between
-    two heights: what a finger could hit. The robot, the table and the floor are left out."""
-    import mujoco
+class ObstacleBoxes:
+    """Other objects' collision geoms reaching between two heights, as oriented boxes (each geom's own
+    bounding box in its frame: a rotated cabinet's walls are thin, not their loose world-axis boxes). The
+    robot, the table and the floor are left out."""
 
-    model, data = sim.model._model, sim.data._data
-    skip = tuple(f"{e}_" for e in exclude) + ("robot", "gripper", "mount", "table", "floor", "world")
-    pts = []
-    for g in range(model.ngeom):
-        if not _is_collision_geom(model, g):
-            continue
-        b = int(model.geom_bodyid[g])
-        while int(model.body_parentid[b]) != 0:
-            b = int(model.body_parentid[b])
-        name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or ""
-        if b == 0 or name.startswith(skip):
-            continue
-        corners = _geom_box_corners(model, data, g)
-        if corners[:, 2].max() > z_lo and corners[:, 2].min() < z_hi:
-            pts.append(np.r_[corners[:, :2].min(0), corners[:, :2].max(0)])
-    return np.stack(pts) if pts else np.zeros((0, 4))
+    def __init__(self, sim, exclude: set[str], z_lo: float, z_hi: float):
+        import mujoco
 
+        model, data = sim.model._model, sim.data._data
+        skip = tuple(f"{e}_" for e in exclude) + ("robot", "gripper", "mount", "table", "floor", "world")
+        self.z_lo, self.z_hi = z_lo, z_hi
+        centers, rotations, halves = [], [], []
+        for g in range(model.ngeom):
+            if not _is_collision_geom(model, g):
+                continue
+            b = int(model.geom_bodyid[g])
+            while int(model.body_parentid[b]) != 0:
+                b = int(model.body_parentid[b])
+            name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or ""
+            if b == 0 or name.startswith(skip):
+                continue
+            z = _geom_box_corners(model, data, g)[:, 2]
+            if z.max() > z_lo and z.min() < z_hi:
+                rot = data.geom_xmat[g].reshape(3, 3)
+                centers.append(data.geom_xpos[g] + rot @ model.geom_aabb[g, :3])
+                rotations.append(rot.copy())
+                halves.append(model.geom_aabb[g, 3:].copy())
+        self.centers = np.array(centers).reshape(-1, 3)
+        self.rotations = np.array(rotations).reshape(-1, 3, 3)
+        self.halves = np.array(halves).reshape(-1, 3)
 
-def distance_to_boxes(point: np.ndarray, boxes: np.ndarray) -> float:
-    """Distance in the plane from ``point`` to the nearest rectangle (0 inside one)."""
-    if not len(boxes):
-        return np.inf
-    gap = np.maximum(np.maximum(boxes[:, :2] - point, point - boxes[:, 2:]), 0.0)
-    return float(np.min(np.linalg.norm(gap, axis=1)))
+    def distance(self, xy: np.ndarray, samples: int = 5) -> float:
+        """Distance from a vertical finger at ``xy`` (spanning the two heights) to the nearest box."""
+        if not len(self.centers):
+            return np.inf
+        points = np.array([[*xy, z] for z in np.linspace(self.z_lo, self.z_hi, samples)])
+        local = np.einsum("bji,pbj->pbi", self.rotations, points[:, None, :] - self.centers[None])
+        gap = np.maximum(np.abs(local) - self.halves[None], 0.0)
+        return float(np.linalg.norm(gap, axis=-1).min())
 
 
 def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
@@ -129,20 +139,22 @@ class PickPlaceExpert:
     def _plan_grasp(self, sim, obj_pts: np.ndarray, obj_xy: np.ndarray) -> None:
         """Across the narrow side when it fits between the fingers; else pinch the wall (a bowl's rim),
         fingers closing radially, on the side where the outer finger has most room from other objects
-        (ties go to the side facing the robot)."""
+        (ties go to the side facing the robot; the far side only when the near sides are walled in, as
+        for a bowl in a drawer)."""
         self.grasp_yaw, width = narrow_direction(obj_pts)
         self.rim = None
         if width <= MAX_GRASP_WIDTH:
             return
         lo, hi = obj_pts.min(0), obj_pts.max(0)
-        others = obstacle_boxes(sim, {self.obj}, lo[2], hi[2] + 0.12)
+        # from just above the object's bottom: what it stands on (a drawer's floor) is no obstacle
+        others = ObstacleBoxes(sim, {self.obj}, lo[2] + 0.01, hi[2] + 0.12)
         best = -np.inf
-        for a in np.deg2rad(np.arange(90, 271, 30)):  # the half facing the robot (which sits at -x)
+        for a in np.deg2rad(np.arange(0, 360, 30)):
             d = np.array([np.cos(a), np.sin(a)])
             half = float(np.max((obj_pts[:, :2] - obj_xy) @ d))
             outer = obj_xy + d * (half - RIM_INSET + 0.045)
-            room = distance_to_boxes(outer, others)
-            score = min(room, 0.06) + 0.001 * -d[0]
+            room = others.distance(outer)
+            score = min(room, 0.06) + 0.001 * -d[0]  # the robot sits at -x
             if score > best:
                 best, self.rim = score, d
         self.grasp_yaw = float(np.arctan2(self.rim[1], self.rim[0]))
