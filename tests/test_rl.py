@@ -114,6 +114,8 @@ def test_encoders_train_from_recorded_observations_and_micro_batches_add_up(stag
     with torch.no_grad():
         recomputed = learner.log_probs(data, torch.arange(len(decisions)))
     assert torch.allclose(recomputed, data["old_log_probs"], atol=1e-5)
+    cfg = compose("rl", [f"checkpoint={stage1_run}", "rl.micro_batch=2", "amp=false"])
+    assert torch.allclose(rl.rescore(learner, data, cfg, "cpu"), data["old_log_probs"], atol=1e-5)
     data["advantages"] = torch.linspace(-1, 1, len(decisions))
 
     encoder = "image_encoders.corner_rgb.proj.weight"

@@ -1,0 +1,142 @@
+"""One RL iteration of OpenVLA-OFT at full 7B size on MetaWorld: real rollouts through the env runner, then
+the RL stage's PPO update over every recorded decision. Random weights in the official layout, written
+here for a MetaWorld-shaped head (4-d actions, 4-d proprio, one camera); none is shipped.
+
+    python -m benchmarks.oft_gpu_rl --folder /tmp/oft7b_mw --groups 4 --k 8 --steps 96 [--out results.json]
+
+With random weights the rewards carry no signal and dynamic sampling would keep no group, so the update
+runs on all groups with their leave-one-out advantages, or a fixed +-1 pattern when every reward is equal:
+its time and memory do not depend on the advantage values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ript.config import compose
+from ript.envs.runner import EnvRunner, EpisodeSpec
+from ript.models.openvla_oft.official_writer import LLAMA2_7B, official_config, write_official_checkpoint
+from ript.registry import ADVANTAGES
+from ript.rl import advantages  # noqa: F401  (registers the estimators)
+from ript.stages import oft
+from ript.stages import rl as rl_stage
+from ript.utils.distributed import DistInfo
+
+TASKS = ["reach-v3", "button-press-v3"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--folder", type=Path, default=Path("/tmp/oft7b_mw"))
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=96)
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a tiny checkpoint instead of 7B (to check the script)")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    cuda = a.device.startswith("cuda")
+    res: dict = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "groups": a.groups, "k": a.k,
+                 "max_episode_steps": a.steps}
+    if not (a.folder / "config.json").is_file():
+        t = time.perf_counter()
+        if a.tiny:
+            from tests.test_openvla_oft import TINY_TEXT, TINY_VISION
+
+            config = official_config(TINY_TEXT, image_size=28, vision_overrides=TINY_VISION)
+        else:
+            config = official_config(LLAMA2_7B)
+        write_official_checkpoint(a.folder, config, "metaworld", device=a.device,
+                                  dtype=torch.bfloat16 if cuda else torch.float32, action_dim=4, proprio_dim=4,
+                                  words="reach the goal press button".split())
+        res["write_s"] = time.perf_counter() - t
+    cfg = compose("oft", [f"checkpoint={a.folder}", "task=metaworld_ml45", f"task.task_names=[{','.join(TASKS)}]",
+                          "task.render.cameras=[corner]", "oft.image_keys=[corner_rgb]",
+                          "oft.proprio_keys=[robot_states]", "oft.gripper=none", "oft.center_crop=false",
+                          f"rl.rollouts_per_group={a.k}", f"device={a.device}"])
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    model, policy, metadata, names = oft.build(cfg, a.device, 0, sample=True)
+    res["load_s"] = time.perf_counter() - t
+    oft.add_lora(model, cfg.lora)
+    p = next(model.action_head.parameters())
+    model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
+    learner = oft.OFTLearner(model, bool(cfg.oft.gradient_checkpointing) and cuda, False)
+    learner.policy = policy
+    res["trainable_m"] = sum(q.numel() for q in learner.params) / 1e6
+    policy.record = True
+
+    runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], a.steps, episodes_per_task=1,
+                       num_workers=a.workers)
+    specs = [EpisodeSpec(TASKS[g % len(TASKS)], 3 * 10**9 + g, g * a.k + j) for g in range(a.groups)
+             for j in range(a.k)]
+    try:
+        runner.run(policy, specs=specs[: a.workers])  # warm-up: worker start, task builds, kernels
+        policy.inference_seconds = 0.0
+        t = time.perf_counter()
+        out = runner.run(policy, specs=specs)
+        res["rollout_s"] = time.perf_counter() - t
+    finally:
+        runner.close()
+    eps = out["episodes"]
+    res["env_steps"] = sum(e["length"] for e in eps)
+    res["inference_s"] = policy.inference_seconds
+    res["inference_share"] = policy.inference_seconds / res["rollout_s"]
+    res["rollout_success"] = sum(e["success"] for e in eps) / len(eps)
+    groups = rl_stage.group_episodes(eps, a.k)
+    rewards = torch.tensor([[float(e["success"]) for e in g] for g in groups])
+    adv = ADVANTAGES.get("rloo")(rewards)
+    if not adv.any():
+        adv = torch.tensor([1.0, -1.0]).repeat(a.k // 2 + 1)[: a.k].expand_as(adv)
+    decisions, per_decision = [], []
+    for g, group in enumerate(groups):
+        for j, e in enumerate(group):
+            decisions.extend(e["decisions"])
+            per_decision.extend([float(adv[g, j])] * len(e["decisions"]))
+    data = learner.collate(decisions, a.device)
+    data["advantages"] = torch.tensor(per_decision, device=a.device)
+    res["decisions"] = len(decisions)
+    # step 0, before any update: the log-probs PPO's first minibatch computes (shuffled micro-batches) against
+    # those recorded while sampling, and against those rescored by the training forward (rl.recompute_old_log_probs)
+    t = time.perf_counter()
+    rescored = rl_stage.rescore(learner, data, cfg, a.device)
+    res["rescore_s"] = time.perf_counter() - t
+    order = torch.randperm(len(decisions), generator=torch.Generator().manual_seed(0)).to(a.device)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+        shuffled = torch.cat([learner.log_probs(data, i).float() for i in order.split(int(cfg.rl.micro_batch))])
+    step0 = torch.empty_like(shuffled)
+    step0[order] = shuffled
+    for name, old in (("recorded", data["old_log_probs"].float()), ("rescored", rescored)):
+        gap = (step0 - old).abs()
+        res[f"step0_gap_{name}"] = {"max": float(gap.max()), "mean": float(gap.mean()),
+                                    "outside_clip": float((gap > 0.095).float().mean())}
+    data["old_log_probs"] = rescored
+    opt = torch.optim.AdamW(learner.params, lr=float(cfg.rl.lr), fused=cuda)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
+    if cuda:
+        torch.cuda.synchronize()
+        res["rollout_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    stats = rl_stage.ppo_update(learner, opt, sched, data, cfg, DistInfo(), 0, a.device)
+    if cuda:
+        torch.cuda.synchronize()
+        res["train_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    res["train_s"] = time.perf_counter() - t
+    res.update({f"train/{k}": v for k, v in stats.items()})
+    res["ppo"] = {k: cfg.rl[k] for k in ("epochs", "minibatches", "micro_batch")}
+    res["iteration_s"] = res["rollout_s"] + res["train_s"]
+    print(json.dumps(res, indent=2))
+    if a.out:
+        a.out.write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
