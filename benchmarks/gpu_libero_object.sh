@@ -3,12 +3,15 @@
 # standard protocol (50 episodes per task from the packaged init states), RL, the standard protocol again.
 # LIBERO travels to the offline GPU host as .libero/ (python -m benchmarks.libero_gpu_bundle); carry it and
 # data/libero/libero_object/lang_cache.safetensors (the instructions' embeddings, made here), then
-#   source .libero/preamble.sh && bash benchmarks/gpu_libero_object.sh collect|stage0|stage1|eval|rl|eval_rl
+#   source .libero/preamble.sh && bash benchmarks/gpu_libero_object.sh collect|stage0|stage1|eval|rl|eval_rl ...
+# Several phases run one after the other.
 set -euo pipefail
 ript() { python3 -m ript.cli "$@"; }
 T="task=libero_object"
 RUN=runs/libero_object
-case "$1" in
+for phase in "$@"; do
+echo "== $phase at ${SECONDS}s"
+case "$phase" in
   collect) ript collect $T num_workers=16 episodes_per_job=5 ;;
   stage0)  ript stage0 $T run_dir=$RUN/stage0 train.steps=${S0_STEPS:-3000} progress=false ${S0_EXTRA:-} ;;
   stage1)
@@ -24,3 +27,4 @@ case "$1" in
   eval_rl) ript eval checkpoint=$RUN/rl num_workers=16 out_dir=$RUN/eval_rl ${EVAL_EXTRA:-} ;;
   *) echo "usage: $0 collect|stage0|stage1|eval|rl|eval_rl" >&2; exit 2 ;;
 esac
+done
