@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ript.envs.runner import EnvRunner, EpisodeSpec
 from ript.models.openvla_oft.official_writer import LLAMA2_7B, official_config, write_official_checkpoint
 from ript.registry import ADVANTAGES
 from ript.rl import advantages  # noqa: F401  (registers the estimators)
-from ript.stages import oft
+from ript.stages import common, oft
 from ript.stages import rl as rl_stage
 from ript.utils.distributed import DistInfo
 
@@ -109,14 +110,14 @@ def main() -> None:
     rescored = rl_stage.rescore(learner, data, cfg, a.device)
     res["rescore_s"] = time.perf_counter() - t
     order = torch.randperm(len(decisions), generator=torch.Generator().manual_seed(0)).to(a.device)
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+    with torch.no_grad(), common.autocast(a.device, cfg.amp):
         shuffled = torch.cat([learner.log_probs(data, i).float() for i in order.split(int(cfg.rl.micro_batch))])
     step0 = torch.empty_like(shuffled)
     step0[order] = shuffled
     for name, old in (("recorded", data["old_log_probs"].float()), ("rescored", rescored)):
         gap = (step0 - old).abs()
         res[f"step0_gap_{name}"] = {"max": float(gap.max()), "mean": float(gap.mean()),
-                                    "outside_clip": float((gap > 0.095).float().mean())}
+                                    "outside_clip": float((gap > math.log1p(float(cfg.rl.clip_high))).float().mean())}
     data["old_log_probs"] = rescored
     opt = torch.optim.AdamW(learner.params, lr=float(cfg.rl.lr), fused=cuda)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)

@@ -301,6 +301,7 @@ def train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config,
             policy.inference_seconds = 0.0
             batch = collect_groups(runner, policy, sampler, cfg, info)
             t_rollout = time.perf_counter() - t0
+            t1 = time.perf_counter()  # time/train covers collating and rescoring the decisions too
             flat = flatten_groups(batch["kept"], str(cfg.rl.advantage))
             data = None
             if flat is not None:
@@ -308,7 +309,6 @@ def train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config,
                 data.update(advantages=flat[1].to(device), group_advantages=flat[2])
                 if cfg.rl.get("recompute_old_log_probs"):
                     data["old_log_probs"] = rescore(learner, data, cfg, device)
-            t1 = time.perf_counter()
             stats = ppo_update(learner, opt, sched, data, cfg, info, it, device)
             t_train = time.perf_counter() - t1
             eps = batch["episodes"]
