@@ -54,6 +54,9 @@ def test_split_by_demo_is_disjoint_and_seeded(tmp_path):
     starts = lambda d: set(d.actions[:, 0].int().tolist())  # noqa: E731
     assert not starts(train) & starts(val)
     assert starts(ChunkDataset(spec([path], val_fraction=0.4), "val")) == starts(val)
+    # each split decompresses only its own demos
+    picked = read_demos(path, {"state": "joint_states"}, pick=lambda n: [n - 1, 1])
+    assert [d.actions[0, 0] for d in picked] == [400, 100]
 
 
 def test_batch_order_depends_only_on_seed_and_epoch():

@@ -46,9 +46,9 @@ class ChunkDataset:
             self.file_attrs.append(attrs)
             self.task_names.append(str(attrs.get("task_name", Path(path).stem)))
             self.instructions.append(instruction_from_attrs(attrs, Path(path)))
-            demos = read_demos(path, spec.obs_keys, spec.demos_per_task, spec.action_dim, spec.flip_keys)
-            for i in self._split_indices(len(demos), split, task_id):
-                d = demos[i]
+            pick = lambda n, task_id=task_id: self._split_indices(n, split, task_id)  # noqa: E731
+            demos = read_demos(path, spec.obs_keys, spec.demos_per_task, spec.action_dim, spec.flip_keys, pick)
+            for d in demos:
                 n = len(d.actions)
                 actions.append(d.actions)
                 for k in spec.obs_keys:

@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
@@ -145,8 +145,12 @@ def read_demos(
     max_demos: int | None = None,
     action_dim: int | None = None,
     flip_keys: tuple[str, ...] = (),
+    pick: Callable[[int], list[int]] | None = None,
 ) -> list[Demo]:
     """Read demos, mapping file obs keys onto canonical keys (``obs_keys``: canonical -> key in file).
+
+    ``pick`` maps the number of demos to the positions to read, so a split reads only its own demos (the
+    images are most of the file and decompressing them is most of the loading time).
 
     Every problem is reported as one line naming the file and the key.
     """
@@ -161,7 +165,9 @@ def read_demos(
             names = sorted((n for n in f["data"] if n.startswith("demo_")), key=_demo_sort_key)
             if not names:
                 raise RiptError(f"{path}: 'data' holds no demo_<i> groups")
-            for name in names[:max_demos]:
+            names = names[:max_demos]
+            for i in (range(len(names)) if pick is None else pick(len(names))):
+                name = names[i]
                 g = f["data"][name]
                 where = f"{path}:data/{name}"
                 if "actions" not in g:
