@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs a long phase chain on a leased GPU host in the background, so that it outlives the 10-minute command
+# limit, and polls it from later calls (each within 30 s of the last, or the idle machine is given back).
+#   bash benchmarks/gpu_background.sh start <preamble> <pipeline script> <phase>...   (env vars pass through)
+#   bash benchmarks/gpu_background.sh poll <seconds> <run dir>
+# poll waits until the chain ends or <seconds> pass, then copies the log and the evaluation results to $OUT.
+set -uo pipefail
+LOG=/tmp/gpu_chain.log
+case "${1:-}" in
+  start)
+    preamble=$2; shift 2
+    setsid nohup bash -c "source $preamble >/dev/null 2>&1; bash $*; echo CHAIN_EXIT \$? at \$SECONDS s" \
+      >"$LOG" 2>&1 </dev/null &
+    echo "started: $*" ;;
+  poll)
+    limit=$2 run=$3
+    while [ "$SECONDS" -lt "$limit" ] && ! grep -q CHAIN_EXIT "$LOG"; do sleep 5; done
+    # the progress bars are carriage-return lines: keep the last state of each
+    tr '\r' '\n' <"$LOG" | grep -v -E '^\s*(collect|rollout|eval):\s+[0-9]+%' >"$OUT/chain.log"
+    for d in eval eval_rl; do [ -f "$run/$d/results.json" ] && cp "$run/$d/results.json" "$OUT/$d.json"; done
+    tail -25 "$OUT/chain.log" ;;
+  *) echo "usage: $0 start <preamble> <script> <phase>... | poll <seconds> <run dir>" >&2; exit 2 ;;
+esac
