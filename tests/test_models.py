@@ -95,6 +95,19 @@ def test_prior_loss_and_actions_shapes():
         prior.task_index("c")
 
 
+def test_training_mode_never_reaches_the_frozen_autoencoder():
+    # its encoder makes the target tokens: with dropout on they would change from call to call
+    torch.manual_seed(0)
+    prior = SkillPrior(autoencoder={**AE, "dropout": 0.5}, task_names=["a"], image_keys=[], lowdim_dims={"state": 3},
+                       lang_dim=8, dim=32, n_layer=1, n_head=2, dropout=0.5)
+    actions = torch.rand(8, 16, 4)
+    for model in (prior, prior.eval().train()):  # fresh, and after a validation pass switched modes
+        assert model.gpt.training and not any(m.training for m in model.autoencoder.modules())
+        first = model.loss({"state": torch.randn(8, 1, 3)}, torch.zeros(8, dtype=torch.long), actions)["targets"]
+        again = model.loss({"state": torch.randn(8, 1, 3)}, torch.zeros(8, dtype=torch.long), actions)["targets"]
+        assert torch.equal(first, again)
+
+
 def test_random_shift_keeps_shape_and_content_range():
     img = torch.randint(0, 255, (4, 16, 16, 3), dtype=torch.uint8)
     out = random_shift(img, 2, torch.Generator().manual_seed(0))

@@ -50,6 +50,20 @@ def test_stage_resume_matches_uninterrupted_run(tiny_data, stage0_run, stage1_ru
     assert_same_weights(weights(part1), weights(stage1_run))
 
 
+def test_stage1_resume_after_a_validation_pass_with_autoencoder_dropout(tiny_data, tmp_path):
+    # The H100 LIBERO run's resumed stage 1 diverged from the uninterrupted one: validation switched the model
+    # back to training mode, dropout included in the frozen autoencoder that makes the target tokens, while a
+    # resumed process trained with it off. Stop right after a validation pass, resume, compare.
+    ae = tmp_path / "s0"
+    stage0.run(compose("stage0", train_overrides(tiny_data, ae, 2) + ["algo.autoencoder.dropout=0.3"]))
+    s1 = lambda run: train_overrides(tiny_data, run, 3) + [f"stage0_checkpoint={ae}", "train.val_every=1"]  # noqa: E731
+    stage1.run(compose("stage1", s1(tmp_path / "whole")))
+    stage1.run(compose("stage1", s1(tmp_path / "part") + ["train.stop_after_minutes=0"]))
+    assert (tmp_path / "part" / "checkpoints" / "last").resolve().name == "0000001"
+    stage1.run(compose("stage1", s1(tmp_path / "part") + ["resume=true"]))
+    assert_same_weights(weights(tmp_path / "part"), weights(tmp_path / "whole"))
+
+
 def test_existing_run_dir_is_refused_without_resume(tiny_data, stage0_run):
     before = weights(stage0_run)
     with pytest.raises(RiptError, match="already exists; pass resume=true"):

@@ -79,6 +79,14 @@ class SkillPrior(nn.Module):
         self.gpt = Transformer(dim, n_layer, n_head, dropout, causal=True)
         self.head = nn.Linear(dim, self.vocab_size)
         self.autoencoder.requires_grad_(False)
+        self.autoencoder.eval()
+
+    def train(self, mode: bool = True) -> "SkillPrior":
+        """The autoencoder stays in eval mode: its encoder makes the prior's target tokens, and with dropout
+        on, those targets would be noisy after any switch back to training (e.g. after a validation pass)."""
+        super().train(mode)
+        self.autoencoder.eval()
+        return self
 
     # ----------------------------------------------------------------- conditioning
     def task_index(self, name: str) -> int:

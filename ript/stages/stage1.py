@@ -142,8 +142,7 @@ def validate(model: SkillPrior, dataset, cfg, device: str) -> dict[str, float]:
 
 def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, run_dir: Path,
                 resume_from: Path | None, stage: str, metadata: dict, device: str) -> str:
-    model.to(device).train()
-    model.autoencoder.eval()  # frozen parts stay deterministic (dropout off)
+    model.to(device).train()  # the frozen autoencoder stays in eval mode (SkillPrior.train)
     steps = int(cfg.train.steps)
     opt, sched = common.make_optimizer(model.parameters(), cfg.train, steps, device)
     generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
@@ -170,7 +169,6 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
                                  run_dir / "eval" / f"step{step:07d}", logger, step, f"{stage} step {step}",
                                  bool(cfg.cuda_graph))
         model.train()
-        model.autoencoder.eval()
 
     from tqdm import tqdm
 
