@@ -177,3 +177,23 @@ def test_demo_resets_never_start_with_a_falling_object():
         assert 1e-3 < np.abs(packaged[:2] - bowl[:2]).max() < 0.05
     finally:
         task.close()
+
+
+def test_expert_places_on_a_table_region():
+    """(On chocolate_pudding_1 living_room_table_plate_right_region): the target is a region of the table, a
+    site with no object under it; the expert releases over the site and the environment reports success."""
+    from ript.data.collect_libero import run_episode
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+
+    name = "LIVING_ROOM_SCENE6_put_the_white_mug_on_the_plate_and_put_the_chocolate_pudding_to_the_right_of_the_plate"
+    task = LiberoTask("libero_10", name, None)
+    try:
+        task.reset(0, render=False)
+        second = make_expert(task).steps[1]
+        assert (second.obj, second.target, second.target_site) == (
+            "chocolate_pudding_1", None, "living_room_table_plate_right_region")
+        demo = run_episode(task, 100, np.random.default_rng(1), 0.05, render=False)  # expert: 10/10 in benchmarks/libero_experts
+        assert demo.attrs["success"] and len(demo.actions) < 520
+    finally:
+        task.close()

@@ -117,9 +117,10 @@ def _wrap_half_turn(a: float) -> float:
 
 
 class PickPlaceExpert:
-    """Pick ``obj`` and release it above ``target``. ``get_action(task)`` reads the task's simulator."""
+    """Pick ``obj`` and release it above ``target`` (an object), or above ``target_site`` alone (a region of
+    the table). ``get_action(task)`` reads the task's simulator."""
 
-    def __init__(self, obj: str, target: str, target_site: str | None = None, release_height: float = 0.03,
+    def __init__(self, obj: str, target: str | None, target_site: str | None = None, release_height: float = 0.03,
                  clearance: float = 0.10):
         self.obj, self.target, self.target_site = obj, target, target_site
         self.release_height, self.clearance = release_height, clearance
@@ -161,7 +162,10 @@ class PickPlaceExpert:
 
     def _target(self, sim) -> tuple[np.ndarray, float]:
         """Where the object goes (the goal region's site, else the target's centre) and the height of the
-        target's top around that point."""
+        target's top around that point. A table region's site lies on the table's surface."""
+        if self.target is None:
+            site = site_position(sim, self.target_site)
+            return site[:2], float(site[2])
         pts = collision_corners(sim, f"{self.target}_main")
         xy = (pts[:, :2].min(0) + pts[:, :2].max(0)) / 2
         if self.target_site is not None:
@@ -295,6 +299,7 @@ def make_expert(task) -> PickPlaceExpert | SequenceExpert:
 
     model = task.sim.model._model
     bodies = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or "" for b in range(model.nbody)}
+    sites = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_SITE, i) or "" for i in range(model.nsite)}
     objects = sorted((b[: -len("_main")] for b in bodies if b.endswith("_main")), key=len, reverse=True)
     steps = []
     for pred in goal_predicates(task.bddl_file):
@@ -304,7 +309,8 @@ def make_expert(task) -> PickPlaceExpert | SequenceExpert:
             raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")
         obj, region = pred[1], pred[2]
         target = next((o for o in objects if region == o or region.startswith(o + "_")), None)
-        if obj not in objects or target is None:
+        table_region = target is None and region.endswith("_region") and region in sites
+        if obj not in objects or (target is None and not table_region):
             raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")
         site = None if region == target else region
         steps.append(PickPlaceExpert(obj, target, site))
