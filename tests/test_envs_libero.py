@@ -193,7 +193,8 @@ def test_expert_places_on_a_table_region():
         second = make_expert(task).steps[1]
         assert (second.obj, second.target, second.target_site) == (
             "chocolate_pudding_1", None, "living_room_table_plate_right_region")
-        demo = run_episode(task, 100, np.random.default_rng(1), 0.05, render=False)  # expert: 10/10 in benchmarks/libero_experts
+        # the expert succeeds 10 times in 10 in benchmarks/libero_experts; these seeds are one more success
+        demo = run_episode(task, 100, np.random.default_rng(1), 0.05, render=False)
         assert demo.attrs["success"] and len(demo.actions) < 520
     finally:
         task.close()
