@@ -31,6 +31,10 @@ class DatasetSpec:
     flip_keys: tuple[str, ...] = ()
 
 
+class EmptySplitError(RiptError):
+    """A split has no demos (e.g. too few demos per task to hold any out for validation)."""
+
+
 class ChunkDataset:
     def __init__(self, spec: DatasetSpec, split: str = "train"):
         if split not in ("train", "val", "all"):
@@ -58,7 +62,7 @@ class ChunkDataset:
                 ends.append(np.full(n, offset + n))
                 offset += n
         if offset == 0:
-            raise RiptError(f"the {split} split is empty (files: {', '.join(map(str, spec.files))})")
+            raise EmptySplitError(f"the {split} split is empty (files: {', '.join(map(str, spec.files))})")
         self.actions = torch.from_numpy(np.concatenate(actions))
         self.obs = {k: torch.from_numpy(np.concatenate(v)) for k, v in obs.items()}
         self.task_ids = torch.from_numpy(np.concatenate(task_ids)).long()

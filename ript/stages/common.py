@@ -120,13 +120,13 @@ def grad_norm_step(model: torch.nn.Module, opt, sched, loss: torch.Tensor, clip:
 
 
 def load_datasets(spec_kwargs: dict, device: str, on_device: str | bool) -> tuple[ChunkDataset, ChunkDataset | None]:
-    from ript.data.dataset import DatasetSpec
+    from ript.data.dataset import DatasetSpec, EmptySplitError
 
     spec = DatasetSpec(**spec_kwargs)
     train = ChunkDataset(spec, "train")
     try:
         val = ChunkDataset(spec, "val") if spec.val_fraction > 0 else None
-    except RiptError:  # too few demos to hold any out
+    except EmptySplitError:  # too few demos to hold any out; a damaged file still fails
         val = None
     move = device.startswith("cuda") if on_device == "auto" else bool(on_device)
     if move:
