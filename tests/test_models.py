@@ -101,11 +101,16 @@ def test_training_mode_never_reaches_the_frozen_autoencoder():
     prior = SkillPrior(autoencoder={**AE, "dropout": 0.5}, task_names=["a"], image_keys=[], lowdim_dims={"state": 3},
                        lang_dim=8, dim=32, n_layer=1, n_head=2, dropout=0.5)
     actions = torch.rand(8, 16, 4)
-    for model in (prior, prior.eval().train()):  # fresh, and after a validation pass switched modes
-        assert model.gpt.training and not any(m.training for m in model.autoencoder.modules())
-        first = model.loss({"state": torch.randn(8, 1, 3)}, torch.zeros(8, dtype=torch.long), actions)["targets"]
-        again = model.loss({"state": torch.randn(8, 1, 3)}, torch.zeros(8, dtype=torch.long), actions)["targets"]
+
+    def assert_targets_fixed():
+        assert prior.gpt.training and not any(m.training for m in prior.autoencoder.modules())
+        first = prior.loss({"state": torch.randn(8, 1, 3)}, torch.zeros(8, dtype=torch.long), actions)["targets"]
+        again = prior.loss({"state": torch.randn(8, 1, 3)}, torch.zeros(8, dtype=torch.long), actions)["targets"]
         assert torch.equal(first, again)
+
+    assert_targets_fixed()  # fresh
+    prior.eval().train()  # as after a validation pass
+    assert_targets_fixed()
 
 
 def test_random_shift_keeps_shape_and_content_range():

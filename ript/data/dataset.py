@@ -7,6 +7,7 @@ All demos are concatenated into tensors so a batch is a few vectorised gathers, 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,7 @@ class ChunkDataset:
             self.file_attrs.append(attrs)
             self.task_names.append(str(attrs.get("task_name", Path(path).stem)))
             self.instructions.append(instruction_from_attrs(attrs, Path(path)))
-            pick = lambda n, task_id=task_id: self._split_indices(n, split, task_id)  # noqa: E731
+            pick = functools.partial(self._split_indices, split=split, task_id=task_id)
             demos = read_demos(path, spec.obs_keys, spec.demos_per_task, spec.action_dim, spec.flip_keys, pick)
             for d in demos:
                 n = len(d.actions)
