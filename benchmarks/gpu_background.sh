@@ -14,6 +14,8 @@ case "${1:-}" in
     echo "started: $*" ;;
   poll)
     limit=$2 run=$3
+    # a fresh machine (the last one was given back) has no chain: say so now, not after <seconds> of waiting
+    [ -f "$LOG" ] || { echo "no chain on this machine ($LOG is missing): start it again" >&2; exit 3; }
     while [ "$SECONDS" -lt "$limit" ] && ! grep -q CHAIN_EXIT "$LOG"; do sleep 5; done
     # the progress bars are carriage-return lines: keep the last state of each
     tr '\r' '\n' <"$LOG" | grep -v -E '^\s*(collect|rollout|eval):\s+[0-9]+%' >"$OUT/chain.log"
