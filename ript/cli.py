@@ -6,7 +6,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
+import threading
 from typing import Callable, Optional
 
 import typer
@@ -19,17 +22,56 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 OVERRIDES = typer.Argument(None, help="hydra overrides, e.g. task=metaworld_ml45 train.steps=100")
 
 
+def describe_os_error(e: OSError) -> str:
+    """One line for a filesystem error a user can cause and fix: the path and what to do."""
+    path = e.filename or "a file"
+    if e.errno == errno.ENOSPC or e.errno == errno.EDQUOT:
+        where = f" while writing {e.filename}" if e.filename else ""
+        return f"no space left on the device{where}; free space, or put run_dir/data_dir/out_dir on another disk"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write {path}: {e.strerror} (read-only or not yours); choose a writable run_dir/out_dir/data_dir"
+    if e.errno == errno.ENOTDIR:
+        return f"{path}: part of this path is a file, not a folder; choose another path"
+    if e.errno == errno.ENOENT:
+        return f"{path} does not exist"
+    return f"{path}: {e.strerror or e}"
+
+
 def _run(config_name: str, overrides: Optional[list[str]], fn: Callable) -> None:
+    """Compose the config and run the job; every failure a user can cause ends as one line and exit 2
+    (tracebacks with RIPT_DEBUG=1 or --debug)."""
     from ript.config import compose
 
+    debug = os.environ.get("RIPT_DEBUG") == "1"
+    if not debug:  # a logging thread's disk error reaches the job on its next write; report it once, there
+        threading.excepthook = _quiet_os_errors
     try:
         fn(compose(config_name, overrides))
-    except RiptError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
     except KeyboardInterrupt:
         typer.echo("interrupted; resume with resume=true", err=True)
         raise typer.Exit(130)
+    except (RiptError, OSError, EOFError) as e:
+        if debug:
+            raise
+        if isinstance(e, RiptError):
+            message = str(e)
+        elif isinstance(e, OSError):
+            message = describe_os_error(e)
+        else:
+            message = "a child process ended unexpectedly; rerun with RIPT_DEBUG=1 for the traceback"
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(2)
+
+
+def _quiet_os_errors(args) -> None:
+    if not issubclass(args.exc_type, OSError):
+        threading.__excepthook__(args)
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="show full tracebacks instead of one-line errors")):
+    if debug:
+        os.environ["RIPT_DEBUG"] = "1"
 
 
 def _show(cfg) -> None:

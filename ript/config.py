@@ -29,6 +29,9 @@ def compose(name: str, overrides: list[str] | None = None) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RiptError(f"config {name}.yaml: {first}") from None
+    from ript.config_schema import validate
+
+    validate(name, to_dict(cfg))
     return cfg
 
 

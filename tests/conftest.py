@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,22 @@ import pytest
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 TASKS = ["button-press-v3", "drawer-close-v3"]
+
+
+def ript(*args, cwd=None):
+    proc = subprocess.run([sys.executable, "-m", "ript.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr.strip().splitlines()
+
+
+def assert_one_line_error(result, *fragments):
+    code, _, err = result
+    assert code == 2, err
+    errors = [line for line in err if line.startswith("error: ")]
+    assert len(errors) == 1, err
+    assert not any(line.startswith("Traceback") for line in err), err
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
 
 
 def task_overrides(data_dir: Path) -> list[str]:

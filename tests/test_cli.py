@@ -1,29 +1,12 @@
 """Bad input through the real ``ript`` command: one line naming the file/key, exit code 2, nothing lost."""
 
 import shutil
-import subprocess
-import sys
 
 import h5py
 import numpy as np
 import pytest
 
-from conftest import task_overrides
-
-
-def ript(*args, cwd=None):
-    proc = subprocess.run([sys.executable, "-m", "ript.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
-    return proc.returncode, proc.stdout, proc.stderr.strip().splitlines()
-
-
-def assert_one_line_error(result, *fragments):
-    code, _, err = result
-    assert code == 2, err
-    errors = [line for line in err if line.startswith("error: ")]
-    assert len(errors) == 1, err
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
+from conftest import assert_one_line_error, ript, task_overrides
 
 
 def test_unknown_config_key_and_task():

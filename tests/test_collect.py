@@ -1,3 +1,8 @@
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import h5py
 import numpy as np
 
@@ -46,3 +51,71 @@ def test_collect_skips_finished_files_and_is_deterministic(tiny_data, tmp_path):
     with h5py.File(tmp_path / "button-press-v3.hdf5") as a, h5py.File(tiny_data / "button-press-v3.hdf5") as b:
         for name in ("demo_0", "demo_2"):
             assert np.array_equal(a[f"data/{name}/actions"][()], b[f"data/{name}/actions"][()])
+
+
+def _demo_contents(path):
+    """Every dataset and attribute of a demonstration file, for comparing two files' contents."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        out["attrs"] = {k: str(v) for k, v in f["data"].attrs.items()}
+
+        def visit(name, obj):
+            out[name] = obj[()].tobytes() if isinstance(obj, h5py.Dataset) else {k: str(v) for k, v in obj.attrs.items()}
+
+        f["data"].visititems(visit)
+    return out
+
+
+def _live_processes_in_group(pgid: int) -> list[int]:
+    """Processes of a process group that are not zombies (an orphan's zombie waits for init to reap it)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _collect_cmd(data_dir, *extra):
+    from conftest import task_overrides
+
+    return [sys.executable, "-m", "ript.cli", "collect", *task_overrides(data_dir), "episodes_per_job=1",
+            "num_workers=2", *extra]
+
+
+def test_killed_collect_refuses_other_settings_and_resumes_with_the_same(tiny_data, tmp_path):
+    data = tmp_path / "data"
+    proc = subprocess.Popen(_collect_cmd(data), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    # jobs run in task order: the first task's file appears as soon as its own jobs are done
+    deadline = time.time() + 240
+    while time.time() < deadline and not ((data / "button-press-v3.hdf5").exists()
+                                          and list(data.glob(".drawer-close-v3.shard*.hdf5"))):
+        time.sleep(0.05)
+    proc.kill()  # kill -9 of the parent only: its workers must not outlive it
+    proc.wait()
+    shards = sorted(p.name for p in data.glob(".*.shard*.hdf5"))
+    assert shards and all(s.startswith(".drawer-close-v3.") for s in shards), shards
+    assert [p.name for p in data.glob("[!.]*.hdf5")] == ["button-press-v3.hdf5"]
+    deadline = time.time() + 20
+    while time.time() < deadline and _live_processes_in_group(proc.pid):
+        time.sleep(0.2)
+    assert not _live_processes_in_group(proc.pid)  # no worker or helper process of the killed run is left
+    (data / f".button-press-v3.hdf5.{proc.pid}.tmp").write_bytes(b"half")  # as a killed writer leaves it
+
+    other = subprocess.run(_collect_cmd(data, "noise=0.1"), capture_output=True, text=True, timeout=300)
+    assert other.returncode == 2
+    error = [line for line in other.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and "other settings" in error[0] and "noise=0.2" in error[0], other.stderr
+    assert sorted(p.name for p in data.glob(".*.shard*.hdf5")) == shards  # nothing mixed in, nothing deleted
+    assert [p.name for p in data.glob("[!.]*.hdf5")] == ["button-press-v3.hdf5"]
+
+    same = subprocess.run(_collect_cmd(data), capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0, same.stderr
+    assert "resuming" in same.stderr
+    assert sorted(p.name for p in data.iterdir()) == [f"{t}.hdf5" for t in TASKS]  # no shard or .tmp left
+    for task in TASKS:  # exactly what the uninterrupted collection wrote
+        assert _demo_contents(data / f"{task}.hdf5") == _demo_contents(tiny_data / f"{task}.hdf5")

@@ -54,8 +54,10 @@ def test_groups_stay_apart_when_two_draws_share_an_initial_condition():
     eps = [{"task": "a", "seed": 5, "episode": g * 2 + j, "success": bool(j)} for g in (1, 0) for j in (1, 0)]
     groups = rl.group_episodes(eps, 2)
     assert [[e["episode"] for e in g] for g in groups] == [[0, 1], [2, 3]]
+    # a group that lost a rollout to a failed env worker is left out whole; a mixed-up group is a bug
+    assert [[e["episode"] for e in g] for g in rl.group_episodes(eps[:3], 2)] == [[2, 3]]
     with pytest.raises(RuntimeError, match="malformed"):
-        rl.group_episodes(eps[:3], 2)
+        rl.group_episodes([eps[0], {**eps[1], "seed": 6}], 2)
 
 
 def test_informative_task_weighting_favours_tasks_with_mixed_outcomes():

@@ -2,24 +2,32 @@
 
 Work is split into jobs of a few episodes (one task each) run by spawned worker processes; each job
 writes a shard file, and a task's shards are merged into the task's file (``task.file_pattern``)
-atomically. A finished task file is skipped, so an interrupted collection resumes where it stopped.
+atomically as soon as the task's last job is done. A finished task file is skipped, and each shard records
+the settings it was made with, so an interrupted collection resumes with its finished jobs (and refuses to
+mix in shards made with other settings).
 A suite's episode source (``collect_metaworld``, ``collect_libero``) opens a task with its expert, runs
 one episode and names the file attributes.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import zlib
-from dataclasses import dataclass
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 
 from ript.data.hdf5 import Demo, merge_demo_files, write_demo_file
+from ript.errors import RiptError
 from ript.utils.logging import log
+from ript.utils.processes import die_with_parent
 
 TRAIN_SEED_STRIDE = 100_000  # layout seeds of demo j: seed * stride + j; evaluation uses a disjoint range
 
@@ -51,7 +59,23 @@ class Job:
     shard_path: str
 
 
-def _run_job(job: Job, progress) -> tuple[str, int, int]:
+def _exit_with_parent(progress) -> None:
+    """Worker initializer: keep the progress queue, and die with the parent (a killed ``collect`` leaves no
+    orphaned workers behind)."""
+    global _progress
+    _progress = progress
+    die_with_parent()
+
+
+_progress = None  # the worker process's progress queue (set by _exit_with_parent in each worker)
+
+
+def job_settings(job: Job) -> dict[str, Any]:
+    """What determines a job's demos; stored in its shard so a rerun reuses only shards made the same way."""
+    return {k: v for k, v in asdict(job).items() if k != "shard_path"}
+
+
+def _run_job(job: Job) -> tuple[str, int, int]:
     source = episode_source(job.suite)
     task = source.open_task(job.task, job.suite, job.render, job.max_episode_steps)
     demos: list[Demo] = []
@@ -67,12 +91,68 @@ def _run_job(job: Job, progress) -> tuple[str, int, int]:
             retry += 1
             if demo.attrs["success"] or not job.filter_success:
                 demos.append(demo)
-                progress.put(1)
+                if _progress is not None:
+                    _progress.put(1)
                 retry = 0
     finally:
         task.close()
-    write_demo_file(Path(job.shard_path), demos, {"shard": True})
+    write_demo_file(Path(job.shard_path), demos, {"shard": json.dumps(job_settings(job)), "attempts": attempts})
     return job.task, len(demos), attempts
+
+
+def _read_shard(path: Path) -> tuple[dict | None, int, int]:
+    """(settings, demos, attempts) of a finished shard; settings None for a shard from before manifests."""
+    try:
+        with h5py.File(path, "r") as f:
+            raw = f["data"].attrs.get("shard")
+            settings = json.loads(raw) if isinstance(raw, str) else None
+            return settings, len([n for n in f["data"] if n.startswith("demo_")]), int(f["data"].attrs.get("attempts", 0))
+    except (OSError, KeyError, ValueError):
+        return None, 0, 0  # a damaged shard: collected again
+
+
+def remove_stale_temporaries(data_dir: Path) -> None:
+    """Delete the ``.<name>.<pid>.tmp`` files a killed writer left (writers still alive keep theirs)."""
+    for tmp in data_dir.glob(".*.tmp"):
+        pid = tmp.name[:-len(".tmp")].rsplit(".", 1)[-1]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def plan_jobs(jobs: list[Job], data_dir: Path, tasks: list[str]) -> tuple[list[Job], dict[str, int], dict[str, int]]:
+    """Split ``jobs`` into those still to run and the demos/attempts of finished shards to reuse. A shard that
+    no planned job would write the same way stops the run: mixing it in would corrupt the task's file."""
+    planned = {job.shard_path: job for job in jobs}
+    reused_demos: dict[str, int] = {}
+    reused_attempts: dict[str, int] = {}
+    done = set()
+    for t in tasks:
+        for shard in sorted(data_dir.glob(f".{t}.shard*.hdf5")):
+            job = planned.get(str(shard))
+            settings, n_demos, n_attempts = _read_shard(shard)
+            if job is not None and settings == job_settings(job):
+                done.add(str(shard))
+                reused_demos[t] = reused_demos.get(t, 0) + n_demos
+                reused_attempts[t] = reused_attempts.get(t, 0) + n_attempts
+                continue
+            was = "unknown settings" if settings is None else ", ".join(
+                f"{k}={settings.get(k)!r}" for k in ("seed", "noise", "num_episodes", "filter_success",
+                                                      "max_episode_steps", "render")
+                if job is None or settings.get(k) != getattr(job, k))
+            raise RiptError(f"collect: {shard} is left from an interrupted run with other settings ({was}); rerun "
+                            f"with those settings to resume it, or delete {data_dir}/.{t}.shard*.hdf5 to start clean")
+    return [j for j in jobs if j.shard_path not in done], reused_demos, reused_attempts
 
 
 def collect_demos(
@@ -89,12 +169,16 @@ def collect_demos(
     episodes_per_job: int = 10,
     file_pattern: str = "{name}.hdf5",
 ) -> dict[str, dict[str, Any]]:
-    """Collect ``demos_per_task`` demos for each task into ``<data_dir>/<file_pattern>``. Returns per-task stats."""
+    """Collect ``demos_per_task`` demos for each task into ``<data_dir>/<file_pattern>``. Returns per-task stats.
+
+    Each job's shard records the settings it was made with; a rerun reuses the shards made the same way and
+    refuses shards made otherwise. A task's file is written as soon as its last job finishes."""
     from tqdm import tqdm
 
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     source = episode_source(suite)
+    remove_stale_temporaries(data_dir)
 
     def final(t: str) -> Path:
         return data_dir / file_pattern.format(name=t)
@@ -111,45 +195,16 @@ def collect_demos(
                     max_episode_steps=max_episode_steps,
                     shard_path=str(data_dir / f".{t}.shard{first:05d}.hdf5"))
             )
+    jobs, collected, attempts = plan_jobs(jobs, data_dir, todo)
+    if collected:
+        log.info("collect: resuming; %d finished demos of an interrupted run are kept", sum(collected.values()))
+    remaining = {t: sum(j.task == t for j in jobs) for t in todo}
     stats: dict[str, dict[str, Any]] = {}
-    if not jobs:
-        return stats
-    num_workers = max(1, min(num_workers or os.cpu_count() or 1, len(jobs)))
-    attempts: dict[str, int] = {}
-    collected: dict[str, int] = {}
-    # spawn: a forked child inherits a GL context and hangs.
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager, ctx.Pool(num_workers) as pool:
-        progress = manager.Queue()
-        pending = [pool.apply_async(_run_job, (job, progress)) for job in jobs]
-        bar = tqdm(total=len(todo) * demos_per_task, desc="collect", unit="demo")
-        remaining = list(pending)
-        while remaining:
-            try:
-                bar.update(progress.get(timeout=0.5))
-            except Exception:  # queue.Empty through the manager proxy
-                pass
-            still = []
-            for r in remaining:
-                if r.ready():
-                    task, n_demos, n_attempts = r.get()  # re-raises a worker's error here
-                    attempts[task] = attempts.get(task, 0) + n_attempts
-                    collected[task] = collected.get(task, 0) + n_demos
-                else:
-                    still.append(r)
-            remaining = still
-        while not progress.empty():
-            bar.update(progress.get())
-        bar.close()
-    for t in todo:
+
+    def finish(t: str) -> None:
         shards = sorted(data_dir.glob(f".{t}.shard*.hdf5"))
-        attrs = {
-            **source.file_attrs(suite, t, dict(render), max_episode_steps),
-            "seed": seed,
-            "noise": noise,
-            "filter_success": filter_success,
-            "expert_attempts": attempts[t],
-        }
+        attrs = {**source.file_attrs(suite, t, dict(render), max_episode_steps), "seed": seed, "noise": noise,
+                 "filter_success": filter_success, "expert_attempts": attempts.get(t, 0)}
         # a task short of demos gets no final file, so that a rerun collects it again instead of skipping it
         complete = collected.get(t, 0) >= demos_per_task
         target = final(t) if complete else data_dir / f".{t}.incomplete.hdf5"
@@ -157,8 +212,40 @@ def collect_demos(
         for shard in shards:
             shard.unlink()
         n_success = sum(bool(d["success"]) for d in demos)
-        stats[t] = {"demos": len(demos), "successes": n_success, "attempts": attempts[t],
+        stats[t] = {"demos": len(demos), "successes": n_success, "attempts": attempts.get(t, 0),
                     "mean_length": float(np.mean([d["num_samples"] for d in demos])) if demos else 0.0}
-        log.info("collect: %s: %d demos (%d successful) from %d attempts", t, len(demos), n_success, attempts[t])
-    return stats
+        log.info("collect: %s: %d demos (%d successful) from %d attempts", t, len(demos), n_success, attempts.get(t, 0))
 
+    for t in [t for t in todo if remaining[t] == 0]:  # every shard of the task was already there
+        finish(t)
+    if not jobs:
+        return stats
+    num_workers = max(1, min(num_workers or os.cpu_count() or 1, len(jobs)))
+    # spawn: a forked child inherits a GL context and hangs.
+    ctx = mp.get_context("spawn")
+    progress = ctx.Queue()
+    bar = tqdm(total=len(todo) * demos_per_task, initial=sum(collected.values()), desc="collect", unit="demo")
+    with ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_exit_with_parent,
+                             initargs=(progress,)) as pool:
+        pending = {pool.submit(_run_job, job) for job in jobs}
+        try:
+            while pending:
+                finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                while not progress.empty():
+                    bar.update(progress.get())
+                for future in finished:
+                    pending.discard(future)
+                    task, n_demos, n_attempts = future.result()  # re-raises a worker's error here
+                    attempts[task] = attempts.get(task, 0) + n_attempts
+                    collected[task] = collected.get(task, 0) + n_demos
+                    remaining[task] -= 1
+                    if remaining[task] == 0:
+                        finish(task)
+        except BrokenProcessPool:
+            raise RiptError(f"collect: a worker process died (killed, or out of memory) while collecting into "
+                            f"{data_dir}; finished jobs are kept: rerun the same command to resume") from None
+        finally:
+            for future in pending:
+                future.cancel()
+            bar.close()
+    return stats

@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 
 from ript.errors import RiptError
+from ript.utils.checkpoint import atomic_replace
 
 
 @dataclass
@@ -52,7 +53,7 @@ def _atomic_data_group(path: Path, attrs: dict[str, Any]) -> Iterator[h5py.Group
             yield data
             for k, v in attrs.items():
                 data.attrs[k] = json.dumps(v) if isinstance(v, (dict, list)) else v
-        os.replace(tmp, path)
+        atomic_replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

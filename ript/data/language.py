@@ -19,6 +19,13 @@ from pathlib import Path
 import torch
 
 from ript.errors import RiptError
+from ript.utils.checkpoint import atomic_replace
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 TASK_ID = "task_id"
 
@@ -71,6 +78,11 @@ def embed_instructions(texts: list[str], encoder: str, cache_file: Path | None) 
             cache = load_file(str(cache_file))
         except Exception as e:
             raise RiptError(f"cannot read language cache {cache_file}: {e}; delete it to recompute") from None
+        for text in texts:
+            key = _cache_key(encoder, text)
+            if key in cache and not bool(torch.isfinite(cache[key]).all()):
+                raise RiptError(f"language cache {cache_file}: the embedding of {text!r} has NaN or inf values; "
+                                f"delete the file to recompute")
     keys = [_cache_key(encoder, t) for t in texts]
     missing = sorted({t for t, k in zip(texts, keys) if k not in cache})
     if missing:
@@ -80,8 +92,13 @@ def embed_instructions(texts: list[str], encoder: str, cache_file: Path | None) 
         if cache_file is not None:
             cache_file = Path(cache_file)
             cache_file.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
+            fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=f".{cache_file.name}.", suffix=".tmp")
             os.close(fd)
-            save_file(cache, tmp)
-            os.replace(tmp, cache_file)
+            try:
+                save_file(cache, tmp)
+                os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it private; a cache is shared data
+                atomic_replace(Path(tmp), cache_file)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
     return torch.stack([cache[k] for k in keys])

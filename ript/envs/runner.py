@@ -1,10 +1,12 @@
 """Env runner: evaluates a policy on episodes of one or more tasks in parallel worker processes.
 
-Workers are gymnasium vector envs (spawned: a forked child inherits a GL context and hangs). Each worker
-hosts one simulator task at a time and is driven through two methods called on all workers at once:
-``begin`` (start an episode: task, seed) and ``advance_chunk`` (a chunk policy's whole chunk of actions, images
-only for the frames the next decision reads) or, for other policies, ``advance`` (one step). The policy sees
-all envs together and is called once per decision for every env that needs a new chunk.
+Workers are replaceable processes (``envs/workers.py``). Each worker hosts one simulator task at a time and
+is driven through two methods called on all workers at once: ``begin`` (start an episode: task, seed) and
+``advance_chunk`` (a chunk policy's whole chunk of actions, images only for the frames the next decision
+reads) or, for other policies, ``advance`` (one step). The policy sees all envs together and is called once
+per decision for every env that needs a new chunk. A worker that dies or hangs is replaced; its episode is
+run again from its seed (``on_worker_failure="rerun"``, evaluation) or dropped (``"drop"``, RL), and the
+results count both.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from ript.envs.metaworld import MetaWorldTask, RenderSettings
+from ript.envs.workers import WorkerPool
 from ript.utils.checkpoint import atomic_write_text
 from ript.utils.video import write_mp4
 
@@ -56,22 +58,16 @@ def tasks_per_worker(suite: str) -> int | None:
     return 1 if is_libero_suite(suite) else None
 
 
-class TaskWorkerEnv(gym.Env):
+class TaskWorkerEnv:
     """A worker's env: builds simulator tasks on demand and keeps them for reuse."""
 
-    observation_space = gym.spaces.Box(-1.0, 1.0, (1,))
-    action_space = gym.spaces.Box(-1.0, 1.0, (1,))
-
-    def __init__(self, index: int, suite: str, render: dict, max_episode_steps: int):
-        self.index, self.suite, self.render_cfg, self.max_steps = index, suite, render, max_episode_steps
+    def __init__(self, suite: str, render: dict, max_episode_steps: int):
+        self.suite, self.render_cfg, self.max_steps = suite, render, max_episode_steps
         self.tasks: dict[str, Any] = {}  # in order of last use
         self.current = None
         self.cache_limit = tasks_per_worker(suite)
 
-    def begin(self, specs: list[EpisodeSpec | None]):
-        spec = specs[self.index]
-        if spec is None:
-            return None
+    def begin(self, spec: EpisodeSpec):
         task = self.tasks.pop(spec.task_name, None)
         if task is None:
             while self.cache_limit is not None and len(self.tasks) >= self.cache_limit:
@@ -80,22 +76,17 @@ class TaskWorkerEnv(gym.Env):
         self.tasks[spec.task_name] = self.current = task
         return self.current.reset(spec.seed, render=True)
 
-    def advance(self, actions: np.ndarray, active: list[bool], render: list[bool]):
-        if not active[self.index]:
-            return None
-        obs, reward, done, info = self.current.step(actions[self.index], render=render[self.index])
+    def advance(self, action: np.ndarray, render: bool):
+        obs, reward, done, info = self.current.step(action, render=render)
         return obs, reward, done, info["success"]
 
-    def advance_chunk(self, chunks: list[np.ndarray | None], keep_last: int, record: list[bool]):
+    def advance_chunk(self, chunk: np.ndarray, keep_last: int, record: bool):
         """Run this worker's whole action chunk (stopping at the episode's end) in one call. Renders only the
         last ``keep_last`` steps (the policy's next frame stack), or every step of a recorded episode;
         returns ([(step, obs), ...] rendered, steps taken, done, success)."""
-        chunk = chunks[self.index]
-        if chunk is None:
-            return None
         rendered, done, success, n = [], False, False, len(chunk)
         for t, action in enumerate(chunk):
-            render = record[self.index] or t >= n - keep_last
+            render = record or t >= n - keep_last
             obs, _, done, info = self.current.step(action, render=render)
             success = info["success"]
             if render:
@@ -110,11 +101,10 @@ class TaskWorkerEnv(gym.Env):
         self.tasks.clear()
 
 
-def make_vector_env(suite: str, render: dict, max_episode_steps: int, num_workers: int, asynchronous: bool = True):
-    fns = [functools.partial(TaskWorkerEnv, i, suite, render, max_episode_steps) for i in range(num_workers)]
-    if asynchronous and num_workers > 1:
-        return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="spawn")
-    return gym.vector.SyncVectorEnv(fns)
+def make_workers(suite: str, render: dict, max_episode_steps: int, num_workers: int, timeout_s: float,
+                 max_restarts: int) -> WorkerPool:
+    fn = functools.partial(TaskWorkerEnv, suite, render, max_episode_steps)
+    return WorkerPool([fn] * num_workers, timeout_s, max_restarts)
 
 
 def default_num_workers(requested: int | str | None, n_episodes: int) -> int:
@@ -138,8 +128,10 @@ class EnvRunner:
         num_workers: int | str | None = "auto",
         seed: int = 0,
         n_videos: int = 0,
-        asynchronous: bool = True,
         chunked: bool = True,
+        worker_timeout_s: float = 600.0,
+        max_worker_restarts: int = 3,
+        on_worker_failure: str = "rerun",
     ):
         self.suite = suite
         self.task_names = list(task_names)
@@ -149,9 +141,12 @@ class EnvRunner:
         self.num_workers = default_num_workers(num_workers, episodes_per_task * len(task_names))
         self.seed = seed
         self.n_videos = n_videos
-        self.asynchronous = asynchronous
         self.chunked = chunked  # whole action chunks per worker call, for policies that plan chunks
-        self.envs = None
+        if on_worker_failure not in ("rerun", "drop"):
+            raise ValueError(f"on_worker_failure={on_worker_failure!r}: expected 'rerun' or 'drop'")
+        self.worker_timeout_s, self.max_worker_restarts = worker_timeout_s, max_worker_restarts
+        self.rerun_failed = on_worker_failure == "rerun"
+        self.envs: WorkerPool | None = None
 
     def specs(self) -> list[EpisodeSpec]:
         out = []
@@ -162,8 +157,8 @@ class EnvRunner:
 
     def _ensure_envs(self):
         if self.envs is None:
-            self.envs = make_vector_env(self.suite, self.render, self.max_episode_steps, self.num_workers,
-                                        self.asynchronous)
+            self.envs = make_workers(self.suite, self.render, self.max_episode_steps, self.num_workers,
+                                     self.worker_timeout_s, self.max_worker_restarts)
         return self.envs
 
     def run(self, policy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None) -> dict[str, Any]:
@@ -184,7 +179,8 @@ class EnvRunner:
         policy.reset(n)
         video_keys = [f"{c}_rgb" for c in self.render["cameras"]]
         t0 = time.perf_counter()
-        env_steps = rounds = 0
+        env_steps = rounds = reruns = dropped = 0
+        restarts_before = envs.restarts
         period = getattr(policy, "decision_period", 1)
 
         def start(slots: list[int]) -> None:
@@ -198,12 +194,29 @@ class EnvRunner:
                     hosted[i] = assigned[i].task_name
                     steps[i] = 0
                     frames[i] = []
-            for i, obs in enumerate(envs.call("begin", assigned)):
+            results, failed = envs.call("begin", [None if s is None else (s,) for s in assigned])
+            lost(failed)
+            for i, obs in enumerate(results):
                 if obs is not None:
                     policy.reset_env(i, assigned[i].task_name)
                     policy.observe(i, obs)
                     if assigned[i].record:
                         frames[i].append(_video_frame(obs, video_keys))
+
+        def lost(failed: list[int]) -> None:
+            """Episodes whose worker died or hung: queued again from their seed, or dropped."""
+            nonlocal reruns, dropped
+            for i in failed:
+                if running[i] is None:
+                    continue
+                if self.rerun_failed:
+                    pending.append(running[i])  # popped next
+                    reruns += 1
+                else:
+                    dropped += 1
+                if getattr(policy, "record", False):
+                    policy.take_record(i)
+                running[i], hosted[i], frames[i] = None, None, []
 
         def finish(i: int, success: bool) -> None:
             spec = running[i]
@@ -218,14 +231,19 @@ class EnvRunner:
 
         chunked = self.chunked and hasattr(policy, "act_chunk")
         start(list(range(n)))
-        while any(s is not None for s in running):
+        while any(s is not None for s in running) or pending:
+            if all(s is None for s in running):  # every worker was replaced while starting its episode
+                start(list(range(n)))
+                continue
             active = [s is not None for s in running]
             if chunked:
                 # one worker call per decision: each env runs its whole chunk, rendering only what is read
                 chunks = policy.act_chunk(active)
-                record = [a and running[i].record for i, a in enumerate(active)]
                 keep = int(getattr(policy, "frame_stack", 1))
-                for i, res in enumerate(envs.call("advance_chunk", chunks, keep, record)):
+                results, failed = envs.call("advance_chunk", [
+                    (chunks[i], keep, running[i].record) if a else None for i, a in enumerate(active)])
+                lost(failed)
+                for i, res in enumerate(results):
                     if res is None:
                         continue
                     rendered, taken, done, success = res
@@ -242,7 +260,10 @@ class EnvRunner:
             else:
                 actions = policy.act(active)
                 render = [a and (policy.wants_obs(i) or running[i].record) for i, a in enumerate(active)]
-                for i, res in enumerate(envs.call("advance", actions, active, render)):
+                results, failed = envs.call("advance", [(actions[i], render[i]) if a else None
+                                                        for i, a in enumerate(active)])
+                lost(failed)
+                for i, res in enumerate(results):
                     if res is None:
                         continue
                     obs, _, done, success = res
@@ -260,9 +281,11 @@ class EnvRunner:
             idle = [i for i, s in enumerate(running) if s is None]
             if idle and pending and (rounds % period == 0 or len(idle) == n):
                 start(idle)
-        if len(episodes) != n_specs:
-            raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs}")
-        return summarize(episodes, time.perf_counter() - t0, env_steps)
+        if len(episodes) + dropped != n_specs:
+            raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs} ({dropped} dropped)")
+        out = summarize(episodes, time.perf_counter() - t0, env_steps)
+        out.update(reruns=reruns, dropped=dropped, worker_restarts=envs.restarts - restarts_before)
+        return out
 
     def close(self) -> None:
         if self.envs is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import platform
 import time
@@ -16,26 +15,9 @@ import ript
 from ript.config import to_dict
 from ript.data.dataset import ChunkDataset, batch_indices
 from ript.errors import RiptError
-from ript.utils.checkpoint import atomic_write_text, load_training_state, resolve_checkpoint_dir
+from ript.utils.checkpoint import load_training_state
+from ript.utils.run_dir import prepare_run_dir  # noqa: F401  (the stages' entry point)
 from ript.utils.seeding import rng_state, set_rng_state
-
-
-def prepare_run_dir(cfg, create: bool = True) -> tuple[Path, Path | None]:
-    """Create the run dir, or find the checkpoint to resume. Never starts over an existing run.
-    ``create=False`` only checks (for the ranks that do not write, before rank 0 creates it)."""
-    run_dir = Path(cfg.run_dir)
-    has_ckpt = (run_dir / "checkpoints" / "last").exists()
-    if cfg.resume:
-        if not has_ckpt:
-            raise RiptError(f"resume=true but {run_dir}/checkpoints/last does not exist")
-        return run_dir, resolve_checkpoint_dir(run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise RiptError(f"run_dir {run_dir} already exists; pass resume=true to continue it or choose another run_dir")
-    if not create:
-        return run_dir, None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
-    return run_dir, None
 
 
 def versions() -> dict[str, str]:
@@ -110,13 +92,23 @@ def restore_training_state(ckpt: Path, opt, sched, generator: torch.Generator) -
     return state
 
 
-def grad_norm_step(model: torch.nn.Module, opt, sched, loss: torch.Tensor, clip: float) -> float:
+class NonFiniteLoss(RiptError):
+    """A training loss or gradient became NaN/inf; no update was applied and no checkpoint is written."""
+
+
+def grad_norm_step(model: torch.nn.Module, opt, sched, loss: torch.Tensor, clip: float, step: int) -> float:
+    """One optimiser step; refuses (before touching the weights) when the loss or the gradient is not finite."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
+    loss_value, norm_value = torch.stack([loss.detach().float(), norm.float()]).tolist()  # one device sync
+    if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+        raise NonFiniteLoss(f"non-finite training loss {loss_value} (gradient norm {norm_value}) at step {step + 1}; "
+                            f"no update applied, checkpoints/last is the last good checkpoint; "
+                            f"lower train.lr or check the data")
     opt.step()
     sched.step()
-    return float(norm)
+    return norm_value
 
 
 def load_datasets(spec_kwargs: dict, device: str, on_device: str | bool) -> tuple[ChunkDataset, ChunkDataset | None]:

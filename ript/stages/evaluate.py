@@ -35,7 +35,7 @@ def standard_episodes(suite: str) -> int:
     return LIBERO_INIT_STATES if is_libero_suite(suite) else 20
 
 
-def make_runner(metadata: dict, task_names: list[str], eval_cfg) -> EnvRunner:
+def make_runner(metadata: dict, task_names: list[str], eval_cfg, workers_cfg) -> EnvRunner:
     env_args = metadata.get("env_args") or {}
     if "render" not in env_args:
         raise RiptError("checkpoint metadata has no env_args.render; it was not trained on ript-collected data")
@@ -48,6 +48,8 @@ def make_runner(metadata: dict, task_names: list[str], eval_cfg) -> EnvRunner:
         num_workers=eval_cfg.num_workers,
         seed=int(eval_cfg.seed),
         n_videos=int(eval_cfg.n_videos),
+        worker_timeout_s=float(workers_cfg.timeout_s),
+        max_worker_restarts=int(workers_cfg.max_restarts),
     )
 
 
@@ -78,6 +80,21 @@ def evaluate_policy(runner: EnvRunner, make: Callable[[], Any], device: str, out
     return results
 
 
+def results_dir(cfg, ckpt_dir: Path, step: int) -> Path:
+    """``out_dir``, or ``<run_dir>/eval/step<N>`` for a checkpoint inside a run folder; never replaces an
+    earlier results.json unless ``overwrite=true``."""
+    if cfg.out_dir:
+        out_dir = Path(cfg.out_dir)
+    elif ckpt_dir.parent.name == "checkpoints":
+        out_dir = ckpt_dir.parent.parent / "eval" / f"step{step:07d}"
+    else:
+        raise RiptError(f"checkpoint {ckpt_dir} is not inside a run folder (<run_dir>/checkpoints/<step>); "
+                        f"pass out_dir=<folder> for the results")
+    if (out_dir / "results.json").exists() and not cfg.overwrite:
+        raise RiptError(f"{out_dir / 'results.json'} exists; pass overwrite=true to replace it or out_dir=<folder>")
+    return out_dir
+
+
 def run(cfg) -> dict[str, Any]:
     setup_console_logging()
     device = resolve_device(cfg.device)
@@ -85,10 +102,9 @@ def run(cfg) -> dict[str, Any]:
     names = list(cfg.task_names) if cfg.task_names else model.task_names
     for n in names:
         model.task_index(n)
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else Path(ckpt["checkpoint_dir"]).parent.parent / "eval" / (
-        f"step{ckpt['step']:07d}")
+    out_dir = results_dir(cfg, Path(ckpt["checkpoint_dir"]), int(ckpt["step"]))
     settings = sampling_settings(ckpt, dict(cfg.sampling))
-    runner = make_runner(ckpt["metadata"], names, cfg)
+    runner = make_runner(ckpt["metadata"], names, cfg, cfg.workers)
     try:
         torch.manual_seed(int(cfg.seed))
         policy = make_policy(model, settings, device, int(cfg.seed), bool(cfg.cuda_graph))

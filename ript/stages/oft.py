@@ -169,7 +169,7 @@ def run_eval(cfg) -> dict:
         ckpt = resolve_checkpoint_dir(cfg.adapter)
         load_adapter(model, ckpt / "adapter", merge=True)
         policy.model = model
-    runner = make_runner(metadata, names, cfg.eval)
+    runner = make_runner(metadata, names, cfg.eval, cfg.workers)
     out_dir = Path(cfg.out_dir or "runs/oft_eval")
     try:
         torch.manual_seed(int(cfg.seed))
@@ -195,7 +195,7 @@ def run_rl(cfg) -> str:
     learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing), bool(cfg.oft.train_action_head))
     learner.policy = policy
     ckpt_config = common.checkpoint_config("rl", "openvla_oft", {}, cfg, metadata)
-    eval_runner = make_runner(metadata, names, cfg.eval) if info.is_main and cfg.eval.every else None
+    eval_runner = make_runner(metadata, names, cfg.eval, cfg.workers) if info.is_main and cfg.eval.every else None
 
     def evaluate(iteration: int, logger) -> None:
         if eval_runner is None:

@@ -48,13 +48,14 @@ def collect_groups(runner: EnvRunner, policy, sampler: InitialConditionSampler, 
     rl = cfg.rl
     k = int(rl.rollouts_per_group)
     local_target = math.ceil(int(rl.groups_per_iteration) / info.world_size)
-    kept, episodes, rounds, sync = [], [], 0, 0.0
+    kept, episodes, rounds, sync, dropped = [], [], 0, 0.0, 0
     while True:
         need = max(0, local_target - len(kept))
         ics = sampler.draw(need)
         # episode index g*K + j: group g of this round, even when two draws share an initial condition
         specs = [EpisodeSpec(task, seed, g * k + j) for g, (task, seed) in enumerate(ics) for j in range(k)]
-        results = runner.run(policy, specs=specs) if specs else {"episodes": []}
+        results = runner.run(policy, specs=specs) if specs else {"episodes": [], "dropped": 0}
+        dropped += results["dropped"]
         for group in group_episodes(results["episodes"], k):
             rewards = [float(e["success"]) for e in group]
             sampler.record((group[0]["task"], group[0]["seed"]), rewards)
@@ -69,20 +70,22 @@ def collect_groups(runner: EnvRunner, policy, sampler: InitialConditionSampler, 
             break
     capped = total_kept < int(rl.groups_per_iteration)
     return {"kept": kept, "episodes": episodes, "rounds": rounds, "capped": capped, "total_kept": total_kept,
-            "sync": sync}
+            "sync": sync, "dropped": dropped}
 
 
 def group_episodes(episodes: list[dict], k: int) -> list[list[dict]]:
-    """Split one round's episodes into its groups of K rollouts (episode index g*K + j), in draw order."""
+    """Split one round's episodes into its groups of K rollouts (episode index g*K + j), in draw order. A
+    group that lost a rollout to a failed env worker is left out whole (its leave-one-out baseline needs K)."""
     groups: dict[int, list[dict]] = {}
     for e in episodes:
         groups.setdefault(e["episode"] // k, []).append(e)
     out = []
     for g in sorted(groups):
         group = sorted(groups[g], key=lambda e: e["episode"])
-        if len(group) != k or len({(e["task"], e["seed"]) for e in group}) != 1:
+        if len({(e["task"], e["seed"]) for e in group}) != 1 or len({e["episode"] for e in group}) != len(group):
             raise RuntimeError(f"rollout group {g} is malformed: {len(group)} episodes for K={k}")
-        out.append(group)
+        if len(group) == k:
+            out.append(group)
     return out
 
 
@@ -177,7 +180,12 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
             t = time.perf_counter()
             ddist.average_gradients(params, info)
             sync += time.perf_counter() - t
-            stats["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(params, float(rl.grad_clip)))
+            norm = float(torch.nn.utils.clip_grad_norm_(params, float(rl.grad_clip)))
+            if not (math.isfinite(norm) and math.isfinite(stats["loss"])):
+                raise common.NonFiniteLoss(
+                    f"non-finite PPO loss or gradient (norm {norm}) in iteration {iteration + 1}; no update applied, "
+                    f"checkpoints/last is the last good checkpoint; lower rl.lr")
+            stats["grad_norm"] += norm
             opt.step()
             n_updates += 1
     sched.step()
@@ -230,7 +238,7 @@ def run(cfg) -> str:
     learner.attach(policy)
     metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"], "sampling": settings}
     ckpt_config = common.checkpoint_config("rl", "skill_prior", base["model_kwargs"], cfg, metadata)
-    eval_runner = make_runner(metadata, names, cfg.eval) if info.is_main and cfg.eval.every else None
+    eval_runner = make_runner(metadata, names, cfg.eval, cfg.workers) if info.is_main and cfg.eval.every else None
 
     def evaluate(iteration: int, logger) -> None:
         if eval_runner is not None:
@@ -273,7 +281,8 @@ def train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config,
     env_args = metadata["env_args"]
     runner = EnvRunner(metadata["suite"], names, env_args["render"],
                        int(cfg.rl.max_episode_steps or env_args["max_episode_steps"]), episodes_per_task=1,
-                       num_workers=cfg.rl.num_workers)
+                       num_workers=cfg.rl.num_workers, worker_timeout_s=float(cfg.workers.timeout_s),
+                       max_worker_restarts=int(cfg.workers.max_restarts), on_worker_failure="drop")
 
     def save(iteration: int) -> None:
         rank_state = {"rng": rng_state(), "sampler": sampler.state_dict(), "policy_rng": policy.generator.get_state()}
@@ -327,6 +336,7 @@ def train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config,
                 "rollout/kept_fraction": batch["total_kept"] * int(cfg.rl.rollouts_per_group) / max(1, total[0]),
                 "rollout/nonzero_advantage_fraction": total[3] / max(1, total[0]),
                 "rollout/sampling_rounds": batch["rounds"],
+                "rollout/dropped_episodes": batch["dropped"],
                 **{f"train/{k}": v for k, v in stats.items() if k != "sync"},
                 "time/rollout": t_rollout, "time/train": t_train, "time/sync": batch["sync"] + stats["sync"],
                 "time/inference_share": total[4] / max(1e-9, t_rollout * info.world_size),

@@ -48,7 +48,7 @@ def validate(model: ActionAutoencoder, dataset, batch_size: int, device: str, am
 
 def run(cfg) -> str:
     setup_console_logging()
-    run_dir, resume_from = common.prepare_run_dir(cfg)
+    common.prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
     names = task_names(cfg.task)
@@ -63,6 +63,7 @@ def run(cfg) -> str:
     model = ActionAutoencoder(**kwargs)
     model.action_normalizer.fit(train_set.actions)
     model.to(device).train()
+    run_dir, resume_from = common.prepare_run_dir(cfg)  # inputs checked: now the folder may appear
     steps = int(cfg.train.steps)
     opt, sched = common.make_optimizer(model.parameters(), cfg.train, steps, device)
     generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
@@ -91,7 +92,7 @@ def run(cfg) -> str:
         batch = train_set.get_batch(idx)
         with common.autocast(device, cfg.train.amp):
             out = model(model.action_normalizer.normalize(batch["actions"]), batch["action_mask"])
-        grad_norm = common.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip))
+        grad_norm = common.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step)
         samples += len(idx)
         bar.update(1)
         done = step + 1

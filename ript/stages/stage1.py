@@ -56,7 +56,7 @@ def run(cfg) -> str:
     if autoencoder.action_dim != int(cfg.task.action_dim):
         raise RiptError(f"{ae_ckpt['checkpoint_dir']}: autoencoder action_dim {autoencoder.action_dim} != "
                         f"task.action_dim {cfg.task.action_dim}")
-    run_dir, resume_from = common.prepare_run_dir(cfg)
+    common.prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
     train_set, val_set = _datasets(cfg, autoencoder.chunk_size, device)
     embeddings = _language(cfg, train_set.instructions)
@@ -76,7 +76,7 @@ def run(cfg) -> str:
     for k in model.lowdim_keys:
         model.lowdim_normalizers[k].fit(train_set.obs[k])
     metadata = {**train_set.metadata(cfg.task), "stage0_checkpoint": ae_ckpt["checkpoint_dir"]}
-    return train_prior(cfg, model, kwargs, train_set, val_set, run_dir, resume_from, "stage1", metadata, device)
+    return train_prior(cfg, model, kwargs, train_set, val_set, "stage1", metadata, device)
 
 
 def run_finetune(cfg) -> str:
@@ -86,7 +86,7 @@ def run_finetune(cfg) -> str:
         raise RiptError("finetune needs checkpoint=<stage-1 run dir or checkpoint>")
     device = resolve_device(cfg.device)
     base, base_ckpt = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune"))
-    run_dir, resume_from = common.prepare_run_dir(cfg)
+    common.prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
     train_set, val_set = _datasets(cfg, base.autoencoder.chunk_size, device)
     embeddings = _language(cfg, train_set.instructions)
@@ -103,7 +103,7 @@ def run_finetune(cfg) -> str:
                      model.autoencoder.dec_queries, model.autoencoder.dec_mem_pos):
             part.requires_grad_(True)
     metadata = {**train_set.metadata(cfg.task), "base_checkpoint": base_ckpt["checkpoint_dir"]}
-    return train_prior(cfg, model, kwargs, train_set, val_set, run_dir, resume_from, "finetune", metadata, device)
+    return train_prior(cfg, model, kwargs, train_set, val_set, "finetune", metadata, device)
 
 
 def prior_loss(model: SkillPrior, batch: dict, cfg, generator: torch.Generator, decoder_l1_weight: float) -> dict:
@@ -140,9 +140,10 @@ def validate(model: SkillPrior, dataset, cfg, device: str) -> dict[str, float]:
     return {"val/ce": ce / n, "val/token_acc": acc / n}
 
 
-def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, run_dir: Path,
-                resume_from: Path | None, stage: str, metadata: dict, device: str) -> str:
+def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, stage: str, metadata: dict,
+                device: str) -> str:
     model.to(device).train()  # the frozen autoencoder stays in eval mode (SkillPrior.train)
+    run_dir, resume_from = common.prepare_run_dir(cfg)  # inputs checked: now the folder may appear
     steps = int(cfg.train.steps)
     opt, sched = common.make_optimizer(model.parameters(), cfg.train, steps, device)
     generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
@@ -163,7 +164,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
     def evaluate(step: int) -> None:
         nonlocal runner
         if runner is None:
-            runner = make_runner(metadata, train_set.task_names, cfg.eval)
+            runner = make_runner(metadata, train_set.task_names, cfg.eval, cfg.workers)
         settings = sampling_settings({"cfg": common.to_dict(cfg), "metadata": metadata})
         evaluate_during_training(runner, model, settings, device, int(cfg.eval.seed),
                                  run_dir / "eval" / f"step{step:07d}", logger, step, f"{stage} step {step}",
@@ -182,7 +183,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
             batch = train_set.get_batch(idx)
             with common.autocast(device, cfg.train.amp):
                 out = prior_loss(model, batch, cfg, generator, decoder_l1_weight)
-            grad_norm = common.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip))
+            grad_norm = common.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step)
             samples += len(idx)
             bar.update(1)
             done = step + 1

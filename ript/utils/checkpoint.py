@@ -5,8 +5,9 @@
                                     /training_state.pt   optimizer, scheduler, step, RNG states (weights_only-safe)
     <run_dir>/checkpoints/last -> <step:07d>
 
-A checkpoint is first written to a hidden temporary folder and renamed into place, so a reader never
-sees a half-written one; ``last`` is swapped with an atomic rename of a fresh symlink.
+A checkpoint is first written to a hidden temporary folder, synced to disk and renamed into place, so a
+reader never sees a half-written one; ``last`` is swapped with an atomic rename of a fresh symlink. Weights
+with NaN or inf are never written, and the checkpoint ``last`` points to is never pruned.
 """
 
 from __future__ import annotations
@@ -29,16 +30,55 @@ CONFIG = "config.json"
 TRAINING_STATE = "training_state.pt"
 
 
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a folder's entries to disk (a rename is durable only once its folder is synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_replace(tmp: Path, path: Path) -> None:
+    """Sync ``tmp`` (a file, or a folder and its files), rename it to ``path``, sync the parent folder."""
+    tmp = Path(tmp)
+    if tmp.is_dir():
+        for child in tmp.iterdir():
+            fsync_path(child)
+    fsync_path(tmp)
+    os.replace(tmp, path)
+    fsync_path(Path(path).parent)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o644)  # mkstemp makes it private
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes it private
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        atomic_replace(Path(tmp), path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def first_non_finite(state: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating tensor holding NaN or inf, or None."""
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
+
+
+def remove_partial_checkpoints(run_dir: Path) -> None:
+    """Delete what a killed save leaves: hidden temporary checkpoint folders and link files."""
+    root = Path(run_dir) / "checkpoints"
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith("."):
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def save_checkpoint(
@@ -49,14 +89,21 @@ def save_checkpoint(
     training_state: dict[str, Any] | None = None,
     keep_last: int | None = None,
 ) -> Path:
-    """Write ``checkpoints/<step>`` atomically and point ``last`` at it. Returns the checkpoint dir."""
+    """Write ``checkpoints/<step>`` atomically and point ``last`` at it; then keep the newest ``keep_last``
+    steps (None or 0: all) and always the one ``last`` points to. Returns the checkpoint dir."""
+    if keep_last is not None and keep_last < 0:
+        raise RiptError(f"keep_last={keep_last}: must be 0 (keep every checkpoint) or a positive count")
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    bad = first_non_finite(state)
+    if bad is not None:
+        raise RiptError(f"refusing to write checkpoint {step}: weight {bad!r} has NaN or inf values "
+                        f"(the last good checkpoint stays {Path(run_dir) / 'checkpoints' / 'last'})")
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"{step:07d}"
     tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=f".{step:07d}."))
     tmp.chmod(0o755)  # mkdtemp makes it private
     try:
-        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / WEIGHTS))
         (tmp / CONFIG).write_text(json.dumps({**config, "step": step}, indent=2, default=str))
         if training_state is not None:
@@ -64,10 +111,15 @@ def save_checkpoint(
         if final.exists():  # re-saving a step (e.g. after resume): move the old one aside first
             old = ckpt_root / f".old.{final.name}.{os.getpid()}"
             os.replace(final, old)
-            os.replace(tmp, final)
+            atomic_replace(tmp, final)
             shutil.rmtree(old)
         else:
-            os.replace(tmp, final)
+            atomic_replace(tmp, final)
+    except (OSError, SafetensorError, RuntimeError) as e:  # disk full, read-only: torch and safetensors wrap it
+        shutil.rmtree(tmp, ignore_errors=True)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RiptError(f"cannot write checkpoint {final}: {first}; the last checkpoint is untouched "
+                        f"(free disk space, then resume=true)") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -76,9 +128,10 @@ def save_checkpoint(
         link_tmp.unlink()
     os.symlink(final.name, link_tmp)
     os.replace(link_tmp, ckpt_root / "last")
+    fsync_path(ckpt_root)
     if keep_last:
-        steps = sorted(p for p in ckpt_root.iterdir() if p.name.isdigit())
-        for old in steps[:-keep_last]:
+        steps = sorted(p for p in ckpt_root.iterdir() if p.name.isdigit() and p != final)
+        for old in steps[:max(0, len(steps) - (keep_last - 1))]:
             shutil.rmtree(old)
     return final
 
@@ -105,9 +158,13 @@ def read_checkpoint_config(ckpt_dir: Path) -> dict[str, Any]:
 def load_weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:
     path = Path(ckpt_dir) / WEIGHTS
     try:
-        return load_file(str(path))
+        state = load_file(str(path))
     except (OSError, SafetensorError) as e:
         raise RiptError(f"cannot read weights {path}: {e}") from None
+    bad = first_non_finite(state)
+    if bad is not None:
+        raise RiptError(f"weights {path}: tensor {bad!r} has NaN or inf values")
+    return state
 
 
 def load_training_state(ckpt_dir: Path) -> dict[str, Any]:

@@ -1,0 +1,276 @@
+"""The bad-input matrix: every input or fault a user can cause, through the real ``ript`` command.
+
+    MUJOCO_GL=egl python -m benchmarks.bad_inputs [--out benchmarks/results/bad_inputs.json]
+
+Builds a tiny real setup in a temporary folder (MetaWorld, 2 tasks x 3 demos, stage 0 and stage 1 for a few
+steps), then runs each case and prints a table: case, exit code, the first line of the error, OK. A case is
+OK when the command exits as expected (2 with exactly one ``error:`` line holding the expected words and no
+traceback, or 0 where the run must survive the fault) and what it must not touch is untouched. The read-only
+and disk-full cases need to mount a tmpfs (root); elsewhere they are reported as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import h5py
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+TASK = ["task=metaworld_quick", "task.demos_per_task=3", "task.render.image_size=32", "task.max_episode_steps=120"]
+TRAIN = ["algo=quest_small", "progress=false", "train.steps=4", "train.batch_size=16", "train.warmup_steps=2",
+         "train.log_every=1", "train.val_every=2", "train.save_every=2", "data.val_fraction=0.34"]
+EVAL = ["episodes_per_task=4", "num_workers=2", "max_episode_steps=120", "n_videos=0"]
+
+
+def ript(*args: str, timeout: float = 600) -> tuple[int, list[str]]:
+    proc = subprocess.run([sys.executable, "-m", "ript.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stderr.strip().splitlines()
+
+
+class Matrix:
+    def __init__(self, root: Path):
+        self.root = root
+        self.data = root / "data"
+        self.rows: list[dict] = []
+        self.n = 0
+
+    def path(self, name: str) -> Path:
+        self.n += 1
+        return self.root / f"case{self.n:02d}_{name}"
+
+    def record(self, case: str, code: int, err: list[str], expect_code: int, words: tuple[str, ...],
+               intact: Callable[[], bool] = lambda: True) -> None:
+        errors = [line for line in err if line.startswith("error: ")]
+        first = errors[0] if errors else (err[-1] if err else "")
+        if expect_code == 2:
+            ok = (code == 2 and len(errors) == 1 and not any(line.startswith("Traceback") for line in err)
+                  and all(w in errors[0] for w in words))
+        else:
+            ok = code == expect_code and all(any(w in line for line in err) for w in words)
+        ok = ok and intact()
+        self.rows.append({"case": case, "exit": code, "first_line": first[:150], "ok": ok})
+        print(f"{'OK ' if ok else 'BAD'} {code:>3}  {case:<44} {first[:110]}", flush=True)
+
+    def expect(self, case: str, args: list[str], *words: str, intact: Callable[[], bool] = lambda: True) -> None:
+        code, err = ript(*args)
+        self.record(case, code, err, 2, words, intact)
+
+    def skip(self, case: str, why: str) -> None:
+        self.rows.append({"case": case, "exit": None, "first_line": f"skipped: {why}", "ok": None})
+        print(f"--- ---  {case:<44} skipped: {why}", flush=True)
+
+
+def setup(root: Path) -> tuple[Path, Path, Path]:
+    data, s0, s1 = root / "data", root / "stage0", root / "stage1"
+    for job, args in (("collect", ["episodes_per_job=2", "num_workers=2"]),
+                      ("stage0", TRAIN + [f"run_dir={s0}"]),
+                      ("stage1", TRAIN + [f"run_dir={s1}", f"stage0_checkpoint={s0}"])):
+        code, err = ript(job, *TASK, f"task.data_dir={data}", *args)
+        if code != 0:
+            raise SystemExit(f"setup {job} failed: {err[-1] if err else code}")
+    return data, s0, s1
+
+
+def damaged_data(m: Matrix, name: str, damage: Callable[[Path], None]) -> list[str]:
+    folder = m.path(name)
+    shutil.copytree(m.data, folder)
+    damage(folder / "drawer-close-v3.hdf5")
+    return [*TASK, f"task.data_dir={folder}", *TRAIN, f"run_dir={folder}/run"]
+
+
+def mount_tmpfs(where: Path) -> bool:
+    where.mkdir(parents=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(where)],
+                          capture_output=True).returncode == 0
+
+
+def worker_fault(m: Matrix, s1: Path, sig: int, case: str) -> None:
+    out = m.path("eval_fault")
+    proc = subprocess.Popen([sys.executable, "-m", "ript.cli", "eval", f"checkpoint={s1}", f"out_dir={out}", *EVAL,
+                             "workers.timeout_s=10"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, workers = time.time() + 120, []
+    while time.time() < deadline and len(workers) < 2:
+        workers = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
+                   if _ppid(p) == proc.pid and b"spawn_main" in _cmdline(p.parent)
+                   and b"resource_tracker" not in _cmdline(p.parent)]
+        time.sleep(0.1)
+    time.sleep(2.0)
+    os.kill(min(workers), sig)
+    _, err = proc.communicate(timeout=600)
+    results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
+    m.record(case, proc.returncode, err.strip().splitlines(), 0, ("replacing it",),
+             lambda: len(results.get("episodes", [])) == 8 and results.get("reruns") == 1)
+
+
+def _ppid(stat: Path) -> int:
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _cmdline(proc_dir: Path) -> bytes:
+    try:
+        return (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
+    data = [*TASK, f"task.data_dir={m.data}"]
+    # values
+    for job, override, words in [
+        ("stage1", "algo.n_layers=4", ("algo.n_layers",)), ("collect", "task=metaworld_ml46", ("metaworld_ml46",)),
+        ("collect", "task.task_names=[pick-plaec-v3]", ("pick-plaec-v3",)),
+        ("stage0", "train.steps=0", ("train.steps=0",)), ("stage0", "train.steps=-5", ("train.steps=-5",)),
+        ("stage0", "train.batch_size=0", ("train.batch_size=0",)), ("stage0", "train.save_every=0", ("save_every",)),
+        ("stage0", "train.keep_last=-1", ("train.keep_last=-1",)), ("stage0", "train.lr=nan", ("train.lr",)),
+        ("stage0", "data.val_fraction=1.5", ("val_fraction",)), ("collect", "episodes_per_job=0", ("episodes_per_job",)),
+        ("collect", "noise=-0.1", ("noise",)), ("eval", "episodes_per_task=-1", ("episodes_per_task=-1",)),
+        ("eval", "episodes_per_task=0", ("episodes_per_task=0",)), ("rl", "rl.iterations=0", ("rl.iterations=0",)),
+        ("rl", "rl.rollouts_per_group=0", ("rl.rollouts_per_group",)), ("rl", "rl.advantage=ppo2", ("rl.advantage",)),
+    ]:
+        run = m.path("value")
+        extra = [f"checkpoint={s1}"] if job in ("eval", "rl") else []
+        m.expect(f"{job} {override}", [job, override, *extra, f"run_dir={run}"] if job != "eval" else
+                 [job, override, *extra], *words, intact=lambda run=run: not run.exists())
+    # files
+    m.expect("missing data folder", ["stage0", *TASK, f"task.data_dir={m.root}/nothing", f"run_dir={m.path('r')}"],
+             "does not exist")
+
+    def truncate(p: Path) -> None:
+        p.write_bytes(p.read_bytes()[:20000])
+
+    def nan_action(p: Path) -> None:
+        with h5py.File(p, "a") as f:
+            f["data/demo_2/actions"][5, 0] = np.nan
+
+    def wrong_dim(p: Path) -> None:
+        with h5py.File(p, "a") as f:
+            n = len(f["data/demo_0/rewards"])
+            del f["data/demo_0/actions"]
+            f["data/demo_0/actions"] = np.zeros((n, 7), dtype=np.float32)
+
+    m.expect("truncated HDF5", ["stage0", *damaged_data(m, "trunc", truncate)], "corrupt or truncated")
+    m.expect("NaN in an HDF5 action", ["stage0", *damaged_data(m, "nan", nan_action)], "NaN")
+    m.expect("wrong action dimension", ["stage0", *damaged_data(m, "dim", wrong_dim)], "action dim 7")
+    m.expect("wrong-stage checkpoint", ["eval", f"checkpoint={s0}"], "stage 'stage0'")
+    m.expect("missing checkpoint", ["eval", f"checkpoint={m.root}/nope"], "does not exist")
+    for name, damage, words in [
+        ("truncated weights", lambda c: (c / "model.safetensors").write_bytes((c / "model.safetensors").read_bytes()[:999]),
+         ("model.safetensors",)),
+        ("NaN weights", _nan_weights, ("NaN",)),
+        ("truncated config.json", lambda c: (c / "config.json").write_text((c / "config.json").read_text()[:50]),
+         ("config.json",)),
+    ]:
+        copy = m.path("ckpt") / "checkpoints" / "0000004"
+        shutil.copytree(s1 / "checkpoints" / "last", copy)
+        damage(copy)
+        m.expect(name, ["eval", f"checkpoint={copy}", *EVAL], *words,
+                 intact=lambda copy=copy: not (copy.parent.parent / "eval").exists())
+    cache = m.path("cache") / "lang.safetensors"
+    cache.parent.mkdir()
+    shutil.copy(m.data / "lang_cache.safetensors", cache)
+    save_file({k: torch.full_like(v, float("nan")) for k, v in load_file(str(cache)).items()}, str(cache))
+    run = m.path("run")
+    m.expect("NaN language cache", ["stage1", *data, *TRAIN, f"run_dir={run}", f"stage0_checkpoint={s0}",
+                                    f"lang.cache_file={cache}"], "NaN", intact=lambda: not run.exists())
+    # runs
+    run = m.path("nanloss")
+    m.expect("NaN training loss (lr=1e30)", ["stage0", *data, *TRAIN, f"run_dir={run}", "train.save_every=1",
+                                             "train.lr=1e30", "train.warmup_steps=0"], "non-finite training loss",
+             intact=lambda: sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000001", "last"])
+    m.expect("resume=true with no run", ["stage0", *data, *TRAIN, f"run_dir={m.path('none')}", "resume=true"],
+             "does not exist")
+    m.expect("existing run without resume", ["stage0", *data, *TRAIN, f"run_dir={s0}"], "already exists")
+    file = m.path("file")
+    file.write_text("x")
+    m.expect("run_dir is a file", ["stage0", *data, *TRAIN, f"run_dir={file}"], "is a file")
+    copy = m.path("resume")
+    shutil.copytree(s0, copy, symlinks=True)
+    m.expect("resume with another batch size", ["stage0", *data, *TRAIN, f"run_dir={copy}", "resume=true",
+                                                "train.batch_size=8"], "train.batch_size=16", "resume_allow_changes")
+    bare = m.path("bare")
+    shutil.copytree(s1 / "checkpoints" / "last", bare)
+    m.expect("eval of a checkpoint outside a run", ["eval", f"checkpoint={bare}", *EVAL], "out_dir",
+             intact=lambda: not (bare.parent / "eval").exists())
+    m.expect("eval over an earlier results.json", ["eval", f"checkpoint={s1}", *EVAL, "episodes_per_task=1"],
+             "results.json exists")  # main() evaluated s1 into its default folder first
+    shards = m.path("shards")
+    shards.mkdir()
+    shutil.copy(m.data / "button-press-v3.hdf5", shards / ".button-press-v3.shard00000.hdf5")
+    m.expect("collect over shards of other settings", ["collect", *TASK, f"task.data_dir={shards}"], "other settings",
+             intact=lambda: (shards / ".button-press-v3.shard00000.hdf5").is_file())
+    # the filesystem
+    fs = m.path("fs")
+    if mount_tmpfs(fs):
+        try:
+            run = fs / "run"
+            shutil.copytree(s0, run, symlinks=True)
+            with open(fs / "filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+            m.expect("disk full while saving", ["stage0", *data, *TRAIN, f"run_dir={run}", "resume=true",
+                                                "train.steps=6", "resume_allow_changes=[train.steps]"],
+                     "cannot write checkpoint", intact=lambda: (run / "checkpoints" / "last").resolve().name == "0000004")
+            subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
+            m.expect("read-only run folder", ["stage0", *data, *TRAIN, f"run_dir={fs}/new"], "read-only")
+        finally:
+            subprocess.run(["umount", "-l", str(fs)], check=False)
+    else:
+        m.skip("disk full while saving", "cannot mount a tmpfs (needs root)")
+        m.skip("read-only run folder", "cannot mount a tmpfs (needs root)")
+    worker_fault(m, s1, signal.SIGKILL, "env worker killed during eval")
+    worker_fault(m, s1, signal.SIGSTOP, "env worker stopped (hung) during eval")
+
+
+def _nan_weights(ckpt: Path) -> None:
+    state = load_file(str(ckpt / "model.safetensors"))
+    name = next(k for k, v in state.items() if v.is_floating_point() and v.numel() > 1)
+    state[name][0] = float("nan")
+    save_file(state, str(ckpt / "model.safetensors"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
+    args = ap.parse_args()
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    with tempfile.TemporaryDirectory(prefix="ript_bad_inputs_") as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        m = Matrix(root)
+        m.data, s0, s1 = setup(root)
+        code, err = ript("eval", f"checkpoint={s1}", *EVAL, "episodes_per_task=1")  # for the results.json case
+        if code != 0:
+            raise SystemExit(f"setup eval failed: {err[-1] if err else code}")
+        run_matrix(m, s0, s1)
+    bad = [r for r in m.rows if r["ok"] is False]
+    print("\n| case | exit | first line | OK |\n| --- | --- | --- | --- |")
+    for r in m.rows:
+        mark = "skipped" if r["ok"] is None else ("OK" if r["ok"] else "FAILED")
+        print(f"| {r['case']} | {r['exit']} | {r['first_line'].replace('|', '/')} | {mark} |")
+    print(f"\n{len(m.rows) - len(bad)} of {len(m.rows)} cases OK in {time.perf_counter() - t0:.0f} s")
+    if args.out:
+        args.out.write_text(json.dumps(m.rows, indent=2))
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

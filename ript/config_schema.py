@@ -1,0 +1,254 @@
+"""Typed schemas for every job's composed config: types and ranges, checked right after composition.
+
+Hydra's struct mode already refuses unknown keys; these schemas refuse values out of range (a zero step count,
+a probability of 1.5, an unknown enum) with one line naming the key, the value and what is allowed, before a
+stage creates a folder or writes a file. Sections a schema does not list (model sizes a model checks itself,
+logger settings) pass through unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ript.errors import RiptError
+
+Count = Annotated[int, Field(gt=0)]
+Size = Annotated[int, Field(ge=0)]
+Seed = Annotated[int, Field(ge=0, lt=2**31)]
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Scale = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Workers = Union[Literal["auto"], Count]
+Auto = Union[Literal["auto"], bool]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Render(Section):
+    cameras: Annotated[list[str], Field(min_length=1)]
+    image_size: Annotated[int, Field(ge=8, le=2048)]
+    quality: Literal["low", "high"]
+
+
+class Task(Section):
+    name: str
+    suite: str
+    data_dir: str
+    demos_per_task: Count
+    max_episode_steps: Count
+    action_dim: Count
+    expert_noise: Scale
+    render: Render
+
+
+class WorkerLimits(Section):
+    timeout_s: Rate       # a worker silent for this long is killed and replaced
+    max_restarts: Size    # replaced workers allowed per run before it fails
+
+
+class Sampling(Section):
+    temperature: Optional[Rate] = None
+    top_k: Optional[Count] = None
+    greedy: Optional[bool] = None
+    action_horizon: Optional[Count] = None
+
+
+class EvalEvery(Section):
+    every: Size
+    episodes_per_task: Optional[Count]
+    num_workers: Workers
+    seed: Seed
+    n_videos: Size
+    max_episode_steps: Optional[Count]
+
+
+class Train(Section):
+    steps: Count
+    batch_size: Count
+    lr: Rate
+    weight_decay: Scale
+    warmup_steps: Size
+    grad_clip: Rate
+    amp: Auto
+    log_every: Count
+    val_every: Count
+    save_every: Count
+    keep_last: Optional[Size]  # 0 or null: keep every checkpoint
+    stop_after_minutes: Optional[Scale]  # 0: stop after the first step
+
+
+class Data(Section):
+    demos_per_task: Optional[Count]
+    val_fraction: Annotated[float, Field(ge=0, lt=1)]
+    on_device: Auto
+
+
+class Autoencoder(Section):
+    dim: Count
+    n_head: Count
+    enc_layers: Count
+    dec_layers: Count
+    quantizer: Literal["fsq", "vq"]
+    dropout: Annotated[float, Field(ge=0, lt=1)]
+
+
+class Prior(Section):
+    dim: Count
+    n_layer: Count
+    n_head: Count
+    dropout: Annotated[float, Field(ge=0, lt=1)]
+
+
+class Algo(Section):
+    chunk_size: Count
+    downsample: Count
+    action_horizon: Count
+    frame_stack: Count
+    image_aug_pad: Size
+    autoencoder: Autoencoder
+    prior: Prior
+    sampling: Sampling
+
+
+class RL(Section):
+    iterations: Count
+    groups_per_iteration: Count
+    rollouts_per_group: Annotated[int, Field(ge=2)]  # a group of one has no leave-one-out baseline
+    max_sampling_rounds: Count
+    skip_mastered_for: Size
+    ic_pool_size: Count
+    task_weighting: Literal["uniform", "informative"]
+    task_weighting_floor: Fraction
+    advantage: str
+    clip_low: Annotated[float, Field(gt=0, lt=1)]
+    clip_high: Rate
+    epochs: Count
+    minibatches: Count
+    lr: Rate
+    weight_decay: Scale
+    warmup_iterations: Size
+    grad_clip: Rate
+    micro_batch: Optional[Count] = None
+    recompute_old_log_probs: bool
+    max_episode_steps: Optional[Count]
+    num_workers: Workers
+    stop_after_minutes: Optional[Scale]  # 0: stop after the first step
+
+    @field_validator("advantage")
+    @classmethod
+    def registered(cls, name: str) -> str:
+        from ript.registry import ADVANTAGES
+        from ript.rl import advantages  # noqa: F401  (registers the estimators)
+
+        if name not in ADVANTAGES.names():
+            raise ValueError(f"expected one of {', '.join(ADVANTAGES.names())}")
+        return name
+
+
+class Job(Section):
+    seed: Seed
+
+
+class RunJob(Job):
+    run_dir: str
+    device: str
+    resume: bool
+    resume_allow_changes: list[str] = []
+
+
+class CollectJob(Job):
+    task: Task
+    noise: Optional[Scale]
+    filter_success: bool
+    num_workers: Workers
+    episodes_per_job: Count
+
+
+class Stage0Job(RunJob):
+    task: Task
+    algo: Algo
+    train: Train
+    data: Data
+    progress: bool
+
+
+class Stage1Job(Stage0Job):
+    eval: EvalEvery
+    workers: WorkerLimits
+
+
+class RLJob(RunJob):
+    rl: RL
+    eval: EvalEvery
+    sampling: Sampling
+    keep_last: Optional[Size]
+    workers: WorkerLimits
+
+
+class OFTJob(RLJob):
+    task: Task
+    sampling: Optional[Sampling] = None
+
+
+class EvalJob(Job):
+    checkpoint: str
+    episodes_per_task: Optional[Count]
+    num_workers: Workers
+    n_videos: Size
+    max_episode_steps: Optional[Count]
+    out_dir: Optional[str]
+    overwrite: bool
+    device: str
+    sampling: Sampling
+    workers: WorkerLimits
+
+
+class QuickStage(Section):
+    steps: Count
+    batch_size: Count
+    lr: Rate
+
+
+class QuickstartJob(Section):
+    task: Task
+    run_root: str
+    stage0: QuickStage
+    stage1: QuickStage
+    eval_episodes: Count
+
+
+SCHEMAS: dict[str, type[BaseModel]] = {
+    "collect": CollectJob, "stage0": Stage0Job, "stage1": Stage1Job, "finetune": Stage1Job, "rl": RLJob,
+    "oft": OFTJob, "eval": EvalJob, "quickstart": QuickstartJob,
+}
+
+
+_UNION_TAGS = ("int", "constrained-", "literal", "bool", "float", "str", "list", "function", "union", "none")
+
+
+def _key(loc: tuple) -> str:
+    """The config key of a pydantic error location, without the tags it adds for union members."""
+    return ".".join(str(p) for p in loc if isinstance(p, int) or not str(p).startswith(_UNION_TAGS))
+
+
+def validate(name: str, cfg: dict) -> None:
+    """Raise a one-line RiptError for the first out-of-range value of job ``name``'s resolved config."""
+    schema = SCHEMAS.get(name)
+    if schema is None:
+        return
+    try:
+        schema.model_validate(cfg)
+    except ValidationError as e:
+        errors = e.errors()
+        key = _key(errors[0]["loc"])
+        if errors[0]["type"] == "missing":
+            raise RiptError(f"config {name}: key {key} is required") from None
+        # a union (e.g. 'auto' or a positive count) reports one error per member: name them all
+        messages = list(dict.fromkeys(err["msg"].removeprefix("Value error, ") for err in errors
+                                      if _key(err["loc"]) == key))
+        allowed = " or ".join(m[0].lower() + m[1:] for m in messages)
+        raise RiptError(f"config {name}: {key}={errors[0].get('input')!r} is out of range: {allowed}") from None

@@ -1,0 +1,137 @@
+"""Env worker processes that a runner drives in lock-step, each one replaceable.
+
+gymnasium's ``AsyncVectorEnv`` ends the whole vector env when one worker dies and waits forever on one that
+hangs. Here each worker gets its own call, answers through its own pipe, and one that dies or stays silent
+past ``timeout_s`` is killed and started afresh; ``call`` reports which workers failed so the runner can run
+their episodes again (evaluation) or drop them (RL). Past ``max_restarts`` replacements the run fails with one
+line. Workers are spawned (a forked child inherits a GL context and hangs) and die with their parent.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable
+
+from ript.errors import RiptError
+from ript.utils.logging import log
+from ript.utils.processes import die_with_parent
+
+_CLOSE = "__close__"
+
+
+def _serve(make_env: Callable[[], Any], conn: Connection) -> None:
+    """A worker's loop: build the env, then answer (method, args) calls until told to close."""
+    die_with_parent()
+    env = make_env()
+    try:
+        while True:
+            try:
+                name, args = conn.recv()
+            except (EOFError, KeyboardInterrupt):
+                return
+            if name == _CLOSE:
+                return
+            try:
+                conn.send(("ok", getattr(env, name)(*args)))
+            except Exception as e:  # sent to the parent, which raises it
+                conn.send(("error", (e, traceback.format_exc())))
+    finally:
+        env.close()
+
+
+class WorkerPool:
+    def __init__(self, env_fns: list[Callable[[], Any]], timeout_s: float, max_restarts: int):
+        self.env_fns = env_fns
+        self.timeout_s = float(timeout_s)
+        self.max_restarts = int(max_restarts)
+        self.restarts = 0
+        self.ctx = mp.get_context("spawn")
+        self.procs: list[Any] = [None] * len(env_fns)
+        self.conns: list[Connection | None] = [None] * len(env_fns)
+        for i in range(len(env_fns)):
+            self._start(i)
+
+    def __len__(self) -> int:
+        return len(self.env_fns)
+
+    def _start(self, i: int) -> None:
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_serve, args=(self.env_fns[i], child), daemon=True, name=f"ript-env-{i}")
+        proc.start()
+        child.close()
+        self.procs[i], self.conns[i] = proc, parent
+
+    def _replace(self, i: int, why: str) -> None:
+        proc = self.procs[i]
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        self.conns[i].close()
+        self.restarts += 1
+        if self.restarts > self.max_restarts:
+            raise RiptError(f"env worker {i} {why}, and {self.restarts - 1} workers were already replaced "
+                            f"(workers.max_restarts={self.max_restarts}); raise it or workers.timeout_s, or check "
+                            f"memory (dmesg) if workers are being killed")
+        log.warning("env worker %d %s; replacing it (%d of workers.max_restarts=%d)", i, why, self.restarts,
+                    self.max_restarts)
+        self._start(i)
+
+    def call(self, name: str, per_worker: list[tuple | None]) -> tuple[list[Any], list[int]]:
+        """Call ``name(*per_worker[i])`` on every worker whose entry is not None, all at once. Returns each
+        worker's answer (None where not called or failed) and the workers that failed and were replaced."""
+        results: list[Any] = [None] * len(self)
+        failed: list[int] = []
+        waiting: dict[Connection, int] = {}
+        for i, args in enumerate(per_worker):
+            if args is None:
+                continue
+            try:
+                self.conns[i].send((name, args))
+                waiting[self.conns[i]] = i
+            except (BrokenPipeError, EOFError, OSError):
+                failed.append(i)
+        deadline = time.monotonic() + self.timeout_s
+        error = None
+        while waiting:
+            ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for conn in ready:
+                i = waiting.pop(conn)
+                try:
+                    status, value = conn.recv()
+                except (EOFError, OSError):
+                    failed.append(i)
+                    continue
+                if status == "ok":
+                    results[i] = value
+                elif error is None:
+                    error = value
+        if error is not None:
+            exc, trace = error
+            if isinstance(exc, RiptError):
+                raise exc
+            raise RuntimeError(f"env worker raised {type(exc).__name__}: {exc}\n{trace}")
+        for i in sorted(failed):
+            code = self.procs[i].exitcode
+            self._replace(i, f"died (exit code {code}) during {name}")
+        for i in sorted(waiting.values()):
+            self._replace(i, f"did not answer {name} within workers.timeout_s={self.timeout_s:g} s")
+            failed.append(i)
+        return results, sorted(failed)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send((_CLOSE, ()))
+            except (BrokenPipeError, EOFError, OSError):
+                pass
+        for proc, conn in zip(self.procs, self.conns):
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+            conn.close()

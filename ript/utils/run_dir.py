@@ -1,0 +1,101 @@
+"""Run folders: created only once a stage's inputs are checked, never started over, resumed only with the
+config that wrote them.
+
+A stage calls ``prepare_run_dir(cfg, create=False)`` first (fails fast on an existing run, finds the
+checkpoint to resume, compares configs), loads and checks its inputs, then ``prepare_run_dir(cfg)`` to create
+the folder. A folder left by a start that failed before its first checkpoint holds no checkpoint; resume=true
+starts it over.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ript.errors import RiptError
+from ript.utils.checkpoint import (atomic_write_text, read_checkpoint_config, remove_partial_checkpoints,
+                                   resolve_checkpoint_dir)
+from ript.utils.logging import log
+
+# Keys that change how a run is driven or reported, not what it computes: a resumed run may change them.
+RUN_CONTROL_KEYS = (
+    "resume", "resume_allow_changes", "run_dir", "progress", "device", "logger", "workers", "eval",
+    "train.stop_after_minutes", "rl.stop_after_minutes", "train.log_every", "train.val_every",
+    "train.save_every", "train.keep_last", "keep_last", "rl.num_workers", "cuda_graph",
+    "rl.iterations",  # RL's schedule does not depend on it: more iterations extend the same run
+)
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _allowed(key: str, allowed: tuple[str, ...]) -> bool:
+    return any(key == a or key.startswith(a + ".") for a in allowed)
+
+
+def changed_keys(stored: dict, new: dict, allowed: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+    """(key, stored value, new value) for every key that differs and that ``allowed`` does not cover."""
+    old, cur = flatten(stored), flatten(new)
+    missing = object()
+    out = []
+    for key in sorted(set(old) | set(cur)):
+        a, b = old.get(key, missing), cur.get(key, missing)
+        if a != b and not _allowed(key, allowed):
+            out.append((key, None if a is missing else a, None if b is missing else b))
+    return out
+
+
+def check_resume_config(cfg: dict, ckpt: Path) -> None:
+    stored = read_checkpoint_config(ckpt).get("cfg")
+    if stored is None:
+        return
+    allowed = RUN_CONTROL_KEYS + tuple(str(k) for k in cfg.get("resume_allow_changes") or [])
+    diffs = changed_keys(stored, cfg, allowed)
+    if diffs:
+        key, a, b = diffs[0]
+        more = f" (and {len(diffs) - 1} more: {', '.join(k for k, _, _ in diffs[1:4])})" if len(diffs) > 1 else ""
+        keys = ",".join(k for k, _, _ in diffs)
+        raise RiptError(f"resume: {ckpt} was trained with {key}={a!r}, this run has {key}={b!r}{more}; "
+                        f"resuming would not reproduce the run. Pass resume_allow_changes=[{keys}] to continue anyway")
+
+
+def prepare_run_dir(cfg, create: bool = True) -> tuple[Path, Path | None]:
+    """(run dir, checkpoint to resume or None). ``create=False`` only checks; ``create=True`` also creates the
+    folder and writes its config.json (or, resuming, clears what a killed save left)."""
+    from ript.config import to_dict
+
+    run_dir = Path(cfg.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RiptError(f"run_dir {run_dir} is a file, not a folder; choose another run_dir")
+    last = run_dir / "checkpoints" / "last"
+    if cfg.resume and last.is_symlink() and not last.exists():
+        raise RiptError(f"{last} points to a missing checkpoint ({last.readlink()}); "
+                        f"point it at an existing step folder to resume")
+    if cfg.resume and last.exists():
+        ckpt = resolve_checkpoint_dir(run_dir)
+        check_resume_config(to_dict(cfg), ckpt)
+        if create:
+            remove_partial_checkpoints(run_dir)
+        return run_dir, ckpt
+    if cfg.resume:
+        if not run_dir.is_dir():
+            raise RiptError(f"resume=true but run_dir {run_dir} does not exist; drop resume=true to start it")
+        steps = [p for p in (run_dir / "checkpoints").glob("[0-9]*")] if (run_dir / "checkpoints").is_dir() else []
+        if steps:
+            raise RiptError(f"resume=true but {last} is missing while {run_dir}/checkpoints has step folders; "
+                            f"link last to one of them (ln -s <step> {last})")
+        if create:
+            log.info("%s holds no checkpoint (an earlier start failed before its first one): starting it over", run_dir)
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise RiptError(f"run_dir {run_dir} already exists; pass resume=true to continue it or choose another run_dir")
+    if create:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
+    return run_dir, None

@@ -1,0 +1,163 @@
+"""Faults a user meets: non-finite numbers, a full or read-only disk, env workers that die or hang."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import assert_one_line_error, ript, stage1_overrides, train_overrides
+
+
+def test_nan_weights_are_refused_on_load(stage1_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run" / "checkpoints" / "0000004"
+    shutil.copytree(stage1_run / "checkpoints" / "last", copy)
+    state = load_file(str(copy / "model.safetensors"))
+    name = next(k for k, v in state.items() if v.is_floating_point() and v.numel() > 1)
+    state[name][0] = float("nan")
+    save_file(state, str(copy / "model.safetensors"))
+    assert_one_line_error(ript("eval", f"checkpoint={copy}", f"out_dir={tmp_path / 'out'}"), "model.safetensors",
+                          repr(name), "NaN")
+    assert not (tmp_path / "out").exists()
+
+
+def test_nan_language_cache_is_refused(tiny_data, stage0_run, tmp_path):
+    from ript.data.language import embed_instructions
+    from ript.data.hdf5 import instruction_from_attrs, read_file_attrs
+
+    cache = tmp_path / "lang.safetensors"
+    path = tiny_data / "button-press-v3.hdf5"
+    embed_instructions([instruction_from_attrs(read_file_attrs(path), path)], "minilm", cache)
+    state = load_file(str(cache))
+    state = {k: torch.full_like(v, float("nan")) for k, v in state.items()}
+    save_file(state, str(cache))
+    run = tmp_path / "run"
+    assert_one_line_error(ript("stage1", *stage1_overrides(tiny_data, run, stage0_run), f"lang.cache_file={cache}"),
+                          str(cache), "NaN", "delete")
+    assert not run.exists()
+
+
+def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    # a learning rate this large overflows the weights after the first update, so the second loss is NaN
+    result = ript("stage0", *train_overrides(tiny_data, run, 6), "train.save_every=1", "train.lr=1e30",
+                  "train.warmup_steps=0")
+    assert_one_line_error(result, "non-finite training loss", "at step 2", "last good checkpoint")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000001", "last"]
+    state = load_file(str(run / "checkpoints" / "last" / "model.safetensors"))
+    assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_a_non_finite_model_is_never_written(tmp_path):
+    from ript.errors import RiptError
+    from ript.utils.checkpoint import save_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    save_checkpoint(tmp_path, 1, model, {})
+    with torch.no_grad():
+        model.weight[0, 0] = float("inf")
+    with pytest.raises(RiptError, match="'weight' has NaN or inf"):
+        save_checkpoint(tmp_path, 2, model, {})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0000001", "last"]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 32 MiB filesystem, to fill up or make read-only."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_while_saving_is_one_line_and_loses_nothing(stage0_run, tiny_data, small_tmpfs):
+    import shutil
+
+    run = small_tmpfs / "run"
+    shutil.copytree(stage0_run, run, symlinks=True)
+    with open(small_tmpfs / "filler", "wb") as f:  # fill the disk
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    before = {p.name for p in (run / "checkpoints").iterdir()}
+    args = [*train_overrides(tiny_data, run, 6), "resume=true", "resume_allow_changes=[train.steps]"]
+    assert_one_line_error(ript("stage0", *args), "no space left on the device")  # TensorBoard's first write
+    assert_one_line_error(ript("stage0", *args, "logger.tensorboard=false"), "cannot write checkpoint", "resume=true")
+    assert {p.name for p in (run / "checkpoints").iterdir()} == before  # no partial folder, last untouched
+    assert (run / "checkpoints" / "last" / "model.safetensors").is_file()
+
+
+def test_read_only_run_folder_is_one_line(tiny_data, small_tmpfs):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    assert_one_line_error(ript("stage0", *train_overrides(tiny_data, small_tmpfs / "run", 2)),
+                          str(small_tmpfs / "run"), "read-only")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _env_workers(pid: int, n: int, timeout: float = 120) -> list[int]:
+    """The spawned env worker processes of ``pid`` (spawn's resource tracker is a child too)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        workers = [c for c in _children(pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()
+                   and b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+        if len(workers) >= n:
+            return sorted(workers)
+        time.sleep(0.1)
+    raise AssertionError(f"{n} env workers of {pid} did not start")
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_eval_survives_a_worker_that_dies_or_hangs(stage1_run, tmp_path, fault):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "ript.cli", "eval", f"checkpoint={stage1_run}", f"out_dir={out}",
+           "episodes_per_task=4", "num_workers=2", "max_episode_steps=120", "n_videos=0", "workers.timeout_s=10"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = _env_workers(proc.pid, 2)[0]
+    time.sleep(2.0)  # into its first episode
+    os.kill(victim, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert "replacing it" in err
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["episodes"]) == 8 and results["worker_restarts"] == 1 and results["reruns"] == 1
+    assert sorted((e["task"], e["episode"]) for e in results["episodes"]) == sorted(
+        (t, j) for t in results["per_task"] for j in range(4))
+    if fault == "stop":
+        with pytest.raises(ProcessLookupError):
+            os.kill(victim, 0)  # the hung worker was killed, not left stopped
+
+
+def test_eval_fails_with_one_line_past_the_restart_limit(stage1_run, tmp_path):
+    cmd = [sys.executable, "-m", "ript.cli", "eval", f"checkpoint={stage1_run}", f"out_dir={tmp_path / 'out'}",
+           "episodes_per_task=4", "num_workers=1", "max_episode_steps=120", "n_videos=0", "workers.max_restarts=0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.kill(_env_workers(proc.pid, 1)[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=240)
+    assert_one_line_error((proc.returncode, "", err.strip().splitlines()), "env worker 0 died",
+                          "workers.max_restarts=0")
+    assert not (tmp_path / "out" / "results.json").exists()
