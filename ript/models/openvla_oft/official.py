@@ -11,6 +11,7 @@ their keys may start with ``module.``). Vision weights are timm's (fused ``qkv``
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -223,6 +224,10 @@ def dataset_statistics(folder: Path) -> dict:
     return stats
 
 
+def _flat(values: list) -> list:
+    return [y for x in values for y in (_flat(x) if isinstance(x, list) else [x])]
+
+
 def pick_statistics(stats: dict, suite: str, key: str | None, where: str) -> dict:
     """OFT's rule: the suite's name, else '<suite>_no_noops'; or the key the user names."""
     for k in ([key] if key else [suite, f"{suite}_no_noops"]):
@@ -230,5 +235,10 @@ def pick_statistics(stats: dict, suite: str, key: str | None, where: str) -> dic
             entry = stats[k]
             if "q01" not in entry.get("action", {}) or "q99" not in entry.get("action", {}):
                 raise RiptError(f"{where}: statistics {k!r} lack action.q01/q99")
+            for group, values in entry.items():
+                for name, v in (values.items() if isinstance(values, dict) else []):
+                    if isinstance(v, list) and not all(isinstance(x, (int, float)) and math.isfinite(x)
+                                                       for x in _flat(v)):
+                        raise RiptError(f"{where}: statistics {k!r} {group}.{name} hold NaN, inf or non-numbers")
             return entry
     raise RiptError(f"{where}: no statistics for {key or suite!r}; available: {', '.join(stats)} (set oft.unnorm_key)")
