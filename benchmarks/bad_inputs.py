@@ -144,8 +144,8 @@ def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
     ]:
         run = m.path("value")
         extra = [f"checkpoint={s1}"] if job in ("eval", "rl") else []
-        m.expect(f"{job} {override}", [job, override, *extra, f"run_dir={run}"] if job != "eval" else
-                 [job, override, *extra], *words, intact=lambda run=run: not run.exists())
+        extra += [f"run_dir={run}"] if job in ("stage0", "stage1", "rl") else []
+        m.expect(f"{job} {override}", [job, override, *extra], *words, intact=lambda run=run: not run.exists())
     # files
     m.expect("missing data folder", ["stage0", *TASK, f"task.data_dir={m.root}/nothing", f"run_dir={m.path('r')}"],
              "does not exist")
