@@ -148,7 +148,7 @@ def test_libero_runner_steps_the_official_layout_checkpoint(tmp_path, tiny):
     assert (tmp_path / "eval" / "results.json").is_file()
 
 
-def test_rl_iteration_rescores_the_sampled_distribution(tmp_path):
+def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     """One real RL iteration on MetaWorld (B=2, K=2, short horizon); old log-probs recomputed before any
     update equal those recorded while sampling; then a resume runs the second iteration."""
     from ript.stages import oft
@@ -180,7 +180,15 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path):
         again = learner.log_probs(data, torch.arange(len(decisions)))
     torch.testing.assert_close(again, data["old_log_probs"], atol=1e-4, rtol=1e-4)
 
+    # the rank's device is chosen before the (7B) model is built on it: record the order of the real calls
+    from ript.stages import rl
+
+    order = []
+    real_init, real_build = rl.init_rank, oft.build
+    monkeypatch.setattr(rl, "init_rank", lambda c: order.append("init_rank") or real_init(c))
+    monkeypatch.setattr(oft, "build", lambda *a, **k: order.append("build") or real_build(*a, **k))
     out = Path(oft.run_rl(cfg))
+    assert order == ["init_rank", "build"]
     assert (out / "checkpoints" / "last" / "adapter" / "adapter_config.json").is_file()
     resumed = oft.run_rl(compose("oft", [*overrides[:-2], "rl.iterations=2", "resume=true", "logger=tensorboard"]))
     steps = sorted(p.name for p in (Path(resumed) / "checkpoints").iterdir() if p.name.isdigit())

@@ -89,5 +89,4 @@ def file_attrs(suite: str, task_name: str, render: dict, max_episode_steps: int)
         "bddl_file_name": task["bddl_file"],
         "env_args": env_args,
         "macros_image_convention": "opengl",  # upside down, as in the official datasets
-        "images_upright": False,
     }

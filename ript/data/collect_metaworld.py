@@ -52,5 +52,4 @@ def file_attrs(suite: str, task_name: str, render: dict, max_episode_steps: int)
         "env_args": {"suite": "metaworld", "task_name": task_name, "max_episode_steps": max_episode_steps,
                      "render": render},
         "problem_info": {"language_instruction": INSTRUCTIONS[task_name]},
-        "images_upright": True,
     }

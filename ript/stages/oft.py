@@ -185,10 +185,9 @@ def run_eval(cfg) -> dict:
 def run_rl(cfg) -> str:
     from ript.stages import rl as rl_stage
 
-    device = resolve_device(cfg.device)
-    model, policy, metadata, names = build(cfg, device, int(cfg.seed), sample=True)
-    device, info, run_dir, resume_from = rl_stage.setup_run(cfg)
-    policy.generator.manual_seed(int(cfg.seed) * 7919 + info.rank)
+    device, info = rl_stage.init_rank(cfg)  # first: the 7B model is built on this rank's device
+    model, policy, metadata, names = build(cfg, device, int(cfg.seed) * 7919 + info.rank, sample=True)
+    run_dir, resume_from = rl_stage.prepare_run(cfg, info)
     add_lora(model, cfg.lora)
     p = next(model.action_head.parameters())
     model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)

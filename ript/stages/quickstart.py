@@ -10,8 +10,9 @@ from ript.config import compose, to_dict
 from ript.utils.logging import log, setup_console_logging
 
 
-def task_overrides(task_cfg) -> list[str]:
-    """The composed task config as overrides for the other jobs' configs, so every task setting carries over."""
+def group_overrides(group: str, node) -> list[str]:
+    """A composed config group (``task``, ``algo``) as overrides for the other jobs' configs: the group's name
+    and every leaf, so command-line changes such as ``algo.prior.n_layer=4`` carry over to every stage."""
     def leaves(prefix: str, value):
         if isinstance(value, dict):
             for k, v in value.items():
@@ -19,7 +20,26 @@ def task_overrides(task_cfg) -> list[str]:
         else:
             yield f"{prefix}={json.dumps(value)}"
 
-    return [f"task={task_cfg.name}", *leaves("task", to_dict(task_cfg))]
+    return [f"{group}={node.name}", *leaves(group, to_dict(node))]
+
+
+def stage_configs(cfg) -> dict:
+    """The composed config of each job quickstart runs, in order."""
+    root = Path(cfg.run_root)
+    shared = group_overrides("task", cfg.task) + group_overrides("algo", cfg.algo)
+    s0, s1 = root / "stage0", root / "stage1"
+    return {
+        "collect": compose("collect", group_overrides("task", cfg.task)),
+        "stage0": compose("stage0", shared + [f"run_dir={s0}", f"train.steps={cfg.stage0.steps}",
+                                              f"train.batch_size={cfg.stage0.batch_size}",
+                                              f"train.lr={cfg.stage0.lr}", "train.val_every=100"]),
+        "stage1": compose("stage1", shared + [f"run_dir={s1}", f"stage0_checkpoint={s0}",
+                                              f"train.steps={cfg.stage1.steps}",
+                                              f"train.batch_size={cfg.stage1.batch_size}",
+                                              f"train.lr={cfg.stage1.lr}", "train.val_every=200"]),
+        "eval": compose("eval", [f"checkpoint={s1}", f"episodes_per_task={cfg.eval_episodes}",
+                                 f"out_dir={root / 'eval'}"]),
+    }
 
 
 def run(cfg) -> dict:
@@ -28,21 +48,13 @@ def run(cfg) -> dict:
     setup_console_logging()
     t0 = time.perf_counter()
     root = Path(cfg.run_root)
-    task = task_overrides(cfg.task)
-    algo = [f"algo={cfg.algo.name}"]
-    collect.run(compose("collect", task))
-    s0 = root / "stage0"
-    stage0.run(compose("stage0", task + algo + [f"run_dir={s0}", f"train.steps={cfg.stage0.steps}",
-                                                 f"train.batch_size={cfg.stage0.batch_size}",
-                                                 f"train.lr={cfg.stage0.lr}", "train.val_every=100"]))
-    s1 = root / "stage1"
-    stage1.run(compose("stage1", task + algo + [f"run_dir={s1}", f"stage0_checkpoint={s0}",
-                                                 f"train.steps={cfg.stage1.steps}",
-                                                 f"train.batch_size={cfg.stage1.batch_size}",
-                                                 f"train.lr={cfg.stage1.lr}", "train.val_every=200"]))
-    results = evaluate.run(compose("eval", [f"checkpoint={s1}", f"episodes_per_task={cfg.eval_episodes}",
-                                            f"out_dir={root / 'eval'}"]))
+    configs = stage_configs(cfg)  # every job's config is checked before the first one starts
+    collect.run(configs["collect"])
+    stage0.run(configs["stage0"])
+    stage1.run(configs["stage1"])
+    results = evaluate.run(configs["eval"])
     log.info("quickstart finished in %.1f min", (time.perf_counter() - t0) / 60)
-    print(f"\nOutputs: demonstrations in {cfg.task.data_dir}/, checkpoints in {s0}/ and {s1}/, "
-          f"evaluation (results.json, videos/) in {root / 'eval'}/, TensorBoard logs: tensorboard --logdir {root}")
+    print(f"\nOutputs: demonstrations in {cfg.task.data_dir}/, checkpoints in {root / 'stage0'}/ and "
+          f"{root / 'stage1'}/, evaluation (results.json, videos/) in {root / 'eval'}/, TensorBoard logs: "
+          f"tensorboard --logdir {root}")
     return results

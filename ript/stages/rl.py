@@ -205,30 +205,36 @@ def make_sampler(cfg, names: list[str], suite: str, info) -> InitialConditionSam
                                    floor=float(cfg.rl.task_weighting_floor))
 
 
-def setup_run(cfg):
-    """Device, distributed info and run dir (rank 0 creates it after every rank has checked it)."""
+def init_rank(cfg) -> tuple[str, ddist.DistInfo]:
+    """This rank's device and distributed info. Every RL entry point calls it first, so that nothing is built
+    before the rank's device is chosen (under torchrun each rank takes cuda:<local rank>)."""
     setup_console_logging()
     device = resolve_device(cfg.device)
     info = ddist.init_distributed(device)
     if device == "cuda" and info.world_size > 1:
         device = f"cuda:{info.local_rank}"
         torch.cuda.set_device(device)
+    return device, info
+
+
+def prepare_run(cfg, info) -> tuple:
+    """(run dir, checkpoint to resume): every rank checks, then rank 0 creates the folder. Called once the
+    inputs are loaded, so a failed start leaves nothing behind and no rank waits on a dead one."""
     run_dir, resume_from = common.prepare_run_dir(cfg, create=False)
     ddist.barrier(info)
     if info.is_main:
         common.prepare_run_dir(cfg)
     ddist.barrier(info)
     seed_everything(int(cfg.seed) + info.rank)
-    return device, info, run_dir, resume_from
+    return run_dir, resume_from
 
 
 def run(cfg) -> str:
     if not cfg.checkpoint:
         raise RiptError("rl needs checkpoint=<stage-1, finetune or rl checkpoint>")
-    # every rank checks (and fails alike) before rank 0 creates anything, so no rank waits on a dead one
-    model, base = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune", "rl"), device="cpu")
-    device, info, run_dir, resume_from = setup_run(cfg)
-    model = model.to(device)
+    device, info = init_rank(cfg)
+    model, base = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune", "rl"), device=device)
+    run_dir, resume_from = prepare_run(cfg, info)
     names = list(cfg.task_names) if cfg.task_names else model.task_names
     for name in names:
         model.task_index(name)
