@@ -110,8 +110,10 @@ def worker_fault(m: Matrix, s1: Path, sig: int, case: str) -> None:
     os.kill(min(workers), sig)
     _, err = proc.communicate(timeout=600)
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
-    m.record(case, proc.returncode, err.strip().splitlines(), 0, ("replacing it",),
-             lambda: len(results.get("episodes", [])) == 8 and results.get("reruns") == 1)
+    counts = {k: results.get(k) for k in ("reruns", "worker_restarts")} | {"episodes": len(results.get("episodes", []))}
+    lines = [line for line in err.strip().splitlines() if "replacing it" in line] + [f"results: {counts}"]
+    m.record(case, proc.returncode, lines, 0, ("replacing it",),
+             lambda: counts == {"reruns": 1, "worker_restarts": 1, "episodes": 8})
 
 
 def _ppid(stat: Path) -> int:
@@ -226,9 +228,12 @@ def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
                         f.flush()
                 except OSError:
                     pass
-            m.expect("disk full while saving", ["stage0", *data, *TRAIN, f"run_dir={run}", "resume=true",
-                                                "train.steps=6", "resume_allow_changes=[train.steps]"],
-                     "cannot write checkpoint", intact=lambda: (run / "checkpoints" / "last").resolve().name == "0000004")
+            resume = ["stage0", *data, *TRAIN, f"run_dir={run}", "resume=true", "train.steps=6",
+                      "resume_allow_changes=[train.steps]"]
+            kept = lambda: (run / "checkpoints" / "last").resolve().name == "0000004"  # noqa: E731
+            m.expect("disk full (TensorBoard's first write)", resume, "no space left", intact=kept)
+            m.expect("disk full while saving a checkpoint", [*resume, "logger.tensorboard=false"],
+                     "cannot write checkpoint", intact=kept)
             subprocess.run(["mount", "-o", "remount,ro", str(fs)], check=True)
             m.expect("read-only run folder", ["stage0", *data, *TRAIN, f"run_dir={fs}/new"], "read-only")
         finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ript.data.collect import TRAIN_SEED_STRIDE
+from ript.envs.seeds import demo_layout_seed
 
 
 def run_task(args: tuple[str, str, int, int, float]) -> dict:
@@ -37,7 +37,7 @@ def run_task(args: tuple[str, str, int, int, float]) -> dict:
         return {"suite": suite, "task": name, "episodes": 0, "successes": 0, "mean_length": 0.0, "seconds": 0.0,
                 "no_expert": str(e).split(": ", 1)[-1]}
     for episode in range(episodes):
-        layout_seed = seed * TRAIN_SEED_STRIDE + episode * 100  # first try of each demo, as collect draws it
+        layout_seed = demo_layout_seed(seed, episode, 0)  # first try of each demo, as collect draws it
         rng = np.random.default_rng([seed, zlib.crc32(name.encode()), episode, 0])
         demo = run_episode(task, layout_seed, rng, noise, render=False)
         outcomes.append(bool(demo.attrs["success"]))

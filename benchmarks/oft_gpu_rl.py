@@ -21,6 +21,7 @@ import torch
 
 from ript.config import compose
 from ript.envs.runner import EnvRunner, EpisodeSpec
+from ript.envs.seeds import rl_layout_seed
 from ript.models.openvla_oft.official_writer import LLAMA2_7B, official_config, write_official_checkpoint
 from ript.registry import ADVANTAGES
 from ript.rl import advantages  # noqa: F401  (registers the estimators)
@@ -76,7 +77,7 @@ def main() -> None:
 
     runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], a.steps, episodes_per_task=1,
                        num_workers=a.workers)
-    specs = [EpisodeSpec(TASKS[g % len(TASKS)], 3 * 10**9 + g, g * a.k + j) for g in range(a.groups)
+    specs = [EpisodeSpec(TASKS[g % len(TASKS)], rl_layout_seed(g), g * a.k + j) for g in range(a.groups)
              for j in range(a.k)]
     try:
         runner.run(policy, specs=specs[: a.workers])  # warm-up: worker start, task builds, kernels

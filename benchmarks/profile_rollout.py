@@ -48,8 +48,6 @@ def isolated_plan_ms(policy, obs_example: dict, n: int, repeat: int = 20) -> flo
     sync = torch.cuda.synchronize if policy.device.type == "cuda" else (lambda: None)
     times = []
     for r in range(repeat + 3):
-        for q in policy.queues:
-            q.clear()
         sync()
         t = time.perf_counter()
         policy.plan(list(range(n)))
@@ -68,7 +66,6 @@ def main() -> None:
     ap.add_argument("--record", type=int, default=1)
     ap.add_argument("--cuda-graph", type=int, default=1)
     ap.add_argument("--torch-profile", type=int, default=0)
-    ap.add_argument("--chunked", type=int, default=1, help="whole chunks per worker call (0: one call per step)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     cfg = compose("stage1", args.overrides)
@@ -84,8 +81,7 @@ def main() -> None:
     out["cuda_graph"] = policy.cuda_graph
     per_task = max(1, args.episodes // len(ds.task_names))
     runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), args.steps, per_task,
-                       num_workers=args.workers, chunked=bool(args.chunked))
-    out["chunked"] = bool(args.chunked)
+                       num_workers=args.workers)
     runner.run(policy)  # warm-up: spawn workers, build envs, first kernels
     log: list = []
     timed_plans(policy, log)

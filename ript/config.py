@@ -41,22 +41,9 @@ def to_dict(cfg: DictConfig) -> dict[str, Any]:
 
 def task_names(task_cfg: DictConfig) -> list[str]:
     """The task list: explicit ``task.task_names`` if given, else the benchmark's split."""
-    if task_cfg.suite == "metaworld":
-        from ript.envs.metaworld import benchmark_tasks, check_task_names
+    from ript.envs.suites import get_suite
 
-        names = list(task_cfg.task_names) if task_cfg.get("task_names") else benchmark_tasks(
-            task_cfg.benchmark, task_cfg.split)
-        check_task_names(names)
-        return names
-    from ript.envs import libero
-
-    if libero.is_libero_suite(task_cfg.suite):
-        if task_cfg.get("task_names"):
-            names = list(task_cfg.task_names)
-            libero.check_task_names(task_cfg.suite, names)
-            return names
-        return libero.suite_tasks(task_cfg.suite)
-    raise RiptError(f"task.suite={task_cfg.suite!r} is unknown; available: metaworld, {', '.join(libero.SUITE_HORIZONS)}")
+    return get_suite(str(task_cfg.suite)).task_names(task_cfg)
 
 
 def data_files(task_cfg: DictConfig, names: list[str] | None = None) -> list[Path]:

@@ -196,26 +196,52 @@ def test_rl_under_torchrun_with_two_gloo_processes(stage1_run, tmp_path):
     assert state["ranks"][0]["sampler"]["rng"] != state["ranks"][1]["sampler"]["rng"]
 
 
-def test_chunked_runner_matches_step_by_step(stage1_run, tmp_path):
-    """Whole chunks per worker call see the same observations, take the same decisions and end the same
-    episodes as one worker call per env step (including videos of recorded episodes)."""
+def step_by_step(policy, spec: EpisodeSpec, render: dict, max_steps: int) -> dict:
+    """The oracle: one env in this process, every step rendered and observed (the runner renders only the
+    frames a decision reads, in a worker, for several envs at once)."""
+    from ript.envs.metaworld import MetaWorldTask, RenderSettings
+
+    task = MetaWorldTask(spec.task_name, RenderSettings.from_dict(render), max_steps)
+    try:
+        policy.reset(1)
+        policy.reset_env(0, spec.task_name)
+        policy.observe(0, task.reset(spec.seed, render=True))
+        length, done, success = 0, False, False
+        while not done:
+            for action in policy.act_chunk([True])[0]:
+                obs, _, done, info = task.step(action, render=True)
+                policy.observe(0, obs)
+                length, success = length + 1, info["success"]
+                if done:
+                    break
+        return {"task": spec.task_name, "seed": spec.seed, "success": success, "length": length,
+                "decisions": policy.take_record(0)}
+    finally:
+        task.close()
+
+
+def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
+    """Whole chunks per worker call, rendering only what a decision reads, for several envs in parallel,
+    take the same decisions and end the same episodes as stepping one env at a time and observing every
+    frame (greedy decoding, so the comparison does not depend on how envs are batched)."""
     model, ckpt = load_model(stage1_run)
     render = ckpt["metadata"]["env_args"]["render"]
+    settings = sampling_settings(ckpt, {"greedy": True})
     specs = [EpisodeSpec("button-press-v3", 3, 0, record=True), EpisodeSpec("drawer-close-v3", 3, 1),
              EpisodeSpec("button-press-v3", 4, 2)]
-    outs = []
-    for chunked in (True, False):
-        policy = make_policy(model, sampling_settings(ckpt), "cpu", seed=0)
-        policy.record = True
-        runner = EnvRunner("metaworld", model.task_names, render, 30, 1, num_workers=2, chunked=chunked)
-        try:
-            outs.append(runner.run(policy, video_dir=tmp_path / str(chunked), specs=specs))
-        finally:
-            runner.close()
-    for a, b in zip(outs[0]["episodes"], outs[1]["episodes"]):
-        assert (a["task"], a["seed"], a["success"], a["length"]) == (b["task"], b["seed"], b["success"], b["length"])
-        assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(a["decisions"], b["decisions"]))
-        assert len(a["decisions"]) == len(b["decisions"]) > 0
-    assert outs[0]["env_steps"] == outs[1]["env_steps"]
-    assert [p.name for p in sorted((tmp_path / "True").glob("*.mp4"))] == \
-        [p.name for p in sorted((tmp_path / "False").glob("*.mp4"))] != []
+    policy = make_policy(model, settings, "cpu", seed=0)
+    policy.record = True
+    runner = EnvRunner("metaworld", model.task_names, render, 30, 1, num_workers=2)
+    try:
+        out = runner.run(policy, video_dir=tmp_path, specs=specs)
+    finally:
+        runner.close()
+    episodes = sorted(out["episodes"], key=lambda e: e["episode"])
+    for spec, got in zip(specs, episodes):
+        want = step_by_step(policy, spec, render, 30)
+        assert (got["task"], got["seed"], got["success"], got["length"]) == \
+            (want["task"], want["seed"], want["success"], want["length"])
+        assert len(got["decisions"]) == len(want["decisions"]) > 1
+        assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(got["decisions"], want["decisions"]))
+    assert out["env_steps"] == sum(e["length"] for e in episodes)
+    assert [p.name for p in tmp_path.glob("*.mp4")] == [f"button-press-v3_ep0_{'success' if episodes[0]['success'] else 'failure'}.mp4"]

@@ -25,24 +25,11 @@ import h5py
 import numpy as np
 
 from ript.data.hdf5 import Demo, merge_demo_files, write_demo_file
+from ript.envs.seeds import demo_layout_seed
+from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.utils.logging import log
 from ript.utils.processes import die_with_parent
-
-TRAIN_SEED_STRIDE = 100_000  # layout seeds of demo j: seed * stride + j; evaluation uses a disjoint range
-
-
-def episode_source(suite: str):
-    """The module that knows how to run one expert episode of ``suite``."""
-    if suite == "metaworld":
-        from ript.data import collect_metaworld as source
-    else:
-        from ript.data import collect_libero as source
-        from ript.envs.libero import check_suite
-
-        check_suite(suite)
-    return source
-
 
 @dataclass(frozen=True)
 class Job:
@@ -76,7 +63,7 @@ def job_settings(job: Job) -> dict[str, Any]:
 
 
 def _run_job(job: Job) -> tuple[str, int, int]:
-    source = episode_source(job.suite)
+    source = get_suite(job.suite).episode_source()
     task = source.open_task(job.task, job.suite, job.render, job.max_episode_steps)
     demos: list[Demo] = []
     attempts = retry = 0
@@ -84,7 +71,7 @@ def _run_job(job: Job) -> tuple[str, int, int]:
         # Seeds depend only on (seed, task, episode index, retry), not on how work is split into jobs.
         while len(demos) < job.num_episodes and attempts < job.max_attempts:
             episode = job.first_episode + len(demos)
-            layout_seed = job.seed * TRAIN_SEED_STRIDE + episode * 100 + retry
+            layout_seed = demo_layout_seed(job.seed, episode, retry)
             noise_rng = np.random.default_rng([job.seed, zlib.crc32(job.task.encode()), episode, retry])
             demo = source.run_episode(task, layout_seed, noise_rng, job.noise)
             attempts += 1
@@ -177,7 +164,7 @@ def collect_demos(
 
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    source = episode_source(suite)
+    source = get_suite(suite).episode_source()
     remove_stale_temporaries(data_dir)
 
     def final(t: str) -> Path:

@@ -2,9 +2,8 @@
 
 Workers are replaceable processes (``envs/workers.py``). Each worker hosts one simulator task at a time and
 is driven through two methods called on all workers at once: ``begin`` (start an episode: task, seed) and
-``advance_chunk`` (a chunk policy's whole chunk of actions, images only for the frames the next decision
-reads) or, for other policies, ``advance`` (one step). The policy sees all envs together and is called once
-per decision for every env that needs a new chunk. A worker that dies or hangs is replaced; its episode is
+``advance_chunk`` (the policy's whole chunk of actions, images only for the frames the next decision reads).
+The policy (``policies/base.py``) sees all envs together and is called once per decision for every env. A worker that dies or hangs is replaced; its episode is
 run again from its seed (``on_worker_failure="rerun"``, evaluation) or dropped (``"drop"``, RL), and the
 results count both.
 """
@@ -21,13 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ript.envs.metaworld import MetaWorldTask, RenderSettings
+from ript.envs.seeds import eval_layout_seed
+from ript.envs.suites import get_suite
 from ript.envs.workers import WorkerPool
+from ript.policies.base import ChunkingPolicy
 from ript.utils.checkpoint import atomic_write_text
 from ript.utils.video import write_mp4
-
-EVAL_SEED_BASE = 10**9  # evaluation layouts never coincide with demonstration layouts
-
 
 @dataclass(frozen=True)
 class EpisodeSpec:
@@ -37,27 +35,6 @@ class EpisodeSpec:
     record: bool = False
 
 
-def make_task(suite: str, task_name: str, render: dict, max_episode_steps: int):
-    """The one place a simulator adapter is chosen by suite name."""
-    if suite == "metaworld":
-        return MetaWorldTask(task_name, RenderSettings.from_dict(render), max_episode_steps)
-    from ript.envs import libero
-
-    if libero.is_libero_suite(suite):
-        return libero.LiberoTask(suite, task_name, libero.LiberoRender.from_dict(render), max_episode_steps)
-    from ript.errors import RiptError
-
-    raise RiptError(f"unknown simulator suite {suite!r}; available: metaworld, {', '.join(libero.SUITE_HORIZONS)}")
-
-
-def tasks_per_worker(suite: str) -> int | None:
-    """How many tasks a worker keeps built. A LIBERO scene holds ~0.8 GB, so a worker keeps one and the
-    runner gives it episodes of that task while there are any; MetaWorld tasks are cheap to keep."""
-    from ript.envs.libero import is_libero_suite
-
-    return 1 if is_libero_suite(suite) else None
-
-
 class TaskWorkerEnv:
     """A worker's env: builds simulator tasks on demand and keeps them for reuse."""
 
@@ -65,20 +42,17 @@ class TaskWorkerEnv:
         self.suite, self.render_cfg, self.max_steps = suite, render, max_episode_steps
         self.tasks: dict[str, Any] = {}  # in order of last use
         self.current = None
-        self.cache_limit = tasks_per_worker(suite)
+        self.suite_entry = get_suite(suite)
+        self.cache_limit = self.suite_entry.tasks_per_worker  # a LIBERO scene holds ~0.8 GB
 
     def begin(self, spec: EpisodeSpec):
         task = self.tasks.pop(spec.task_name, None)
         if task is None:
             while self.cache_limit is not None and len(self.tasks) >= self.cache_limit:
                 self.tasks.pop(next(iter(self.tasks))).close()  # least recently used
-            task = make_task(self.suite, spec.task_name, self.render_cfg, self.max_steps)
+            task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps)
         self.tasks[spec.task_name] = self.current = task
         return self.current.reset(spec.seed, render=True)
-
-    def advance(self, action: np.ndarray, render: bool):
-        obs, reward, done, info = self.current.step(action, render=render)
-        return obs, reward, done, info["success"]
 
     def advance_chunk(self, chunk: np.ndarray, keep_last: int, record: bool):
         """Run this worker's whole action chunk (stopping at the episode's end) in one call. Renders only the
@@ -128,7 +102,6 @@ class EnvRunner:
         num_workers: int | str | None = "auto",
         seed: int = 0,
         n_videos: int = 0,
-        chunked: bool = True,
         worker_timeout_s: float = 600.0,
         max_worker_restarts: int = 3,
         on_worker_failure: str = "rerun",
@@ -141,7 +114,6 @@ class EnvRunner:
         self.num_workers = default_num_workers(num_workers, episodes_per_task * len(task_names))
         self.seed = seed
         self.n_videos = n_videos
-        self.chunked = chunked  # whole action chunks per worker call, for policies that plan chunks
         if on_worker_failure not in ("rerun", "drop"):
             raise ValueError(f"on_worker_failure={on_worker_failure!r}: expected 'rerun' or 'drop'")
         self.worker_timeout_s, self.max_worker_restarts = worker_timeout_s, max_worker_restarts
@@ -152,7 +124,7 @@ class EnvRunner:
         out = []
         for j in range(self.episodes_per_task):  # interleave tasks so workers share the slow ones
             for t in self.task_names:
-                out.append(EpisodeSpec(t, EVAL_SEED_BASE + self.seed * 10_000 + j, j, j < self.n_videos))
+                out.append(EpisodeSpec(t, eval_layout_seed(self.seed, j), j, j < self.n_videos))
         return out
 
     def _ensure_envs(self):
@@ -161,7 +133,7 @@ class EnvRunner:
                                      self.worker_timeout_s, self.max_worker_restarts)
         return self.envs
 
-    def run(self, policy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None) -> dict[str, Any]:
+    def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None) -> dict[str, Any]:
         """Run every episode of ``specs`` (default: the evaluation protocol). With a recording policy, each
         episode dict also carries its ``decisions``."""
         envs = self._ensure_envs()
@@ -170,7 +142,7 @@ class EnvRunner:
         n_specs = len(specs)
         pending = list(specs)
         pending.reverse()  # popped from the end
-        sticky = tasks_per_worker(self.suite) is not None
+        sticky = get_suite(self.suite).tasks_per_worker is not None
         hosted: list[str | None] = [None] * n  # the task each worker last ran
         running: list[EpisodeSpec | None] = [None] * n
         steps = [0] * n
@@ -179,9 +151,8 @@ class EnvRunner:
         policy.reset(n)
         video_keys = [f"{c}_rgb" for c in self.render["cameras"]]
         t0 = time.perf_counter()
-        env_steps = rounds = reruns = dropped = 0
+        env_steps = reruns = dropped = 0
         restarts_before = envs.restarts
-        period = getattr(policy, "decision_period", 1)
 
         def start(slots: list[int]) -> None:
             assigned: list[EpisodeSpec | None] = [None] * n
@@ -214,7 +185,7 @@ class EnvRunner:
                     reruns += 1
                 else:
                     dropped += 1
-                if getattr(policy, "record", False):
+                if policy.record:
                     policy.take_record(i)
                 running[i], hosted[i], frames[i] = None, None, []
 
@@ -222,64 +193,41 @@ class EnvRunner:
             spec = running[i]
             episodes.append({"task": spec.task_name, "episode": spec.index, "seed": spec.seed,
                              "success": bool(success), "length": steps[i]})
-            if getattr(policy, "record", False):
+            if policy.record:
                 episodes[-1]["decisions"] = policy.take_record(i)
             if spec.record and video_dir is not None:
                 tag = "success" if success else "failure"
                 write_mp4(Path(video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", frames[i])
             running[i] = None
 
-        chunked = self.chunked and hasattr(policy, "act_chunk")
         start(list(range(n)))
         while any(s is not None for s in running) or pending:
             if all(s is None for s in running):  # every worker was replaced while starting its episode
                 start(list(range(n)))
                 continue
             active = [s is not None for s in running]
-            if chunked:
-                # one worker call per decision: each env runs its whole chunk, rendering only what is read
-                chunks = policy.act_chunk(active)
-                keep = int(getattr(policy, "frame_stack", 1))
-                results, failed = envs.call("advance_chunk", [
-                    (chunks[i], keep, running[i].record) if a else None for i, a in enumerate(active)])
-                lost(failed)
-                for i, res in enumerate(results):
-                    if res is None:
-                        continue
-                    rendered, taken, done, success = res
-                    steps[i] += taken
-                    env_steps += taken
-                    for t, obs in rendered:
-                        if t >= len(chunks[i]) - keep:
-                            policy.observe(i, obs)
-                        if running[i].record:
-                            frames[i].append(_video_frame(obs, video_keys))
-                    if done:
-                        finish(i, success)
-                rounds += period
-            else:
-                actions = policy.act(active)
-                render = [a and (policy.wants_obs(i) or running[i].record) for i, a in enumerate(active)]
-                results, failed = envs.call("advance", [(actions[i], render[i]) if a else None
-                                                        for i, a in enumerate(active)])
-                lost(failed)
-                for i, res in enumerate(results):
-                    if res is None:
-                        continue
-                    obs, _, done, success = res
-                    steps[i] += 1
-                    env_steps += 1
-                    if render[i]:
+            # one worker call per decision: each env runs its whole chunk, rendering only what is read
+            chunks = policy.act_chunk(active)
+            keep = policy.frame_stack
+            results, failed = envs.call("advance_chunk", [
+                (chunks[i], keep, running[i].record) if a else None for i, a in enumerate(active)])
+            lost(failed)
+            for i, res in enumerate(results):
+                if res is None:
+                    continue
+                rendered, taken, done, success = res
+                steps[i] += taken
+                env_steps += taken
+                for t, obs in rendered:
+                    if t >= len(chunks[i]) - keep:
                         policy.observe(i, obs)
-                        if running[i].record:
-                            frames[i].append(_video_frame(obs, video_keys))
-                    if done:
-                        finish(i, success)
-                rounds += 1
-            # Start new episodes only on decision rounds, so every env asks for its next chunk in the same
-            # round: one batched policy call per action_horizon steps instead of one nearly every step.
+                    if running[i].record:
+                        frames[i].append(_video_frame(obs, video_keys))
+                if done:
+                    finish(i, success)
+            # every round is a decision round: episodes started now plan in the next batched policy call
             idle = [i for i, s in enumerate(running) if s is None]
-            if idle and pending and (rounds % period == 0 or len(idle) == n):
+            if idle and pending:
                 start(idle)
         if len(episodes) + dropped != n_specs:
             raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs} ({dropped} dropped)")

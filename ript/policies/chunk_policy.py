@@ -1,36 +1,19 @@
-"""The policy interface the env runners drive, and its chunk-policy implementation.
-
-A runner owns ``n`` envs. For each env the policy keeps the last ``frame_stack`` observations and a queue
-of planned actions; ``act`` refills the empty queues of all active envs with one batched model call and
-pops one action per env. ``wants_obs(i)`` tells the runner whether env i's next observation will be read,
-so images are rendered only for the frames a decision uses.
+"""The QueST-style chunk policy: the skill prior samples a sequence of skill tokens from the envs' frame stacks,
+the autoencoder's decoder turns them into a chunk of actions. On a GPU each decision replays as one CUDA
+graph (eagerly it is ~1,300 small kernel launches).
 """
 
 from __future__ import annotations
-
-import time
-from collections import deque
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from ript.models.prior import SkillPrior
+from ript.policies.base import ChunkingPolicy
 from ript.utils.logging import log
 
 
-class Policy(Protocol):
-    action_dim: int
-
-    def reset(self, n_envs: int) -> None: ...
-    def reset_env(self, i: int, task_name: str) -> None: ...
-    def wants_obs(self, i: int) -> bool: ...
-    def observe(self, i: int, obs: dict[str, np.ndarray]) -> None: ...
-    def act(self, active: list[bool]) -> np.ndarray: ...
-    # optional: act_chunk(active) -> list[np.ndarray | None], whole chunks for runners that step them in workers
-
-
-class ChunkPolicy:
+class ChunkPolicy(ChunkingPolicy):
     def __init__(
         self,
         model: SkillPrior,
@@ -48,46 +31,22 @@ class ChunkPolicy:
         if not 1 <= action_horizon <= chunk:
             raise ValueError(f"action_horizon={action_horizon} must be in [1, chunk_size={chunk}]")
         self.model = model.eval().to(device)
-        self.device = torch.device(device)
-        self.action_dim = model.autoencoder.action_dim
-        self.action_horizon = action_horizon
-        self.decision_period = action_horizon  # runners align episode starts to this
-        self.frame_stack = model.frame_stack  # observations a decision reads
+        super().__init__(model.autoencoder.action_dim, action_horizon, model.frame_stack, device, seed,
+                         obs_keys=model.image_keys + model.lowdim_keys)
         self.sample_kwargs = {"temperature": temperature, "top_k": top_k, "greedy": greedy}
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.amp = amp and self.device.type == "cuda"
-        self.obs_keys = model.image_keys + model.lowdim_keys
         self.record = record
         self.record_obs = False  # also record each decision's observations (RL that trains the encoders)
-        self.inference_seconds = 0.0
         # one CUDA graph per padded batch size: a decision is ~1,300 small kernels, launch-bound when eager
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
         self.graphs: dict[int, GraphedCall] = {}
-        self.reset(0)
 
     def reset(self, n_envs: int) -> None:
-        self.history: list[deque] = [deque(maxlen=self.model.frame_stack) for _ in range(n_envs)]
-        self.queues: list[deque] = [deque() for _ in range(n_envs)]
+        super().reset(n_envs)
         self.task_ids = [0] * n_envs
-        self.records: list[list[dict]] = [[] for _ in range(n_envs)]
 
-    def reset_env(self, i: int, task_name: str) -> None:
-        self.history[i].clear()
-        self.queues[i].clear()
-        self.records[i] = []
+    def start_task(self, i: int, task_name: str) -> None:
         self.task_ids[i] = self.model.task_index(task_name)
-
-    def wants_obs(self, i: int) -> bool:
-        # called after this step's action was popped: the next decision comes once the queue is empty,
-        # and the obs this step returns is in that decision's frame stack if fewer than frame_stack remain
-        return len(self.queues[i]) < self.model.frame_stack
-
-    def observe(self, i: int, obs: dict[str, np.ndarray]) -> None:
-        frame = {k: obs[k] for k in self.obs_keys}
-        if not self.history[i]:
-            for _ in range(self.model.frame_stack - 1):
-                self.history[i].append(frame)  # pad the start of an episode with its first frame
-        self.history[i].append(frame)
 
     def _infer(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, noise: torch.Tensor | None = None):
         """Observations -> (context, tokens, log-probs, action chunks); no host synchronisation inside."""
@@ -100,8 +59,7 @@ class ChunkPolicy:
         return context.float(), tokens, log_probs, chunks[:, : self.action_horizon].float()
 
     @torch.no_grad()
-    def plan(self, envs: list[int]) -> None:
-        t0 = time.perf_counter()
+    def plan(self, envs: list[int]) -> np.ndarray:
         host_obs = {
             k: torch.from_numpy(np.stack([np.stack([f[k] for f in self.history[i]]) for i in envs]))
             for k in self.obs_keys
@@ -124,10 +82,7 @@ class ChunkPolicy:
                 if self.record_obs:  # kept on the host: a few hundred MB per iteration at 128 px
                     record.update(obs={k: v[j] for k, v in host_obs.items()}, task_id=self.task_ids[i])
                 self.records[i].append(record)
-        chunks = chunks.cpu().numpy()
-        for i, chunk in zip(envs, chunks):
-            self.queues[i].extend(chunk)
-        self.inference_seconds += time.perf_counter() - t0  # .cpu() above waited for the GPU
+        return chunks.cpu().numpy()  # waits for the GPU
 
     def _graph_for(self, batch: int, inputs: dict) -> "GraphedCall | None":
         if batch not in self.graphs:
@@ -138,41 +93,6 @@ class ChunkPolicy:
                 self.cuda_graph = False
                 return None
         return self.graphs[batch]
-
-    def take_record(self, i: int) -> list[dict]:
-        """The decisions of env i's episode so far (empty unless ``record``), handed over and cleared."""
-        out, self.records[i] = self.records[i], []
-        return out
-
-    def act_chunk(self, active: list[bool]) -> list[np.ndarray | None]:
-        """Every active env's planned actions at once (runners that execute whole chunks in the worker)."""
-        plan_dry(self, active)
-        out: list[np.ndarray | None] = [None] * len(active)
-        for i, a in enumerate(active):
-            if a:
-                out[i] = np.stack(self.queues[i])
-                self.queues[i].clear()
-        return out
-
-    def act(self, active: list[bool]) -> np.ndarray:
-        return act_from_queues(self, active)
-
-
-def plan_dry(policy, active: list[bool]) -> None:
-    """One batched ``policy.plan`` call for the active envs whose queue of planned actions ran dry."""
-    need = [i for i, a in enumerate(active) if a and not policy.queues[i]]
-    if need:
-        policy.plan(need)
-
-
-def act_from_queues(policy, active: list[bool]) -> np.ndarray:
-    """Refill dry queues, then pop one planned action per active env (zeros for the others)."""
-    plan_dry(policy, active)
-    actions = np.zeros((len(active), policy.action_dim), dtype=np.float32)
-    for i, a in enumerate(active):
-        if a:
-            actions[i] = policy.queues[i].popleft()
-    return actions
 
 
 class GraphedCall:

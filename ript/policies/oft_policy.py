@@ -11,16 +11,13 @@ where the statistics' mask says so, and LIBERO's gripper convention (+1 close, -
 
 from __future__ import annotations
 
-import time
-from collections import deque
-
 import numpy as np
 import torch
 from torch.nn import functional as F
 
 from ript.errors import RiptError
 from ript.models.openvla_oft.model import OpenVLAOFT, laplace_log_prob
-from ript.policies.chunk_policy import act_from_queues
+from ript.policies.base import ChunkingPolicy
 
 PROMPT = "In: What action should the robot take to {}?\nOut:"
 
@@ -77,7 +74,7 @@ class Normalizer:
         return np.where(self.mask, 0.5 * (y + 1) * (self.high - self.low + 1e-8) + self.low, y)
 
 
-class OFTPolicy:
+class OFTPolicy(ChunkingPolicy):
     def __init__(self, model: OpenVLAOFT, tokenizer, statistics: dict, instructions: dict[str, str],
                  image_keys: list[str], proprio_keys: list[str], device: str | torch.device = "cpu",
                  action_horizon: int | None = None, center_crop: bool = True, gripper: str = "libero",
@@ -87,50 +84,41 @@ class OFTPolicy:
             raise RiptError(f"the checkpoint takes {cfg.num_images} images; oft.image_keys names {len(image_keys)}")
         if gripper not in ("libero", "none"):
             raise RiptError(f"oft.gripper must be 'libero' or 'none', not {gripper!r}")
-        self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
+        self.model, self.tokenizer = model, tokenizer
+        # OFT reads the current observation only (frame stack 1) and executes whole chunks open-loop by default
+        super().__init__(cfg.action_dim, action_horizon or cfg.chunk_size, 1, device, seed,
+                         obs_keys=list(image_keys) + list(proprio_keys))
         self.actions = Normalizer(statistics["action"])
         self.proprio = Normalizer(statistics["proprio"]) if cfg.proprio_dim else None
         self.instructions, self.image_keys, self.proprio_keys = instructions, image_keys, proprio_keys
-        self.action_dim, self.chunk = cfg.action_dim, cfg.chunk_size
-        self.action_horizon = action_horizon or cfg.chunk_size
-        self.decision_period = self.action_horizon
+        self.chunk = cfg.chunk_size
         self.center_crop, self.gripper, self.sample = center_crop, gripper, sample
         self.amp = amp and self.device.type == "cuda"
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.record = False
-        self.inference_seconds = 0.0
         self._prompts: dict[str, list[int]] = {}
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
-        self.reset(0)
 
     def reset(self, n_envs: int) -> None:
-        self.last_obs: list[dict | None] = [None] * n_envs
-        self.queues: list[deque] = [deque() for _ in range(n_envs)]
+        super().reset(n_envs)
         self.tasks: list[str] = [""] * n_envs
-        self.records: list[list[dict]] = [[] for _ in range(n_envs)]
 
-    def reset_env(self, i: int, task_name: str) -> None:
+    def start_task(self, i: int, task_name: str) -> None:
         if task_name not in self.instructions:
             raise RiptError(f"no instruction known for task {task_name!r}")
-        self.queues[i].clear()
-        self.records[i] = []
         self.tasks[i] = task_name
         if task_name not in self._prompts:
             self._prompts[task_name] = prompt_ids(self.tokenizer, self.instructions[task_name])
 
-    def wants_obs(self, i: int) -> bool:
-        return len(self.queues[i]) == 0
-
     def observe(self, i: int, obs: dict[str, np.ndarray]) -> None:
-        self.last_obs[i] = obs
+        missing = [k for k in self.obs_keys if k not in obs]
+        if missing:
+            raise RiptError(f"observation has no {missing[0]!r} (has: {', '.join(sorted(obs))}); "
+                            f"set oft.image_keys / oft.proprio_keys")
+        super().observe(i, obs)
 
     def inputs(self, envs: list[int]) -> dict:
         """The model inputs of these envs' current observations (uint8 images, normalised proprio, prompts)."""
-        obs = [self.last_obs[i] for i in envs]
-        for key in self.image_keys + self.proprio_keys:
-            if key not in obs[0]:
-                raise RiptError(f"observation has no {key!r} (has: {', '.join(sorted(obs[0]))}); set oft.image_keys / oft.proprio_keys")
+        obs = [self.history[i][-1] for i in envs]
         frames = torch.from_numpy(np.stack([o[k] for o in obs for k in self.image_keys])).to(self.device)
         images = resize_images(frames, self.model.cfg.image_size, self.center_crop)
         images = images.reshape(len(envs), len(self.image_keys), *images.shape[1:])
@@ -151,8 +139,7 @@ class OFTPolicy:
                               ids.to(self.device), valid.to(self.device), **kw)
 
     @torch.no_grad()
-    def plan(self, envs: list[int]) -> None:
-        t0 = time.perf_counter()
+    def plan(self, envs: list[int]) -> np.ndarray:
         inputs = self.inputs(envs)
         out = self.forward(inputs)
         mean = out["mean"]
@@ -171,20 +158,10 @@ class OFTPolicy:
                                         "proprio": None if inputs["proprio"] is None else inputs["proprio"][j],
                                         "prompt": inputs["prompts"][j], "actions": actions[j].float().cpu(),
                                         "log_probs": log_probs[j].float().cpu() if self.sample else None})
-        chunks = self.to_env(actions.float().cpu().numpy())
-        for i, chunk in zip(envs, chunks):
-            self.queues[i].extend(chunk[: self.action_horizon])
-        self.inference_seconds += time.perf_counter() - t0
+        return self.to_env(actions.float().cpu().numpy())
 
     def to_env(self, normalized: np.ndarray) -> np.ndarray:
         a = self.actions.unnormalize(np.clip(normalized, -1, 1))
         if self.gripper == "libero":  # OFT predicts 0 = close .. 1 = open; LIBERO takes +1 = close
             a[..., -1] = -np.sign(2 * a[..., -1] - 1)
         return a.astype(np.float32)
-
-    def take_record(self, i: int) -> list[dict]:
-        out, self.records[i] = self.records[i], []
-        return out
-
-    def act(self, active: list[bool]) -> np.ndarray:
-        return act_from_queues(self, active)

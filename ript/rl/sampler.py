@@ -8,7 +8,8 @@ import json
 
 import numpy as np
 
-RL_SEED_BASE = 3 * 10**9  # disjoint from demonstration (< 10**9) and evaluation (10**9 + ...) layouts
+from ript.envs.seeds import rl_layout_seed
+
 
 
 class InitialConditionSampler:
@@ -40,7 +41,7 @@ class InitialConditionSampler:
         for _ in range(n):
             for _ in range(max_tries):
                 task = self.task_names[int(self.rng.choice(len(self.task_names), p=probs))]
-                ic = (task, RL_SEED_BASE + int(self.rng.integers(self.pool_size)))
+                ic = (task, rl_layout_seed(int(self.rng.integers(self.pool_size))))
                 last = self.mastered.get(f"{ic[0]}|{ic[1]}")
                 if last is None or self.iteration - last > self.skip_mastered_for:
                     break

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 
 from ript.config import resolve_device
+from ript.envs.suites import get_suite
 from ript.envs.runner import EnvRunner, success_table, write_results
 from ript.errors import RiptError
 from ript.model_loader import load_model
@@ -28,13 +29,6 @@ def sampling_settings(ckpt: dict, overrides: dict | None = None) -> dict[str, An
     return out
 
 
-def standard_episodes(suite: str) -> int:
-    """Episodes per task of a suite's standard protocol: LIBERO's 50 packaged init states; 20 on MetaWorld."""
-    from ript.envs.libero import LIBERO_INIT_STATES, is_libero_suite
-
-    return LIBERO_INIT_STATES if is_libero_suite(suite) else 20
-
-
 def make_runner(metadata: dict, task_names: list[str], eval_cfg, workers_cfg) -> EnvRunner:
     env_args = metadata.get("env_args") or {}
     if "render" not in env_args:
@@ -44,7 +38,7 @@ def make_runner(metadata: dict, task_names: list[str], eval_cfg, workers_cfg) ->
         task_names=task_names,
         render=env_args["render"],  # same cameras, size and quality as the training images
         max_episode_steps=int(eval_cfg.get("max_episode_steps") or env_args["max_episode_steps"]),
-        episodes_per_task=int(eval_cfg.episodes_per_task or standard_episodes(metadata["suite"])),
+        episodes_per_task=int(eval_cfg.episodes_per_task or get_suite(metadata["suite"]).standard_episodes),
         num_workers=eval_cfg.num_workers,
         seed=int(eval_cfg.seed),
         n_videos=int(eval_cfg.n_videos),

@@ -16,6 +16,8 @@ import torch
 
 from ript.config import resolve_device, task_names
 from ript.envs.runner import success_table, write_results
+from ript.envs.seeds import rank_seed
+from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.models.openvla_oft.official import load_official, pick_statistics
 from ript.policies.oft_policy import OFTPolicy
@@ -25,16 +27,6 @@ from ript.utils.checkpoint import resolve_checkpoint_dir
 from ript.utils.logging import log, setup_console_logging
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-
-
-def instructions(suite: str, names: list[str]) -> dict[str, str]:
-    from ript.envs import libero
-
-    if libero.is_libero_suite(suite):
-        return {n: libero.LiberoTask.describe(suite, n)["instruction"] for n in names}
-    from ript.envs.metaworld import INSTRUCTIONS
-
-    return {n: INSTRUCTIONS[n] for n in names}
 
 
 def add_lora(model, lora_cfg) -> None:
@@ -155,7 +147,7 @@ def build(cfg, device: str, seed: int, sample: bool):
     metadata = {"suite": cfg.task.suite, "task_names": names,
                 "env_args": {"render": common.to_dict(cfg.task.render), "max_episode_steps": int(cfg.task.max_episode_steps)},
                 "base_checkpoint": str(Path(cfg.checkpoint).resolve())}
-    policy = OFTPolicy(model, tokenizer, stats, instructions(cfg.task.suite, names), list(cfg.oft.image_keys),
+    policy = OFTPolicy(model, tokenizer, stats, get_suite(str(cfg.task.suite)).instructions(names), list(cfg.oft.image_keys),
                        list(cfg.oft.proprio_keys), device, cfg.oft.action_horizon, bool(cfg.oft.center_crop),
                        str(cfg.oft.gripper), sample=sample, seed=seed, amp=device.startswith("cuda"))
     return model, policy, metadata, names
@@ -186,7 +178,7 @@ def run_rl(cfg) -> str:
     from ript.stages import rl as rl_stage
 
     device, info = rl_stage.init_rank(cfg)  # first: the 7B model is built on this rank's device
-    model, policy, metadata, names = build(cfg, device, int(cfg.seed) * 7919 + info.rank, sample=True)
+    model, policy, metadata, names = build(cfg, device, rank_seed(int(cfg.seed), info.rank), sample=True)
     run_dir, resume_from = rl_stage.prepare_run(cfg, info)
     add_lora(model, cfg.lora)
     p = next(model.action_head.parameters())

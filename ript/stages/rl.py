@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from ript.config import resolve_device
-from ript.envs.libero import LIBERO_INIT_STATES, is_libero_suite
-from ript.envs.runner import EpisodeSpec, EnvRunner
+from ript.envs.runner import EnvRunner, EpisodeSpec
+from ript.envs.seeds import rank_seed
+from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.model_loader import check_and_load, load_model
 from ript.registry import ADVANTAGES
@@ -198,9 +199,10 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
 
 def make_sampler(cfg, names: list[str], suite: str, info) -> InitialConditionSampler:
     pool = int(cfg.rl.ic_pool_size)
-    if is_libero_suite(suite):
-        pool = min(pool, LIBERO_INIT_STATES)  # RL starts from the packaged init states (seed % 50)
-    return InitialConditionSampler(names, int(cfg.seed) * 7919 + info.rank, pool, int(cfg.rl.skip_mastered_for),
+    limit = get_suite(suite).initial_conditions  # LIBERO: RL starts from the packaged init states (seed % 50)
+    if limit is not None:
+        pool = min(pool, limit)
+    return InitialConditionSampler(names, rank_seed(int(cfg.seed), info.rank), pool, int(cfg.rl.skip_mastered_for),
                                    str(cfg.rl.task_weighting), int(cfg.rl.rollouts_per_group),
                                    floor=float(cfg.rl.task_weighting_floor))
 
@@ -240,7 +242,7 @@ def run(cfg) -> str:
         model.task_index(name)
     settings = sampling_settings(base, dict(cfg.sampling))
     learner = ChunkLearner(model, settings, bool(cfg.rl.train_prior_only))
-    policy = make_policy(model, settings, device, int(cfg.seed) * 7919 + info.rank, bool(cfg.cuda_graph))
+    policy = make_policy(model, settings, device, rank_seed(int(cfg.seed), info.rank), bool(cfg.cuda_graph))
     learner.attach(policy)
     metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"], "sampling": settings}
     ckpt_config = common.checkpoint_config("rl", "skill_prior", base["model_kwargs"], cfg, metadata)

@@ -1,0 +1,105 @@
+"""One registry entry per simulator suite: everything the rest of ript needs to know about a suite, so no
+code outside ``ript/envs`` compares suite names.
+
+A suite knows its task list, how to build a task, the instructions, the standard evaluation protocol (episodes
+per task), how many tasks a worker keeps built, how many distinct initial conditions a task has, and the
+module that runs its scripted experts. Simulators are imported only when a task is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ript.envs.libero import LIBERO_INIT_STATES, SUITE_HORIZONS
+from ript.errors import RiptError
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    standard_episodes: int            # episodes per task of the suite's standard evaluation protocol
+    tasks_per_worker: int | None      # tasks an env worker keeps built (None: every task it meets)
+    initial_conditions: int | None    # distinct initial conditions per task (None: one per layout seed)
+
+    def task_names(self, task_cfg) -> list[str]:
+        """``task.task_names`` if given (checked), else the suite's (or benchmark split's) task list."""
+        raise NotImplementedError
+
+    def make_task(self, task_name: str, render: dict, max_episode_steps: int) -> Any:
+        raise NotImplementedError
+
+    def instructions(self, names: list[str]) -> dict[str, str]:
+        raise NotImplementedError
+
+    def episode_source(self) -> ModuleType:
+        """The module that runs one scripted-expert episode (``open_task``, ``run_episode``, ``file_attrs``)."""
+        raise NotImplementedError
+
+
+class MetaWorldSuite(Suite):
+    def task_names(self, task_cfg) -> list[str]:
+        from ript.envs.metaworld import benchmark_tasks, check_task_names
+
+        names = list(task_cfg.task_names) if task_cfg.get("task_names") else benchmark_tasks(
+            task_cfg.benchmark, task_cfg.split)
+        check_task_names(names)
+        return names
+
+    def make_task(self, task_name: str, render: dict, max_episode_steps: int) -> Any:
+        from ript.envs.metaworld import MetaWorldTask, RenderSettings
+
+        return MetaWorldTask(task_name, RenderSettings.from_dict(render), max_episode_steps)
+
+    def instructions(self, names: list[str]) -> dict[str, str]:
+        from ript.envs.metaworld import INSTRUCTIONS
+
+        return {n: INSTRUCTIONS[n] for n in names}
+
+    def episode_source(self) -> ModuleType:
+        from ript.data import collect_metaworld
+
+        return collect_metaworld
+
+
+class LiberoSuite(Suite):
+    def task_names(self, task_cfg) -> list[str]:
+        from ript.envs import libero
+
+        if task_cfg.get("task_names"):
+            names = list(task_cfg.task_names)
+            libero.check_task_names(self.name, names)
+            return names
+        return libero.suite_tasks(self.name)
+
+    def make_task(self, task_name: str, render: dict, max_episode_steps: int) -> Any:
+        from ript.envs.libero import LiberoRender, LiberoTask
+
+        return LiberoTask(self.name, task_name, LiberoRender.from_dict(render), max_episode_steps)
+
+    def instructions(self, names: list[str]) -> dict[str, str]:
+        from ript.envs.libero import LiberoTask
+
+        return {n: LiberoTask.describe(self.name, n)["instruction"] for n in names}
+
+    def episode_source(self) -> ModuleType:
+        from ript.data import collect_libero
+
+        return collect_libero
+
+
+# LIBERO: 50 packaged init states per task define the standard protocol and RL's initial conditions; a
+# scene holds ~0.8 GB, so a worker keeps one and the runner gives it episodes of that task while any are left.
+SUITES: dict[str, Suite] = {
+    "metaworld": MetaWorldSuite("metaworld", standard_episodes=20, tasks_per_worker=None, initial_conditions=None),
+    **{name: LiberoSuite(name, standard_episodes=LIBERO_INIT_STATES, tasks_per_worker=1,
+                         initial_conditions=LIBERO_INIT_STATES) for name in SUITE_HORIZONS},
+}
+
+
+def get_suite(name: str) -> Suite:
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise RiptError(f"unknown simulator suite {name!r} (task.suite); available: {', '.join(SUITES)}") from None

@@ -1,0 +1,76 @@
+"""The policy interface: everything an env runner or an RL learner calls on a policy, written down once.
+
+A runner owns ``n`` envs and drives them in decision rounds. For each env the policy keeps the last
+``frame_stack`` observations; ``act_chunk`` plans, in one batched call, a chunk of ``action_horizon`` actions
+for every active env and hands each chunk over whole; the runner executes a chunk inside its env worker and
+passes back (``observe``) the frames the next decision reads. With ``record`` on, the policy keeps what RL
+needs of each decision (``take_record``). Every policy family (the QueST-style prior, OpenVLA-OFT, ...)
+subclasses ``ChunkingPolicy`` and fills in ``start_task`` and ``plan``.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+
+import numpy as np
+import torch
+
+
+class ChunkingPolicy(ABC):
+    def __init__(self, action_dim: int, action_horizon: int, frame_stack: int, device: str | torch.device,
+                 seed: int, obs_keys: list[str] | None = None):
+        self.action_dim = action_dim
+        self.action_horizon = action_horizon  # actions executed from each planned chunk before replanning
+        self.frame_stack = frame_stack        # observations a decision reads (the runner renders only these)
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)  # sampling noise; checkpointed by RL
+        self.obs_keys = obs_keys              # observation keys kept (None: all)
+        self.record = False                   # keep what RL needs of every decision
+        self.inference_seconds = 0.0          # time spent in plan(), for the rollout's timing metrics
+        self.reset(0)
+
+    def reset(self, n_envs: int) -> None:
+        self.history: list[deque] = [deque(maxlen=self.frame_stack) for _ in range(n_envs)]
+        self.records: list[list[dict]] = [[] for _ in range(n_envs)]
+
+    def reset_env(self, i: int, task_name: str) -> None:
+        """Env ``i`` starts an episode of ``task_name``."""
+        self.history[i].clear()
+        self.records[i] = []
+        self.start_task(i, task_name)
+
+    def observe(self, i: int, obs: dict[str, np.ndarray]) -> None:
+        frame = obs if self.obs_keys is None else {k: obs[k] for k in self.obs_keys}
+        if not self.history[i]:
+            for _ in range(self.frame_stack - 1):
+                self.history[i].append(frame)  # pad the start of an episode with its first frame
+        self.history[i].append(frame)
+
+    def act_chunk(self, active: list[bool]) -> list[np.ndarray | None]:
+        """A chunk of ``action_horizon`` actions (float32, (horizon, action_dim)) for every active env, from one
+        batched ``plan``; None for the others."""
+        envs = [i for i, a in enumerate(active) if a]
+        out: list[np.ndarray | None] = [None] * len(active)
+        if envs:
+            t0 = time.perf_counter()
+            chunks = self.plan(envs)
+            self.inference_seconds += time.perf_counter() - t0
+            for i, chunk in zip(envs, chunks):
+                out[i] = np.asarray(chunk[: self.action_horizon], dtype=np.float32)
+        return out
+
+    def take_record(self, i: int) -> list[dict]:
+        """The decisions of env i's episode so far (empty unless ``record``), handed over and cleared."""
+        out, self.records[i] = self.records[i], []
+        return out
+
+    @abstractmethod
+    def start_task(self, i: int, task_name: str) -> None:
+        """Condition env ``i`` on its task (a task embedding, a prompt); an unknown task is a RiptError."""
+
+    @abstractmethod
+    def plan(self, envs: list[int]) -> np.ndarray:
+        """(len(envs), >= action_horizon, action_dim) actions from the envs' frame stacks; appends to
+        ``self.records[i]`` what RL needs when ``self.record`` is on. Waits for the device before returning."""
