@@ -24,7 +24,7 @@ from ript.data.dataset import ChunkDataset, DatasetSpec
 from ript.envs.metaworld import MetaWorldTask, RenderSettings, expert_policy
 from ript.models.action_autoencoder import ActionAutoencoder
 from ript.models.prior import SkillPrior
-from ript.stages import common
+from ript.utils import training
 from ript.stages.stage0 import autoencoder_kwargs
 
 TASKS = ["button-press-v3", "drawer-close-v3"]
@@ -79,30 +79,30 @@ def bench_train(cfg, ds: ChunkDataset, device: str, batch: int) -> dict:
     out = {}
     cuda = device.startswith("cuda")
     ae = ActionAutoencoder(**autoencoder_kwargs(cfg)).to(device)
-    opt, sched = common.make_optimizer(ae.parameters(), cfg.train, 10**6, device)
+    opt, sched = training.make_optimizer(ae.parameters(), cfg.train, 10**6, device)
 
     def step0():
         b = ds.get_batch(torch.randint(0, len(ds), (batch,)))
-        with common.autocast(device, "auto"):
+        with training.autocast(device, "auto"):
             o = ae(ae.action_normalizer.normalize(b["actions"]), b["action_mask"])
-        common.grad_norm_step(ae, opt, sched, o["loss"], 1.0)
+        training.grad_norm_step(ae, opt, sched, o["loss"], 1.0)
 
     out["stage0_train_samples_per_s"] = batch / timed(step0, 20 if cuda else 5, sync=cuda)
     prior = make_prior(cfg, ds).to(device).train()
-    opt, sched = common.make_optimizer(prior.parameters(), cfg.train, 10**6, device)
+    opt, sched = training.make_optimizer(prior.parameters(), cfg.train, 10**6, device)
     gen = torch.Generator(device=ds.device).manual_seed(0)
 
     def step1():
         b = ds.get_batch(torch.randint(0, len(ds), (batch,)))
-        with common.autocast(device, "auto"):
+        with training.autocast(device, "auto"):
             o = prior_loss(prior, b, cfg, gen, 0.0)
-        common.grad_norm_step(prior, opt, sched, o["loss"], 1.0)
+        training.grad_norm_step(prior, opt, sched, o["loss"], 1.0)
 
     out["stage1_train_samples_per_s"] = batch / timed(step1, 10 if cuda else 3, sync=cuda)
     out["stage1_params_M"] = sum(p.numel() for p in prior.parameters()) / 1e6
     prior.eval()
     b = ds.get_batch(torch.randint(0, len(ds), (64,)))
-    with torch.no_grad(), common.autocast(device, "auto"):
+    with torch.no_grad(), training.autocast(device, "auto"):
         ctx = prior.context(b["obs"], b["task_ids"])
         for cache in (True, False):
             sec = timed(lambda: prior.sample(ctx, 1.0, 10, use_cache=cache), 10, sync=cuda)

@@ -23,8 +23,10 @@ from benchmarks.bench import demo_dataset, make_prior
 from ript.config import compose, resolve_device
 from ript.envs.runner import EnvRunner
 from ript.rl.sampler import InitialConditionSampler
-from ript.stages import rl
-from ript.stages.evaluate import make_policy
+from ript.policies.build import make_policy
+from ript.rl.learners import ChunkLearner
+from ript.rl.rollout import collect_groups, flatten_groups, group_episodes
+from ript.rl.update import ppo_update
 from ript.utils.distributed import DistInfo
 
 
@@ -50,25 +52,26 @@ def main() -> None:
         ds = demo_dataset(cfg, Path(tmp), 2)
         model = make_prior(cfg, ds).to(device)
         settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
-        params = rl.trainable_parameters(model, True)
-        opt = torch.optim.AdamW(params, lr=1e-5)
+        learner = ChunkLearner(model, settings, prior_only=True)
+        opt = torch.optim.AdamW(learner.params, lr=1e-5)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
         for w in workers:
             runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), args.steps, 1, num_workers=w)
             policy = make_policy(model, settings, device, seed=0)
             policy.record = True
             sampler = InitialConditionSampler(ds.task_names, seed=0)
-            rl.collect_groups(runner, policy, sampler, rl_cfg, DistInfo())  # warm-up: spawn workers, build envs
+            collect_groups(runner, policy, sampler, rl_cfg, DistInfo())  # warm-up: spawn workers, build envs
             policy.inference_seconds = 0.0
             t = time.perf_counter()
-            batch = rl.collect_groups(runner, policy, sampler, rl_cfg, DistInfo())
+            batch = collect_groups(runner, policy, sampler, rl_cfg, DistInfo())
             t_rollout = time.perf_counter() - t
             runner.close()
-            groups = rl.group_episodes(batch["episodes"], args.k)
-            data = rl.flatten_groups(groups, "rloo", device)  # time training on every group, informative or not
-            data["advantages"] = torch.randn_like(data["advantages"])
+            groups = group_episodes(batch["episodes"], args.k)
+            decisions, _, _ = flatten_groups(groups, "rloo")  # time training on every group, informative or not
+            data = learner.collate(decisions, device)
+            data["advantages"] = torch.randn(len(decisions), device=device)
             t = time.perf_counter()
-            rl.ppo_update(model, params, opt, sched, data, rl_cfg, settings, DistInfo(), 0, device)
+            ppo_update(learner, opt, sched, data, rl_cfg, DistInfo(), 0, device)
             t_train = time.perf_counter() - t
             steps = sum(e["length"] for e in batch["episodes"])
             out["per_workers"][w] = {"rollout_s": t_rollout, "train_s": t_train, "env_steps": steps,

@@ -42,7 +42,8 @@ def main() -> None:
     from transformers import PreTrainedTokenizerFast
 
     from ript.policies.oft_policy import OFTPolicy
-    from ript.stages.oft import OFTLearner, add_lora
+    from ript.rl.learners import OFTLearner
+    from ript.stages.oft import add_lora
 
     tok = PreTrainedTokenizerFast.from_pretrained(str(a.folder))
     stats = report["statistics"]["libero_spatial_no_noops"]

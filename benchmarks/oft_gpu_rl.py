@@ -25,8 +25,11 @@ from ript.envs.seeds import rl_layout_seed
 from ript.models.openvla_oft.official_writer import LLAMA2_7B, official_config, write_official_checkpoint
 from ript.registry import ADVANTAGES
 from ript.rl import advantages  # noqa: F401  (registers the estimators)
-from ript.stages import common, oft
-from ript.stages import rl as rl_stage
+from ript.stages import oft
+from ript.utils import training
+from ript.rl.learners import OFTLearner
+from ript.rl.rollout import group_episodes
+from ript.rl.update import ppo_update, rescore
 from ript.utils.distributed import DistInfo
 
 TASKS = ["reach-v3", "button-press-v3"]
@@ -70,7 +73,7 @@ def main() -> None:
     oft.add_lora(model, cfg.lora)
     p = next(model.action_head.parameters())
     model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
-    learner = oft.OFTLearner(model, bool(cfg.oft.gradient_checkpointing) and cuda, False)
+    learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing) and cuda, False)
     learner.policy = policy
     res["trainable_m"] = sum(q.numel() for q in learner.params) / 1e6
     policy.record = True
@@ -92,7 +95,7 @@ def main() -> None:
     res["inference_s"] = policy.inference_seconds
     res["inference_share"] = policy.inference_seconds / res["rollout_s"]
     res["rollout_success"] = sum(e["success"] for e in eps) / len(eps)
-    groups = rl_stage.group_episodes(eps, a.k)
+    groups = group_episodes(eps, a.k)
     rewards = torch.tensor([[float(e["success"]) for e in g] for g in groups])
     adv = ADVANTAGES.get("rloo")(rewards)
     if not adv.any():
@@ -108,10 +111,10 @@ def main() -> None:
     # step 0, before any update: the log-probs PPO's first minibatch computes (shuffled micro-batches) against
     # those recorded while sampling, and against those rescored by the training forward (rl.recompute_old_log_probs)
     t = time.perf_counter()
-    rescored = rl_stage.rescore(learner, data, cfg, a.device)
+    rescored = rescore(learner, data, cfg, a.device)
     res["rescore_s"] = time.perf_counter() - t
     order = torch.randperm(len(decisions), generator=torch.Generator().manual_seed(0)).to(a.device)
-    with torch.no_grad(), common.autocast(a.device, cfg.amp):
+    with torch.no_grad(), training.autocast(a.device, cfg.amp):
         shuffled = torch.cat([learner.log_probs(data, i).float() for i in order.split(int(cfg.rl.micro_batch))])
     step0 = torch.empty_like(shuffled)
     step0[order] = shuffled
@@ -127,7 +130,7 @@ def main() -> None:
         res["rollout_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    stats = rl_stage.ppo_update(learner, opt, sched, data, cfg, DistInfo(), 0, a.device)
+    stats = ppo_update(learner, opt, sched, data, cfg, DistInfo(), 0, a.device)
     if cuda:
         torch.cuda.synchronize()
         res["train_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30

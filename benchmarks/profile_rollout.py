@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from benchmarks.bench import demo_dataset, make_prior
 from ript.config import compose, resolve_device
 from ript.envs.runner import EnvRunner
-from ript.stages.evaluate import make_policy
+from ript.policies.build import make_policy
 
 
 def timed_plans(policy, log: list) -> None:

@@ -163,7 +163,9 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     model, policy, metadata, names = oft.build(cfg, "cpu", 0, sample=True)
     oft.add_lora(model, cfg.lora)
     model.add_scale_head(16, 0.5)
-    learner = oft.OFTLearner(model, grad_checkpointing=False, train_action_head=False)
+    from ript.rl.learners import OFTLearner
+
+    learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False)
     learner.policy = policy
     from ript.envs.runner import EnvRunner, EpisodeSpec
 
@@ -181,11 +183,11 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     torch.testing.assert_close(again, data["old_log_probs"], atol=1e-4, rtol=1e-4)
 
     # the rank's device is chosen before the (7B) model is built on it: record the order of the real calls
-    from ript.stages import rl
+    from ript.rl import loop
 
     order = []
-    real_init, real_build = rl.init_rank, oft.build
-    monkeypatch.setattr(rl, "init_rank", lambda c: order.append("init_rank") or real_init(c))
+    real_init, real_build = loop.init_rank, oft.build
+    monkeypatch.setattr(oft, "init_rank", lambda c: order.append("init_rank") or real_init(c))
     monkeypatch.setattr(oft, "build", lambda *a, **k: order.append("build") or real_build(*a, **k))
     out = Path(oft.run_rl(cfg))
     assert order == ["init_rank", "build"]

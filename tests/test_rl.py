@@ -16,8 +16,11 @@ from ript.registry import ADVANTAGES
 from ript.rl import advantages  # noqa: F401
 from ript.rl.objective import ppo_loss, token_log_probs
 from ript.rl.sampler import InitialConditionSampler
+from ript.policies.build import make_policy, sampling_settings
+from ript.rl.learners import ChunkLearner
+from ript.rl.rollout import group_episodes
+from ript.rl.update import ppo_update, rescore
 from ript.stages import evaluate, rl
-from ript.stages.evaluate import make_policy, sampling_settings
 from ript.utils import distributed as ddist
 
 
@@ -52,12 +55,12 @@ def test_sampler_skips_mastered_and_round_trips_its_state():
 
 def test_groups_stay_apart_when_two_draws_share_an_initial_condition():
     eps = [{"task": "a", "seed": 5, "episode": g * 2 + j, "success": bool(j)} for g in (1, 0) for j in (1, 0)]
-    groups = rl.group_episodes(eps, 2)
+    groups = group_episodes(eps, 2)
     assert [[e["episode"] for e in g] for g in groups] == [[0, 1], [2, 3]]
     # a group that lost a rollout to a failed env worker is left out whole; a mixed-up group is a bug
-    assert [[e["episode"] for e in g] for g in rl.group_episodes(eps[:3], 2)] == [[2, 3]]
+    assert [[e["episode"] for e in g] for g in group_episodes(eps[:3], 2)] == [[2, 3]]
     with pytest.raises(RuntimeError, match="malformed"):
-        rl.group_episodes([eps[0], {**eps[1], "seed": 6}], 2)
+        group_episodes([eps[0], {**eps[1], "seed": 6}], 2)
 
 
 def test_informative_task_weighting_favours_tasks_with_mixed_outcomes():
@@ -78,7 +81,7 @@ def test_informative_task_weighting_favours_tasks_with_mixed_outcomes():
 def test_recorded_log_probs_equal_recomputed_ones(stage1_run):
     """The ratio at PPO step 0 is exactly 1: what is scored is what was sampled (top-k and temperature)."""
     model, ckpt = load_model(stage1_run)
-    settings = {**sampling_settings(ckpt), "temperature": 0.8, "top_k": 5}
+    settings = {**sampling_settings(ckpt["metadata"], None, ckpt["cfg"]), "temperature": 0.8, "top_k": 5}
     policy = make_policy(model, settings, "cpu", seed=0)
     policy.record = True
     meta = ckpt["metadata"]
@@ -100,9 +103,9 @@ def test_encoders_train_from_recorded_observations_and_micro_batches_add_up(stag
     """With ``rl.train_prior_only=false`` the log-probs are recomputed from the recorded observations (equal to
     those sampled), the encoders receive gradient, and micro-batches accumulate to the minibatch's update."""
     model, ckpt = load_model(stage1_run)
-    settings = {**sampling_settings(ckpt), "temperature": 2.0}
+    settings = {**sampling_settings(ckpt["metadata"], None, ckpt["cfg"]), "temperature": 2.0}
     policy = make_policy(model, settings, "cpu", seed=0)
-    learner = rl.ChunkLearner(model, settings, prior_only=False)
+    learner = ChunkLearner(model, settings, prior_only=False)
     learner.attach(policy)
     policy.record = True
     runner = EnvRunner("metaworld", model.task_names, ckpt["metadata"]["env_args"]["render"], 24, 1, num_workers=1)
@@ -117,7 +120,7 @@ def test_encoders_train_from_recorded_observations_and_micro_batches_add_up(stag
         recomputed = learner.log_probs(data, torch.arange(len(decisions)))
     assert torch.allclose(recomputed, data["old_log_probs"], atol=1e-5)
     cfg = compose("rl", [f"checkpoint={stage1_run}", "rl.micro_batch=2", "amp=false"])
-    assert torch.allclose(rl.rescore(learner, data, cfg, "cpu"), data["old_log_probs"], atol=1e-5)
+    assert torch.allclose(rescore(learner, data, cfg, "cpu"), data["old_log_probs"], atol=1e-5)
     data["advantages"] = torch.linspace(-1, 1, len(decisions))
 
     encoder = "image_encoders.corner_rgb.proj.weight"
@@ -129,7 +132,7 @@ def test_encoders_train_from_recorded_observations_and_micro_batches_add_up(stag
                              f"rl.micro_batch={micro}", "amp=false"])
         opt = torch.optim.SGD(learner.params, lr=1.0)  # the update is the gradient: sums compare directly
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
-        stats = rl.ppo_update(learner, opt, sched, data, cfg, ddist.DistInfo(), 0, "cpu")
+        stats = ppo_update(learner, opt, sched, data, cfg, ddist.DistInfo(), 0, "cpu")
         updated.append(({k: v.clone() for k, v in model.state_dict().items()}, stats))
     (full, s_full), (micro, s_micro) = updated
     assert not torch.equal(full[encoder], before[encoder])  # the gradient reached the image encoder
@@ -226,7 +229,7 @@ def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
     frame (greedy decoding, so the comparison does not depend on how envs are batched)."""
     model, ckpt = load_model(stage1_run)
     render = ckpt["metadata"]["env_args"]["render"]
-    settings = sampling_settings(ckpt, {"greedy": True})
+    settings = sampling_settings(ckpt["metadata"], {"greedy": True}, ckpt["cfg"])
     specs = [EpisodeSpec("button-press-v3", 3, 0, record=True), EpisodeSpec("drawer-close-v3", 3, 1),
              EpisodeSpec("button-press-v3", 4, 2)]
     policy = make_policy(model, settings, "cpu", seed=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -138,3 +139,32 @@ def batch_indices(n: int, batch_size: int, epoch: int, seed: int) -> torch.Tenso
     perm = torch.randperm(n, generator=g)
     usable = (n // batch_size) * batch_size if n >= batch_size else n
     return perm[:usable].view(-1, min(batch_size, n))
+
+
+def batch_stream(dataset: ChunkDataset, batch_size: int, seed: int, start_step: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """(step, sample indices) from ``start_step`` on; the order depends only on (seed, step)."""
+    n_batches = len(batch_indices(len(dataset), batch_size, 0, seed))
+    step = start_step
+    while True:
+        epoch, i = divmod(step, n_batches)
+        order = batch_indices(len(dataset), batch_size, epoch, seed)
+        for j in range(i, n_batches):
+            yield step, order[j]
+            step += 1
+
+
+def load_datasets(spec_kwargs: dict, device: str, on_device: str | bool) -> tuple[ChunkDataset, ChunkDataset | None]:
+    from ript.data.dataset import DatasetSpec, EmptySplitError
+
+    spec = DatasetSpec(**spec_kwargs)
+    train = ChunkDataset(spec, "train")
+    try:
+        val = ChunkDataset(spec, "val") if spec.val_fraction > 0 else None
+    except EmptySplitError:  # too few demos to hold any out; a damaged file still fails
+        val = None
+    move = device.startswith("cuda") if on_device == "auto" else bool(on_device)
+    if move:
+        train.to(device)
+        if val is not None:
+            val.to(device)
+    return train, val

@@ -21,8 +21,11 @@ from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.models.openvla_oft.official import load_official, pick_statistics
 from ript.policies.oft_policy import OFTPolicy
-from ript.stages import common
-from ript.stages.evaluate import evaluate_policy, make_runner
+from ript.config import to_dict
+from ript.utils.checkpoint import checkpoint_config
+from ript.envs.evaluation import evaluate_policy, make_runner
+from ript.rl.learners import OFTLearner
+from ript.rl.loop import init_rank, prepare_run, train_loop
 from ript.utils.checkpoint import resolve_checkpoint_dir
 from ript.utils.logging import log, setup_console_logging
 
@@ -68,61 +71,6 @@ def load_adapter(model, folder: str | Path, merge: bool = False) -> None:
         head.to(p.device, p.dtype)
 
 
-class TrainableWeights(torch.nn.Module):
-    """The parameters RL trains (LoRA + heads), as one module for checkpoints: its state dict is exactly those."""
-
-    def __init__(self, model):
-        super().__init__()
-        object.__setattr__(self, "_model", model)  # not a submodule: its frozen weights are not saved
-
-    def _params(self) -> dict[str, torch.nn.Parameter]:
-        return {k: p for k, p in self._model.named_parameters() if p.requires_grad}
-
-    def state_dict(self, *args, **kwargs):  # noqa: D102
-        return {k: p.detach() for k, p in self._params().items()}
-
-    def load_state_dict(self, state, strict: bool = True):  # noqa: D102
-        own = self._params()
-        with torch.no_grad():
-            for k, v in state.items():
-                own[k].copy_(v)
-
-
-class OFTLearner:
-    def __init__(self, model, grad_checkpointing: bool, train_action_head: bool):
-        model.requires_grad_(False)
-        for name, p in model.named_parameters():
-            if "lora_" in name or name.startswith("scale_head."):
-                p.requires_grad_(True)
-        if train_action_head:
-            model.action_head.requires_grad_(True)
-        self.model, self.grad_checkpointing = model, grad_checkpointing
-        if grad_checkpointing:
-            model.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.weights = TrainableWeights(model)
-        self.policy: OFTPolicy | None = None
-
-    def collate(self, decisions: list[dict], device: str) -> dict:
-        return {"images": torch.stack([d["images"] for d in decisions]),
-                "proprio": None if decisions[0]["proprio"] is None else torch.stack([d["proprio"] for d in decisions]),
-                "prompts": [d["prompt"] for d in decisions],
-                "actions": torch.stack([d["actions"] for d in decisions]).to(device),
-                "old_log_probs": torch.stack([d["log_probs"] for d in decisions]).to(device)}
-
-    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
-        from ript.models.openvla_oft.model import laplace_log_prob
-
-        rows = idx.cpu()
-        inputs = {"images": data["images"][rows], "prompts": [data["prompts"][i] for i in rows.tolist()],
-                  "proprio": None if data["proprio"] is None else data["proprio"][rows]}
-        # Llama has no dropout: train mode only switches gradient checkpointing on
-        self.model.language_model.train(self.grad_checkpointing)
-        out = self.policy.forward(inputs)
-        self.model.language_model.eval()
-        return laplace_log_prob(data["actions"][idx], out["mean"], out["scale"]).flatten(1)
-
-
 def build(cfg, device: str, seed: int, sample: bool):
     """(model, policy, metadata, names) for a config: the official folder, optional RL adapter."""
     if not cfg.checkpoint:
@@ -145,7 +93,7 @@ def build(cfg, device: str, seed: int, sample: bool):
         raise RiptError(f"{cfg.checkpoint}: cannot load the tokenizer (tokenizer.json): {e}") from None
     names = task_names(cfg.task)
     metadata = {"suite": cfg.task.suite, "task_names": names,
-                "env_args": {"render": common.to_dict(cfg.task.render), "max_episode_steps": int(cfg.task.max_episode_steps)},
+                "env_args": {"render": to_dict(cfg.task.render), "max_episode_steps": int(cfg.task.max_episode_steps)},
                 "base_checkpoint": str(Path(cfg.checkpoint).resolve())}
     policy = OFTPolicy(model, tokenizer, stats, get_suite(str(cfg.task.suite)).instructions(names), list(cfg.oft.image_keys),
                        list(cfg.oft.proprio_keys), device, cfg.oft.action_horizon, bool(cfg.oft.center_crop),
@@ -175,17 +123,15 @@ def run_eval(cfg) -> dict:
 
 
 def run_rl(cfg) -> str:
-    from ript.stages import rl as rl_stage
-
-    device, info = rl_stage.init_rank(cfg)  # first: the 7B model is built on this rank's device
+    device, info = init_rank(cfg)  # first: the 7B model is built on this rank's device
     model, policy, metadata, names = build(cfg, device, rank_seed(int(cfg.seed), info.rank), sample=True)
-    run_dir, resume_from = rl_stage.prepare_run(cfg, info)
+    run_dir, resume_from = prepare_run(cfg, info)
     add_lora(model, cfg.lora)
     p = next(model.action_head.parameters())
     model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
     learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing), bool(cfg.oft.train_action_head))
     learner.policy = policy
-    ckpt_config = common.checkpoint_config("rl", "openvla_oft", {}, cfg, metadata)
+    ckpt_config = checkpoint_config("rl", "openvla_oft", {}, cfg, metadata)
     eval_runner = make_runner(metadata, names, cfg.eval, cfg.workers) if info.is_main and cfg.eval.every else None
 
     def evaluate(iteration: int, logger) -> None:
@@ -199,7 +145,7 @@ def run_rl(cfg) -> str:
             policy.sample, policy.record = True, True
 
     try:
-        out = rl_stage.train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir,
+        out = train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir,
                                   resume_from, evaluate)
     finally:
         if eval_runner is not None:

@@ -9,7 +9,14 @@ import torch
 from ript.config import data_files, resolve_device, task_names
 from ript.models.action_autoencoder import ActionAutoencoder
 from ript.model_loader import check_and_load
-from ript.stages import common
+from ript.config import to_dict
+from ript.data.dataset import batch_stream
+from ript.data.dataset import load_datasets
+from ript.utils import training
+from ript.utils.checkpoint import checkpoint_config
+from ript.utils.checkpoint import restore_training_state
+from ript.utils.checkpoint import training_state
+from ript.utils.run_dir import prepare_run_dir
 from ript.utils.checkpoint import load_weights, save_checkpoint
 from ript.utils.logging import MetricLogger, log, setup_console_logging
 from ript.utils.seeding import seed_everything
@@ -36,7 +43,7 @@ def validate(model: ActionAutoencoder, dataset, batch_size: int, device: str, am
     for start in range(0, len(dataset), batch_size):
         idx = torch.arange(start, min(start + batch_size, len(dataset)))
         batch = dataset.get_batch(idx)
-        with common.autocast(device, amp):
+        with training.autocast(device, amp):
             out = model(model.action_normalizer.normalize(batch["actions"].to(device)), batch["action_mask"].to(device))
         l1 += float(out["l1"]) * len(idx)
         n += len(idx)
@@ -48,11 +55,11 @@ def validate(model: ActionAutoencoder, dataset, batch_size: int, device: str, am
 
 def run(cfg) -> str:
     setup_console_logging()
-    common.prepare_run_dir(cfg, create=False)  # fail fast, before loading data
+    prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
     names = task_names(cfg.task)
-    train_set, val_set = common.load_datasets(
+    train_set, val_set = load_datasets(
         dict(files=data_files(cfg.task, names), obs_keys={}, chunk_size=int(cfg.algo.chunk_size),
              action_dim=int(cfg.task.action_dim), demos_per_task=cfg.data.demos_per_task,
              val_fraction=float(cfg.data.val_fraction), seed=int(cfg.seed)),
@@ -63,22 +70,22 @@ def run(cfg) -> str:
     model = ActionAutoencoder(**kwargs)
     model.action_normalizer.fit(train_set.actions)
     model.to(device).train()
-    run_dir, resume_from = common.prepare_run_dir(cfg)  # inputs checked: now the folder may appear
+    run_dir, resume_from = prepare_run_dir(cfg)  # inputs checked: now the folder may appear
     steps = int(cfg.train.steps)
-    opt, sched = common.make_optimizer(model.parameters(), cfg.train, steps, device)
+    opt, sched = training.make_optimizer(model.parameters(), cfg.train, steps, device)
     generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
     start_step, run_id = 0, None
     if resume_from is not None:
         check_and_load(model, load_weights(resume_from), str(resume_from))
-        state = common.restore_training_state(resume_from, opt, sched, generator)
+        state = restore_training_state(resume_from, opt, sched, generator)
         start_step, run_id = int(state["step"]), state["logger_run_id"]
         log.info("stage0: resumed from %s at step %d", resume_from, start_step)
-    logger = MetricLogger(run_dir, common.to_dict(cfg), run_id)
-    ckpt_config = common.checkpoint_config("stage0", "action_autoencoder", kwargs, cfg,
+    logger = MetricLogger(run_dir, to_dict(cfg), run_id)
+    ckpt_config = checkpoint_config("stage0", "action_autoencoder", kwargs, cfg,
                                            train_set.metadata(cfg.task))
 
     def save(step: int) -> None:
-        state = common.training_state(opt, sched, step, generator, logger.run_id)
+        state = training_state(opt, sched, step, generator, logger.run_id)
         save_checkpoint(run_dir, step, model, ckpt_config, state, keep_last=cfg.train.keep_last)
 
     from tqdm import tqdm
@@ -86,13 +93,13 @@ def run(cfg) -> str:
     bar = tqdm(total=steps, initial=start_step, desc="stage0", unit="step", disable=not cfg.progress)
     t_start = t_last = time.perf_counter()
     samples = 0
-    for step, idx in common.batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
+    for step, idx in batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
         if step >= steps:
             break
         batch = train_set.get_batch(idx)
-        with common.autocast(device, cfg.train.amp):
+        with training.autocast(device, cfg.train.amp):
             out = model(model.action_normalizer.normalize(batch["actions"]), batch["action_mask"])
-        grad_norm = common.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step)
+        grad_norm = training.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step)
         samples += len(idx)
         bar.update(1)
         done = step + 1
@@ -109,7 +116,7 @@ def run(cfg) -> str:
             logger.log(metrics, done)
             log.info("stage0 step %d: val l1 %.4f, codebook usage %.1f%%", done, metrics["val/l1"],
                      100 * metrics["val/codebook_usage"])
-        stop = common.out_of_time(t_start, cfg.train.stop_after_minutes)
+        stop = training.out_of_time(t_start, cfg.train.stop_after_minutes)
         if done % cfg.train.save_every == 0 or done == steps or stop:
             save(done)
         if stop:

@@ -17,8 +17,16 @@ from ript.errors import RiptError
 from ript.model_loader import check_and_load, load_model
 from ript.models.encoders import random_shift
 from ript.models.prior import SkillPrior
-from ript.stages import common
-from ript.stages.evaluate import evaluate_during_training, make_runner, sampling_settings
+from ript.config import to_dict
+from ript.data.dataset import batch_stream
+from ript.data.dataset import load_datasets
+from ript.utils import training
+from ript.utils.checkpoint import checkpoint_config
+from ript.utils.checkpoint import restore_training_state
+from ript.utils.checkpoint import training_state
+from ript.utils.run_dir import prepare_run_dir
+from ript.envs.evaluation import evaluate_during_training, make_runner
+from ript.policies.build import sampling_settings, stage1_sampling
 from ript.utils.checkpoint import load_weights, save_checkpoint
 from ript.utils.logging import MetricLogger, log, setup_console_logging
 from ript.utils.seeding import seed_everything
@@ -26,7 +34,7 @@ from ript.utils.seeding import seed_everything
 
 def _datasets(cfg, chunk_size: int, device: str):
     names = task_names(cfg.task)
-    return common.load_datasets(
+    return load_datasets(
         dict(files=data_files(cfg.task, names), obs_keys=dict(cfg.task.obs_keys), chunk_size=chunk_size,
              frame_stack=int(cfg.algo.frame_stack), action_dim=int(cfg.task.action_dim),
              demos_per_task=cfg.data.demos_per_task, val_fraction=float(cfg.data.val_fraction),
@@ -56,7 +64,7 @@ def run(cfg) -> str:
     if autoencoder.action_dim != int(cfg.task.action_dim):
         raise RiptError(f"{ae_ckpt['checkpoint_dir']}: autoencoder action_dim {autoencoder.action_dim} != "
                         f"task.action_dim {cfg.task.action_dim}")
-    common.prepare_run_dir(cfg, create=False)  # fail fast, before loading data
+    prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
     train_set, val_set = _datasets(cfg, autoencoder.chunk_size, device)
     embeddings = _language(cfg, train_set.instructions)
@@ -75,7 +83,8 @@ def run(cfg) -> str:
     _set_task_conditioning(model, embeddings)
     for k in model.lowdim_keys:
         model.lowdim_normalizers[k].fit(train_set.obs[k])
-    metadata = {**train_set.metadata(cfg.task), "stage0_checkpoint": ae_ckpt["checkpoint_dir"]}
+    metadata = {**train_set.metadata(cfg.task), "stage0_checkpoint": ae_ckpt["checkpoint_dir"],
+                "sampling": stage1_sampling(cfg.algo)}
     return train_prior(cfg, model, kwargs, train_set, val_set, "stage1", metadata, device)
 
 
@@ -86,7 +95,7 @@ def run_finetune(cfg) -> str:
         raise RiptError("finetune needs checkpoint=<stage-1 run dir or checkpoint>")
     device = resolve_device(cfg.device)
     base, base_ckpt = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune"))
-    common.prepare_run_dir(cfg, create=False)  # fail fast, before loading data
+    prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
     train_set, val_set = _datasets(cfg, base.autoencoder.chunk_size, device)
     embeddings = _language(cfg, train_set.instructions)
@@ -102,7 +111,8 @@ def run_finetune(cfg) -> str:
         for part in (model.autoencoder.from_code, model.autoencoder.decoder, model.autoencoder.out,
                      model.autoencoder.dec_queries, model.autoencoder.dec_mem_pos):
             part.requires_grad_(True)
-    metadata = {**train_set.metadata(cfg.task), "base_checkpoint": base_ckpt["checkpoint_dir"]}
+    metadata = {**train_set.metadata(cfg.task), "base_checkpoint": base_ckpt["checkpoint_dir"],
+                "sampling": sampling_settings(base_ckpt["metadata"], legacy_cfg=base_ckpt["cfg"])}
     return train_prior(cfg, model, kwargs, train_set, val_set, "finetune", metadata, device)
 
 
@@ -131,7 +141,7 @@ def validate(model: SkillPrior, dataset, cfg, device: str) -> dict[str, float]:
         batch = dataset.get_batch(idx)
         batch = {**batch, "obs": {k: v.to(device) for k, v in batch["obs"].items()},
                  "actions": batch["actions"].to(device), "task_ids": batch["task_ids"].to(device)}
-        with common.autocast(device, cfg.train.amp):
+        with training.autocast(device, cfg.train.amp):
             out = model.loss(batch["obs"], batch["task_ids"], batch["actions"])
         ce += float(out["ce"]) * len(idx)
         acc += float(out["token_acc"]) * len(idx)
@@ -143,18 +153,18 @@ def validate(model: SkillPrior, dataset, cfg, device: str) -> dict[str, float]:
 def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, stage: str, metadata: dict,
                 device: str) -> str:
     model.to(device).train()  # the frozen autoencoder stays in eval mode (SkillPrior.train)
-    run_dir, resume_from = common.prepare_run_dir(cfg)  # inputs checked: now the folder may appear
+    run_dir, resume_from = prepare_run_dir(cfg)  # inputs checked: now the folder may appear
     steps = int(cfg.train.steps)
-    opt, sched = common.make_optimizer(model.parameters(), cfg.train, steps, device)
+    opt, sched = training.make_optimizer(model.parameters(), cfg.train, steps, device)
     generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
     start_step, run_id = 0, None
     if resume_from is not None:
         check_and_load(model, load_weights(resume_from), str(resume_from))
-        state = common.restore_training_state(resume_from, opt, sched, generator)
+        state = restore_training_state(resume_from, opt, sched, generator)
         start_step, run_id = int(state["step"]), state["logger_run_id"]
         log.info("%s: resumed from %s at step %d", stage, resume_from, start_step)
-    logger = MetricLogger(run_dir, common.to_dict(cfg), run_id)
-    ckpt_config = common.checkpoint_config(stage, "skill_prior", model_kwargs, cfg, metadata)
+    logger = MetricLogger(run_dir, to_dict(cfg), run_id)
+    ckpt_config = checkpoint_config(stage, "skill_prior", model_kwargs, cfg, metadata)
     decoder_l1_weight = float(cfg.get("decoder_l1_weight", 0.0))
     runner = None
     log.info("%s: %d tasks, %d train samples, %d demos, %.1fM trainable params", stage, len(train_set.task_names),
@@ -165,7 +175,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
         nonlocal runner
         if runner is None:
             runner = make_runner(metadata, train_set.task_names, cfg.eval, cfg.workers)
-        settings = sampling_settings({"cfg": common.to_dict(cfg), "metadata": metadata})
+        settings = sampling_settings(metadata)
         evaluate_during_training(runner, model, settings, device, int(cfg.eval.seed),
                                  run_dir / "eval" / f"step{step:07d}", logger, step, f"{stage} step {step}",
                                  bool(cfg.cuda_graph))
@@ -177,13 +187,13 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
     t_start = t_last = time.perf_counter()
     samples = 0
     try:
-        for step, idx in common.batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
+        for step, idx in batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
             if step >= steps:
                 break
             batch = train_set.get_batch(idx)
-            with common.autocast(device, cfg.train.amp):
+            with training.autocast(device, cfg.train.amp):
                 out = prior_loss(model, batch, cfg, generator, decoder_l1_weight)
-            grad_norm = common.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step)
+            grad_norm = training.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step)
             samples += len(idx)
             bar.update(1)
             done = step + 1
@@ -202,9 +212,9 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
                 logger.log(metrics, done)
                 log.info("%s step %d: val ce %.3f, token acc %.3f", stage, done, metrics["val/ce"],
                          metrics["val/token_acc"])
-            stop = common.out_of_time(t_start, cfg.train.stop_after_minutes)
+            stop = training.out_of_time(t_start, cfg.train.stop_after_minutes)
             if done % cfg.train.save_every == 0 or done == steps or stop:
-                state = common.training_state(opt, sched, done, generator, logger.run_id)
+                state = training_state(opt, sched, done, generator, logger.run_id)
                 save_checkpoint(run_dir, done, model, ckpt_config, state, keep_last=cfg.train.keep_last)
             if cfg.eval.every and (done % cfg.eval.every == 0 or done == steps):
                 evaluate(done)

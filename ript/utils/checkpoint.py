@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,7 +24,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+import ript
 from ript.errors import RiptError
+from ript.utils.seeding import rng_state, set_rng_state
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -175,3 +178,38 @@ def load_training_state(ckpt_dir: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a corrupt file
         raise RiptError(f"cannot read training state {path}: {e}") from None
+
+
+def versions() -> dict[str, str]:
+    import h5py
+    import numpy
+
+    out = {"ript": ript.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
+           "h5py": h5py.__version__, "python": platform.python_version()}
+    for name in ("mujoco", "metaworld", "vector_quantize_pytorch"):
+        try:
+            out[name] = __import__(name).__version__
+        except (ImportError, AttributeError):
+            pass
+    return out
+
+
+def checkpoint_config(stage: str, model_name: str, model_kwargs: dict, cfg, metadata: dict) -> dict[str, Any]:
+    from ript.config import to_dict
+
+    return {"stage": stage, "model_name": model_name, "model_kwargs": model_kwargs, "cfg": to_dict(cfg),
+            "metadata": metadata, "versions": versions()}
+
+
+def training_state(opt, sched, step: int, generator: torch.Generator, run_id: str, extra: dict | None = None) -> dict:
+    return {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step, "rng": rng_state(),
+            "data_rng": generator.get_state(), "logger_run_id": run_id, **(extra or {})}
+
+
+def restore_training_state(ckpt: Path, opt, sched, generator: torch.Generator) -> dict:
+    state = load_training_state(ckpt)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    generator.set_state(state["data_rng"])  # a CPU ByteTensor, whatever the generator's device
+    return state

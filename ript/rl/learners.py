@@ -1,0 +1,122 @@
+"""Learners: what the RL loop needs from a policy family, behind one protocol, so the loop is written once.
+
+A learner lists the parameters RL trains, the module whose state checkpoints hold (``weights``), collates the
+recorded decisions of a batch of rollouts, and recomputes their log-probs under the current parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ript.policies.base import ChunkingPolicy
+from ript.rl.objective import token_log_probs
+
+
+class Learner(Protocol):
+    model: torch.nn.Module       # the policy's model (train/eval mode is switched around the update)
+    params: list[torch.nn.Parameter]
+    weights: torch.nn.Module     # what RL checkpoints hold
+
+    def collate(self, decisions: list[dict], device: str) -> dict: ...
+    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor: ...
+
+
+def trainable_parameters(model, prior_only: bool) -> list[torch.nn.Parameter]:
+    model.requires_grad_(False)
+    parts = [model.gpt, model.tok_emb, model.head] if prior_only else [model]
+    for part in parts:
+        part.requires_grad_(True)
+    model.pos_emb.requires_grad_(True)
+    if not prior_only:
+        model.autoencoder.requires_grad_(False)  # the decoder stays the stage-0/finetune one
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class ChunkLearner:
+    """What the RL loop needs from a chunk policy: its trainable parameters, and token log-probs recomputed
+    on what was cached at sampling time: the contexts when only the prior trains, else the observations
+    (so the gradient reaches the observation encoders)."""
+
+    def __init__(self, model, settings: dict, prior_only: bool):
+        self.model, self.settings = model, settings
+        self.params = trainable_parameters(model, prior_only)
+        self.weights = model  # what checkpoints hold
+        self.encodes = not prior_only
+
+    def attach(self, policy: ChunkingPolicy) -> None:
+        policy.record_obs = self.encodes
+
+    def collate(self, decisions: list[dict], device: str) -> dict:
+        data = {"tokens": torch.stack([d["tokens"] for d in decisions]).to(device),
+                "old_log_probs": torch.stack([d["log_probs"] for d in decisions]).float().to(device)}
+        if self.encodes:
+            data["obs"] = {k: torch.stack([d["obs"][k] for d in decisions]).to(device) for k in decisions[0]["obs"]}
+            data["task_ids"] = torch.tensor([d["task_id"] for d in decisions], device=device)
+        else:
+            data["context"] = torch.stack([d["context"] for d in decisions]).to(device)
+        return data
+
+    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+        if self.encodes:
+            context = self.model.context({k: v[idx] for k, v in data["obs"].items()}, data["task_ids"][idx])
+        else:
+            context = data["context"][idx]
+        return token_log_probs(self.model, context, data["tokens"][idx], float(self.settings["temperature"]),
+                               self.settings.get("top_k"))
+
+
+class TrainableWeights(torch.nn.Module):
+    """The parameters RL trains (LoRA + heads), as one module for checkpoints: its state dict is exactly those."""
+
+    def __init__(self, model):
+        super().__init__()
+        object.__setattr__(self, "_model", model)  # not a submodule: its frozen weights are not saved
+
+    def _params(self) -> dict[str, torch.nn.Parameter]:
+        return {k: p for k, p in self._model.named_parameters() if p.requires_grad}
+
+    def state_dict(self, *args, **kwargs):  # noqa: D102
+        return {k: p.detach() for k, p in self._params().items()}
+
+    def load_state_dict(self, state, strict: bool = True):  # noqa: D102
+        own = self._params()
+        with torch.no_grad():
+            for k, v in state.items():
+                own[k].copy_(v)
+
+
+class OFTLearner:
+    def __init__(self, model, grad_checkpointing: bool, train_action_head: bool):
+        model.requires_grad_(False)
+        for name, p in model.named_parameters():
+            if "lora_" in name or name.startswith("scale_head."):
+                p.requires_grad_(True)
+        if train_action_head:
+            model.action_head.requires_grad_(True)
+        self.model, self.grad_checkpointing = model, grad_checkpointing
+        if grad_checkpointing:
+            model.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.weights = TrainableWeights(model)
+        self.policy = None  # the OFTPolicy whose forward scores the decisions
+
+    def collate(self, decisions: list[dict], device: str) -> dict:
+        return {"images": torch.stack([d["images"] for d in decisions]),
+                "proprio": None if decisions[0]["proprio"] is None else torch.stack([d["proprio"] for d in decisions]),
+                "prompts": [d["prompt"] for d in decisions],
+                "actions": torch.stack([d["actions"] for d in decisions]).to(device),
+                "old_log_probs": torch.stack([d["log_probs"] for d in decisions]).to(device)}
+
+    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+        from ript.models.openvla_oft.model import laplace_log_prob
+
+        rows = idx.cpu()
+        inputs = {"images": data["images"][rows], "prompts": [data["prompts"][i] for i in rows.tolist()],
+                  "proprio": None if data["proprio"] is None else data["proprio"][rows]}
+        # Llama has no dropout: train mode only switches gradient checkpointing on
+        self.model.language_model.train(self.grad_checkpointing)
+        out = self.policy.forward(inputs)
+        self.model.language_model.eval()
+        return laplace_log_prob(data["actions"][idx], out["mean"], out["scale"]).flatten(1)

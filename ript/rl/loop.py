@@ -1,0 +1,171 @@
+"""The RL loop, shared by every policy family: rollouts with dynamic sampling, PPO on the learner's log-probs,
+metrics, per-iteration checkpoints and exact resume; alone or under torchrun (initial conditions split over
+ranks, gradients all-reduced, rank 0 logs and checkpoints)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ript.config import resolve_device, to_dict
+from ript.envs.evaluation import runner_from_metadata
+from ript.envs.seeds import rank_seed
+from ript.envs.suites import get_suite
+from ript.model_loader import check_and_load
+from ript.rl.rollout import collect_groups, flatten_groups
+from ript.rl.sampler import InitialConditionSampler
+from ript.rl.update import ppo_update, rescore
+from ript.utils import distributed as ddist
+from ript.utils import training
+from ript.utils.checkpoint import load_training_state, load_weights, save_checkpoint
+from ript.utils.logging import MetricLogger, log, setup_console_logging
+from ript.utils.run_dir import prepare_run_dir
+from ript.utils.seeding import rng_state, seed_everything, set_rng_state
+
+
+def make_sampler(cfg, names: list[str], suite: str, info) -> InitialConditionSampler:
+    pool = int(cfg.rl.ic_pool_size)
+    limit = get_suite(suite).initial_conditions  # LIBERO: RL starts from the packaged init states (seed % 50)
+    if limit is not None:
+        pool = min(pool, limit)
+    return InitialConditionSampler(names, rank_seed(int(cfg.seed), info.rank), pool, int(cfg.rl.skip_mastered_for),
+                                   str(cfg.rl.task_weighting), int(cfg.rl.rollouts_per_group),
+                                   floor=float(cfg.rl.task_weighting_floor))
+
+
+def init_rank(cfg) -> tuple[str, ddist.DistInfo]:
+    """This rank's device and distributed info. Every RL entry point calls it first, so that nothing is built
+    before the rank's device is chosen (under torchrun each rank takes cuda:<local rank>)."""
+    setup_console_logging()
+    device = resolve_device(cfg.device)
+    info = ddist.init_distributed(device)
+    if device == "cuda" and info.world_size > 1:
+        device = f"cuda:{info.local_rank}"
+        torch.cuda.set_device(device)
+    return device, info
+
+
+def prepare_run(cfg, info) -> tuple:
+    """(run dir, checkpoint to resume): every rank checks, then rank 0 creates the folder. Called once the
+    inputs are loaded, so a failed start leaves nothing behind and no rank waits on a dead one."""
+    run_dir, resume_from = prepare_run_dir(cfg, create=False)
+    ddist.barrier(info)
+    if info.is_main:
+        prepare_run_dir(cfg)
+    ddist.barrier(info)
+    seed_everything(int(cfg.seed) + info.rank)
+    return run_dir, resume_from
+
+
+def train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir, resume_from,
+               evaluate) -> str:
+    """The RL iterations, shared by every policy family: rollouts with dynamic sampling, PPO on the
+    learner's log-probs, metrics, per-iteration checkpoints (weights: ``learner.weights``) and resume."""
+    params = learner.params
+    opt = torch.optim.AdamW(params, lr=float(cfg.rl.lr), weight_decay=float(cfg.rl.weight_decay),
+                            fused=device.startswith("cuda"))
+    warm = max(1, int(cfg.rl.warmup_iterations))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / warm))
+    sampler = make_sampler(cfg, names, str(metadata.get("suite")), info)
+    policy.record = True
+    start_iter, run_id = 0, None
+    if resume_from is not None:
+        check_and_load(learner.weights, load_weights(resume_from), str(resume_from))
+        state = load_training_state(resume_from)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        rank_state = state["ranks"][info.rank]
+        set_rng_state(rank_state["rng"])
+        sampler.load_state_dict(rank_state["sampler"])
+        policy.generator.set_state(rank_state["policy_rng"])
+        start_iter, run_id = int(state["iteration"]), state["logger_run_id"]
+        log.info("rl: resumed from %s at iteration %d", resume_from, start_iter)
+    logger = MetricLogger(run_dir, to_dict(cfg), run_id, enabled=info.is_main)
+    runner = runner_from_metadata(metadata, names, cfg.workers, episodes_per_task=1, num_workers=cfg.rl.num_workers,
+                                  max_episode_steps=cfg.rl.max_episode_steps, on_worker_failure="drop")
+
+    def save(iteration: int) -> None:
+        rank_state = {"rng": rng_state(), "sampler": sampler.state_dict(), "policy_rng": policy.generator.get_state()}
+        ranks = [rank_state]
+        if info.world_size > 1:
+            ranks = [None] * info.world_size
+            dist.all_gather_object(ranks, rank_state)
+        if info.is_main:
+            state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "iteration": iteration,
+                     "ranks": ranks, "logger_run_id": logger.run_id}
+            save_checkpoint(run_dir, iteration, learner.weights, ckpt_config, state, keep_last=cfg.keep_last)
+        ddist.barrier(info)
+
+    def maybe_evaluate(iteration: int) -> None:
+        evaluate(iteration, logger)
+        ddist.barrier(info)
+
+    t_start = time.perf_counter()
+    try:
+        if start_iter == 0 and cfg.eval.every:
+            maybe_evaluate(0)
+        for it in range(start_iter, int(cfg.rl.iterations)):
+            sampler.iteration = it
+            t0 = time.perf_counter()
+            policy.inference_seconds = 0.0
+            batch = collect_groups(runner, policy, sampler, cfg, info)
+            t_rollout = time.perf_counter() - t0
+            t1 = time.perf_counter()  # time/train covers collating and rescoring the decisions too
+            flat = flatten_groups(batch["kept"], str(cfg.rl.advantage))
+            data = None
+            if flat is not None:
+                data = learner.collate(flat[0], device)
+                data.update(advantages=flat[1].to(device), group_advantages=flat[2])
+                if cfg.rl.get("recompute_old_log_probs"):
+                    data["old_log_probs"] = rescore(learner, data, cfg, device)
+            stats = ppo_update(learner, opt, sched, data, cfg, info, it, device)
+            t_train = time.perf_counter() - t1
+            eps = batch["episodes"]
+            local = [len(eps), sum(e["success"] for e in eps), sum(e["length"] for e in eps),
+                     0 if data is None else float((data["group_advantages"] != 0).float().sum()),
+                     policy.inference_seconds]
+            total = ddist.all_sum(local, info)
+            if batch["capped"] and info.is_main:
+                log.warning("rl iteration %d: only %d of %d groups were informative after %d sampling rounds; "
+                            "training on those", it + 1, int(batch["total_kept"]), cfg.rl.groups_per_iteration,
+                            batch["rounds"])
+            metrics = {
+                "rollout/success_rate": total[1] / max(1, total[0]),
+                "rollout/episodes": total[0],
+                "rollout/groups_kept": batch["total_kept"],
+                "rollout/kept_fraction": batch["total_kept"] * int(cfg.rl.rollouts_per_group) / max(1, total[0]),
+                "rollout/nonzero_advantage_fraction": total[3] / max(1, total[0]),
+                "rollout/sampling_rounds": batch["rounds"],
+                "rollout/dropped_episodes": batch["dropped"],
+                **{f"train/{k}": v for k, v in stats.items() if k != "sync"},
+                "time/rollout": t_rollout, "time/train": t_train, "time/sync": batch["sync"] + stats["sync"],
+                "time/inference_share": total[4] / max(1e-9, t_rollout * info.world_size),
+                "time/env_steps_per_s": total[2] / max(1e-9, t_rollout),
+            }
+            for task in names:
+                task_eps = [e for e in eps if e["task"] == task]
+                if task_eps:
+                    metrics[f"rollout/success/{task}"] = sum(e["success"] for e in task_eps) / len(task_eps)
+            logger.log(metrics, it + 1)
+            if info.is_main:
+                log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d rounds), clip %.3f, "
+                         "kl %.4f, %.0f s rollout + %.0f s train", it + 1, cfg.rl.iterations,
+                         100 * metrics["rollout/success_rate"], batch["total_kept"], batch["rounds"],
+                         stats["clip_fraction"], stats["approx_kl"], t_rollout, t_train)
+            save(it + 1)
+            if cfg.eval.every and ((it + 1) % int(cfg.eval.every) == 0 or it + 1 == int(cfg.rl.iterations)):
+                maybe_evaluate(it + 1)
+            # every rank stops together, on rank 0's clock
+            if ddist.all_sum([float(info.is_main and training.out_of_time(t_start, cfg.rl.stop_after_minutes))],
+                             info)[0] > 0:
+                if info.is_main:
+                    log.info("rl: stopped after %s min at iteration %d; continue with resume=true",
+                             cfg.rl.stop_after_minutes, it + 1)
+                break
+    finally:
+        runner.close()
+        logger.close()
+        ddist.shutdown(info)
+    return str(run_dir)

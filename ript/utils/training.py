@@ -1,0 +1,58 @@
+"""Pieces of every training loop: the optimiser and its schedule, bf16 autocast, one guarded optimiser step
+(non-finite losses stop the run before the weights change), and the time limit."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+
+from ript.errors import RiptError
+
+
+def make_optimizer(params, train_cfg, total_steps: int, device: str):
+    params = [p for p in params if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, betas=(0.9, 0.95),
+                            fused=device.startswith("cuda"))
+    warmup = max(0, int(train_cfg.warmup_steps))
+
+    def schedule(step: int) -> float:  # linear warm-up, then cosine to 10% of the peak rate
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+
+
+def autocast(device: str, amp: str | bool):
+    enabled = device.startswith("cuda") if amp == "auto" else bool(amp)
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
+
+
+def out_of_time(t_start: float, minutes: float | None) -> bool:
+    """For time-limited jobs: stop (with a checkpoint) once ``train.stop_after_minutes`` have passed."""
+    return minutes is not None and time.perf_counter() - t_start > 60 * float(minutes)
+
+
+class NonFiniteLoss(RiptError):
+    """A training loss or gradient became NaN/inf; no update was applied and no checkpoint is written."""
+
+
+def grad_norm_step(model: torch.nn.Module, opt, sched, loss: torch.Tensor, clip: float, step: int) -> float:
+    """One optimiser step; refuses (before touching the weights) when the loss or the gradient is not finite."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
+    loss_value, norm_value = torch.stack([loss.detach().float(), norm.float()]).tolist()  # one device sync
+    if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+        raise NonFiniteLoss(f"non-finite training loss {loss_value} (gradient norm {norm_value}) at step {step + 1}; "
+                            f"no update applied, checkpoints/last is the last good checkpoint; "
+                            f"lower train.lr or check the data")
+    opt.step()
+    sched.step()
+    return norm_value
