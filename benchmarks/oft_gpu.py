@@ -18,7 +18,7 @@ import torch
 
 from ript.config import compose
 from ript.models.openvla_oft.official import load_official
-from ript.models.openvla_oft.official_writer import LLAMA2_7B, official_config, write_official_checkpoint
+from benchmarks.oft_official_writer import LLAMA2_7B, official_config, write_official_checkpoint
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import torch
 from ript.config import compose
 from ript.envs.runner import EnvRunner, EpisodeSpec
 from ript.envs.seeds import rl_layout_seed
-from ript.models.openvla_oft.official_writer import LLAMA2_7B, official_config, write_official_checkpoint
+from benchmarks.oft_official_writer import LLAMA2_7B, official_config, write_official_checkpoint
 from ript.registry import ADVANTAGES
 from ript.rl import advantages  # noqa: F401  (registers the estimators)
 from ript.stages import oft

@@ -39,7 +39,7 @@ class Task(Section):
     suite: str
     data_dir: str
     demos_per_task: Count
-    max_episode_steps: Count
+    max_episode_steps: Optional[Count]  # null: the suite's official horizon
     action_dim: Count
     expert_noise: Scale
     render: Render

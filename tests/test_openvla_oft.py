@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from ript.config import compose
 from ript.errors import RiptError
 from ript.models.openvla_oft.official import load_official
-from ript.models.openvla_oft.official_writer import official_config, write_official_checkpoint
+from benchmarks.oft_official_writer import official_config, write_official_checkpoint
 from ript.policies.oft_policy import assemble_text
 
 TINY_VISION = {"vit_large_patch14_reg4_dinov2.lvd142m": {"embed_dim": 32, "depth": 3, "num_heads": 2, "mlp_dim": 64},
@@ -112,7 +112,7 @@ def test_loader_errors_name_file_and_key(tmp_path, tiny):
 
 
 def test_lora_adapter_save_load_merge(tmp_path, tiny):
-    from ript.stages.oft import add_lora, load_adapter, save_adapter
+    from ript.models.openvla_oft.lora import add_lora, load_adapter, save_adapter
 
     compose_cfg = compose("oft", [f"checkpoint={tiny}"])
     model, _ = load_official(tiny)
@@ -195,3 +195,5 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     resumed = oft.run_rl(compose("oft", [*overrides[:-2], "rl.iterations=2", "resume=true", "logger=tensorboard"]))
     steps = sorted(p.name for p in (Path(resumed) / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == ["0000001", "0000002"]
+    for step in steps:  # every RL checkpoint carries its adapter, so any of them can be evaluated
+        assert (Path(resumed) / "checkpoints" / step / "adapter" / "adapter_model.safetensors").is_file()

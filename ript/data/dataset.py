@@ -17,6 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ript.data.hdf5 import instruction_from_attrs, read_demos, read_file_attrs
+from ript.envs.suites import task_horizon
 from ript.errors import RiptError
 
 
@@ -121,7 +122,7 @@ class ChunkDataset:
         if task_cfg is not None:
             suite = suite or str(task_cfg.suite)
             env_args.setdefault("render", OmegaConf.to_container(task_cfg.render, resolve=True))
-            env_args.setdefault("max_episode_steps", int(task_cfg.max_episode_steps))
+            env_args.setdefault("max_episode_steps", task_horizon(task_cfg))
         return {
             "suite": suite,
             "env_args": env_args,

@@ -19,6 +19,7 @@ from ript.errors import RiptError
 @dataclass(frozen=True)
 class Suite:
     name: str
+    horizon: int                      # the suite's official episode length (task.max_episode_steps: null)
     standard_episodes: int            # episodes per task of the suite's standard evaluation protocol
     tasks_per_worker: int | None      # tasks an env worker keeps built (None: every task it meets)
     initial_conditions: int | None    # distinct initial conditions per task (None: one per layout seed)
@@ -92,10 +93,16 @@ class LiberoSuite(Suite):
 # LIBERO: 50 packaged init states per task define the standard protocol and RL's initial conditions; a
 # scene holds ~0.8 GB, so a worker keeps one and the runner gives it episodes of that task while any are left.
 SUITES: dict[str, Suite] = {
-    "metaworld": MetaWorldSuite("metaworld", standard_episodes=20, tasks_per_worker=None, initial_conditions=None),
-    **{name: LiberoSuite(name, standard_episodes=LIBERO_INIT_STATES, tasks_per_worker=1,
-                         initial_conditions=LIBERO_INIT_STATES) for name in SUITE_HORIZONS},
+    "metaworld": MetaWorldSuite("metaworld", horizon=500, standard_episodes=20, tasks_per_worker=None,
+                                initial_conditions=None),
+    **{name: LiberoSuite(name, horizon=horizon, standard_episodes=LIBERO_INIT_STATES, tasks_per_worker=1,
+                         initial_conditions=LIBERO_INIT_STATES) for name, horizon in SUITE_HORIZONS.items()},
 }
+
+
+def task_horizon(task_cfg) -> int:
+    """A task config's episode length: ``task.max_episode_steps``, or its suite's official horizon."""
+    return int(task_cfg.max_episode_steps or get_suite(str(task_cfg.suite)).horizon)
 
 
 def get_suite(name: str) -> Suite:

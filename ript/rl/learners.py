@@ -6,6 +6,7 @@ recorded decisions of a batch of rollouts, and recomputes their log-probs under 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -21,6 +22,7 @@ class Learner(Protocol):
 
     def collate(self, decisions: list[dict], device: str) -> dict: ...
     def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor: ...
+    def write_extra(self, folder: Path) -> None: ...  # further files every RL checkpoint carries
 
 
 def trainable_parameters(model, prior_only: bool) -> list[torch.nn.Parameter]:
@@ -47,6 +49,9 @@ class ChunkLearner:
 
     def attach(self, policy: ChunkingPolicy) -> None:
         policy.record_obs = self.encodes
+
+    def write_extra(self, folder: Path) -> None:
+        """Nothing beyond the weights: a chunk-policy checkpoint is complete as it is."""
 
     def collate(self, decisions: list[dict], device: str) -> dict:
         data = {"tokens": torch.stack([d["tokens"] for d in decisions]).to(device),
@@ -101,6 +106,12 @@ class OFTLearner:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.weights = TrainableWeights(model)
         self.policy = None  # the OFTPolicy whose forward scores the decisions
+
+    def write_extra(self, folder: Path) -> None:
+        """The LoRA adapter and heads in peft's own format, so every RL checkpoint can be evaluated."""
+        from ript.models.openvla_oft.lora import save_adapter
+
+        save_adapter(self.model, folder / "adapter")
 
     def collate(self, decisions: list[dict], device: str) -> dict:
         return {"images": torch.stack([d["images"] for d in decisions]),

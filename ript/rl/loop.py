@@ -95,7 +95,8 @@ def train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config,
         if info.is_main:
             state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "iteration": iteration,
                      "ranks": ranks, "logger_run_id": logger.run_id}
-            save_checkpoint(run_dir, iteration, learner.weights, ckpt_config, state, keep_last=cfg.keep_last)
+            save_checkpoint(run_dir, iteration, learner.weights, ckpt_config, state, keep_last=cfg.keep_last,
+                            write_extra=learner.write_extra)
         ddist.barrier(info)
 
     def maybe_evaluate(iteration: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ript.config import task_names, to_dict
+from ript.envs.suites import task_horizon
 from ript.errors import RiptError
 from ript.utils.logging import setup_console_logging
 
@@ -18,7 +19,7 @@ def run(cfg) -> dict:
     noise = cfg.task.expert_noise if cfg.noise is None else cfg.noise
     stats = collect_demos(
         str(cfg.task.suite), names, Path(cfg.task.data_dir), int(cfg.task.demos_per_task),
-        to_dict(cfg.task.render), int(cfg.task.max_episode_steps), seed=int(cfg.seed),
+        to_dict(cfg.task.render), task_horizon(cfg.task), seed=int(cfg.seed),
         noise=float(noise), filter_success=bool(cfg.filter_success), num_workers=workers,
         episodes_per_job=int(cfg.episodes_per_job), file_pattern=str(cfg.task.get("file_pattern", "{name}.hdf5")))
     if stats:

@@ -17,58 +17,20 @@ import torch
 from ript.config import resolve_device, task_names
 from ript.envs.runner import success_table, write_results
 from ript.envs.seeds import rank_seed
-from ript.envs.suites import get_suite
+from ript.envs.suites import get_suite, task_horizon
 from ript.errors import RiptError
 from ript.models.openvla_oft.official import load_official, pick_statistics
 from ript.policies.oft_policy import OFTPolicy
 from ript.config import to_dict
 from ript.utils.checkpoint import checkpoint_config
 from ript.envs.evaluation import evaluate_policy, make_runner
+from ript.models.openvla_oft.lora import add_lora, load_adapter
 from ript.rl.learners import OFTLearner
 from ript.rl.loop import init_rank, prepare_run, train_loop
 from ript.utils.checkpoint import resolve_checkpoint_dir
 from ript.utils.logging import log, setup_console_logging
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-
-
-def add_lora(model, lora_cfg) -> None:
-    """LoRA adapters on the Llama decoder through peft (the towers and projector stay frozen)."""
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(r=int(lora_cfg.rank), lora_alpha=float(lora_cfg.alpha), lora_dropout=0.0,
-                        target_modules=list(lora_cfg.target_modules), init_lora_weights=True)
-    model.language_model = get_peft_model(model.language_model, config)
-
-
-def save_adapter(model, folder: str | Path) -> None:
-    """peft's adapter files (adapter_config.json, adapter_model.safetensors) plus the heads RL trains."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    model.language_model.save_pretrained(str(folder))
-    heads = {f"scale_head.{k}": v.contiguous() for k, v in (model.scale_head.state_dict().items() if model.scale_head else [])}
-    save_file({k: v.detach().cpu() for k, v in heads.items()}, str(folder / "heads.safetensors"))
-
-
-def load_adapter(model, folder: str | Path, merge: bool = False) -> None:
-    """Attach a saved adapter (and heads) to a freshly loaded official model; ``merge`` folds LoRA into the
-    base weights (faster inference, no peft at run time)."""
-    from peft import PeftModel
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
-    if not (folder / "adapter_config.json").is_file():
-        raise RiptError(f"{folder}: no adapter_config.json (not a saved LoRA adapter)")
-    model.language_model = PeftModel.from_pretrained(model.language_model, str(folder))
-    if merge:
-        model.language_model = model.language_model.merge_and_unload()
-    heads = load_file(str(folder / "heads.safetensors")) if (folder / "heads.safetensors").is_file() else {}
-    if heads:
-        p = next(model.action_head.parameters())
-        head = model.add_scale_head(heads["scale_head.model.fc1.weight"].shape[0])
-        head.load_state_dict({k.removeprefix("scale_head."): v for k, v in heads.items()})
-        head.to(p.device, p.dtype)
 
 
 def build(cfg, device: str, seed: int, sample: bool):
@@ -93,7 +55,7 @@ def build(cfg, device: str, seed: int, sample: bool):
         raise RiptError(f"{cfg.checkpoint}: cannot load the tokenizer (tokenizer.json): {e}") from None
     names = task_names(cfg.task)
     metadata = {"suite": cfg.task.suite, "task_names": names,
-                "env_args": {"render": to_dict(cfg.task.render), "max_episode_steps": int(cfg.task.max_episode_steps)},
+                "env_args": {"render": to_dict(cfg.task.render), "max_episode_steps": task_horizon(cfg.task)},
                 "base_checkpoint": str(Path(cfg.checkpoint).resolve())}
     policy = OFTPolicy(model, tokenizer, stats, get_suite(str(cfg.task.suite)).instructions(names), list(cfg.oft.image_keys),
                        list(cfg.oft.proprio_keys), device, cfg.oft.action_horizon, bool(cfg.oft.center_crop),
@@ -150,8 +112,5 @@ def run_rl(cfg) -> str:
     finally:
         if eval_runner is not None:
             eval_runner.close()
-    if info.is_main:  # the adapter in peft's own format, next to the last checkpoint
-        last = resolve_checkpoint_dir(run_dir)
-        save_adapter(model, last / "adapter")
     return out
 

@@ -18,7 +18,7 @@ import platform
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
@@ -46,7 +46,7 @@ def atomic_replace(tmp: Path, path: Path) -> None:
     """Sync ``tmp`` (a file, or a folder and its files), rename it to ``path``, sync the parent folder."""
     tmp = Path(tmp)
     if tmp.is_dir():
-        for child in tmp.iterdir():
+        for child in tmp.rglob("*"):
             fsync_path(child)
     fsync_path(tmp)
     os.replace(tmp, path)
@@ -91,6 +91,7 @@ def save_checkpoint(
     config: dict[str, Any],
     training_state: dict[str, Any] | None = None,
     keep_last: int | None = None,
+    write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``checkpoints/<step>`` atomically and point ``last`` at it; then keep the newest ``keep_last``
     steps (None or 0: all) and always the one ``last`` points to. Returns the checkpoint dir."""
@@ -111,6 +112,8 @@ def save_checkpoint(
         (tmp / CONFIG).write_text(json.dumps({**config, "step": step}, indent=2, default=str))
         if training_state is not None:
             torch.save(training_state, tmp / TRAINING_STATE)
+        if write_extra is not None:  # e.g. an OFT LoRA adapter in peft's format, inside the same atomic folder
+            write_extra(tmp)
         if final.exists():  # re-saving a step (e.g. after resume): move the old one aside first
             old = ckpt_root / f".old.{final.name}.{os.getpid()}"
             os.replace(final, old)

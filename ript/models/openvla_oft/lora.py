@@ -1,0 +1,47 @@
+"""LoRA on OpenVLA-OFT's Llama decoder through peft, and the adapter folder RL checkpoints carry
+(peft's ``adapter_config.json`` + ``adapter_model.safetensors``, and ``heads.safetensors`` for the heads RL adds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ript.errors import RiptError
+
+
+def add_lora(model, lora_cfg) -> None:
+    """LoRA adapters on the Llama decoder through peft (the towers and projector stay frozen)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=int(lora_cfg.rank), lora_alpha=float(lora_cfg.alpha), lora_dropout=0.0,
+                        target_modules=list(lora_cfg.target_modules), init_lora_weights=True)
+    model.language_model = get_peft_model(model.language_model, config)
+
+
+def save_adapter(model, folder: str | Path) -> None:
+    """peft's adapter files (adapter_config.json, adapter_model.safetensors) plus the heads RL trains."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    model.language_model.save_pretrained(str(folder))
+    heads = {f"scale_head.{k}": v.contiguous() for k, v in (model.scale_head.state_dict().items() if model.scale_head else [])}
+    save_file({k: v.detach().cpu() for k, v in heads.items()}, str(folder / "heads.safetensors"))
+
+
+def load_adapter(model, folder: str | Path, merge: bool = False) -> None:
+    """Attach a saved adapter (and heads) to a freshly loaded official model; ``merge`` folds LoRA into the
+    base weights (faster inference, no peft at run time)."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / "adapter_config.json").is_file():
+        raise RiptError(f"{folder}: no adapter_config.json (not a saved LoRA adapter)")
+    model.language_model = PeftModel.from_pretrained(model.language_model, str(folder))
+    if merge:
+        model.language_model = model.language_model.merge_and_unload()
+    heads = load_file(str(folder / "heads.safetensors")) if (folder / "heads.safetensors").is_file() else {}
+    if heads:
+        p = next(model.action_head.parameters())
+        head = model.add_scale_head(heads["scale_head.model.fc1.weight"].shape[0])
+        head.load_state_dict({k.removeprefix("scale_head."): v for k, v in heads.items()})
+        head.to(p.device, p.dtype)
