@@ -147,7 +147,7 @@ def evaluate(overrides: Optional[list[str]] = OVERRIDES) -> None:
 @app.command()
 def quickstart(overrides: Optional[list[str]] = OVERRIDES) -> None:
     """collect -> stage0 -> stage1 -> eval on two MetaWorld tasks, then print the success table."""
-    from ript.stages.quickstart import run
+    from ript.quickstart import run
 
     _run("quickstart", overrides, run)
 

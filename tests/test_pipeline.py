@@ -134,7 +134,7 @@ def test_finetune_on_a_new_task_with_decoder_l1(stage1_run, tiny_data, tmp_path)
 
 
 def test_quickstart_passes_algo_overrides_to_every_stage():
-    from ript.stages.quickstart import stage_configs
+    from ript.quickstart import stage_configs
 
     configs = stage_configs(compose("quickstart", ["algo.prior.n_layer=4", "algo.autoencoder.dim=32"]))
     for job in ("stage0", "stage1"):
