@@ -96,38 +96,56 @@ def mount_tmpfs(where: Path) -> bool:
                           capture_output=True).returncode == 0
 
 
+def processes() -> list[dict]:
+    """Every process's pid, parent, process group, state and command line, from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        out.append({"pid": int(stat.parent.name), "state": fields[0], "ppid": int(fields[1]),
+                    "pgid": int(fields[2]), "cmdline": cmdline})
+    return out
+
+
+def env_workers(parent: int, n: int, timeout: float = 120) -> list[int]:
+    """The spawned worker processes of ``parent`` (not spawn's resource tracker), once ``n`` are running."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        workers = sorted(p["pid"] for p in processes() if p["ppid"] == parent and b"spawn_main" in p["cmdline"]
+                         and b"resource_tracker" not in p["cmdline"])
+        if len(workers) >= n:
+            return workers
+        time.sleep(0.1)
+    raise RuntimeError(f"{n} worker processes of {parent} did not start in {timeout:.0f} s")
+
+
+def fill_disk(folder: Path) -> None:
+    """Write zeros into ``folder`` until its filesystem is full."""
+    with open(folder / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
 def worker_fault(m: Matrix, s1: Path, sig: int, case: str) -> None:
     out = m.path("eval_fault")
     proc = subprocess.Popen([sys.executable, "-m", "ript.cli", "eval", f"checkpoint={s1}", f"out_dir={out}", *EVAL,
                              "workers.timeout_s=10"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, workers = time.time() + 120, []
-    while time.time() < deadline and len(workers) < 2:
-        workers = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
-                   if _ppid(p) == proc.pid and b"spawn_main" in _cmdline(p.parent)
-                   and b"resource_tracker" not in _cmdline(p.parent)]
-        time.sleep(0.1)
-    time.sleep(2.0)
-    os.kill(min(workers), sig)
+    victim = env_workers(proc.pid, 2)[0]
+    time.sleep(2.0)  # into its first episode
+    os.kill(victim, sig)
     _, err = proc.communicate(timeout=600)
     results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
     counts = {k: results.get(k) for k in ("reruns", "worker_restarts")} | {"episodes": len(results.get("episodes", []))}
     lines = [line for line in err.strip().splitlines() if "replacing it" in line] + [f"results: {counts}"]
     m.record(case, proc.returncode, lines, 0, ("replacing it",),
              lambda: counts == {"reruns": 1, "worker_restarts": 1, "episodes": 8})
-
-
-def _ppid(stat: Path) -> int:
-    try:
-        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
-
-
-def _cmdline(proc_dir: Path) -> bytes:
-    try:
-        return (proc_dir / "cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
@@ -221,13 +239,7 @@ def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
         try:
             run = fs / "run"
             shutil.copytree(s0, run, symlinks=True)
-            with open(fs / "filler", "wb") as f:
-                try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                        f.flush()
-                except OSError:
-                    pass
+            fill_disk(fs)
             resume = ["stage0", *data, *TRAIN, f"run_dir={run}", "resume=true", "train.steps=6",
                       "resume_allow_changes=[train.steps]"]
             kept = lambda: (run / "checkpoints" / "last").resolve().name == "0000004"  # noqa: E731

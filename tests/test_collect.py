@@ -1,11 +1,11 @@
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import h5py
 import numpy as np
 
+from benchmarks.bad_inputs import processes
 from conftest import TASKS
 
 
@@ -68,15 +68,7 @@ def _demo_contents(path):
 
 def _live_processes_in_group(pgid: int) -> list[int]:
     """Processes of a process group that are not zombies (an orphan's zombie waits for init to reap it)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
+    return [p["pid"] for p in processes() if p["pgid"] == pgid and p["state"] != "Z"]
 
 
 def _collect_cmd(data_dir, *extra):

@@ -6,12 +6,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from benchmarks.bad_inputs import env_workers, fill_disk
 from conftest import assert_one_line_error, ript, stage1_overrides, train_overrides
 
 
@@ -86,13 +86,7 @@ def test_disk_full_while_saving_is_one_line_and_loses_nothing(stage0_run, tiny_d
 
     run = small_tmpfs / "run"
     shutil.copytree(stage0_run, run, symlinks=True)
-    with open(small_tmpfs / "filler", "wb") as f:  # fill the disk
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    fill_disk(small_tmpfs)
     before = {p.name for p in (run / "checkpoints").iterdir()}
     args = [*train_overrides(tiny_data, run, 6), "resume=true", "resume_allow_changes=[train.steps]"]
     assert_one_line_error(ript("stage0", *args), "no space left on the device")  # TensorBoard's first write
@@ -107,37 +101,13 @@ def test_read_only_run_folder_is_one_line(tiny_data, small_tmpfs):
                           str(small_tmpfs / "run"), "read-only")
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def _env_workers(pid: int, n: int, timeout: float = 120) -> list[int]:
-    """The spawned env worker processes of ``pid`` (spawn's resource tracker is a child too)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        workers = [c for c in _children(pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()
-                   and b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
-        if len(workers) >= n:
-            return sorted(workers)
-        time.sleep(0.1)
-    raise AssertionError(f"{n} env workers of {pid} did not start")
-
-
 @pytest.mark.parametrize("fault", ["kill", "stop"])
 def test_eval_survives_a_worker_that_dies_or_hangs(stage1_run, tmp_path, fault):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "ript.cli", "eval", f"checkpoint={stage1_run}", f"out_dir={out}",
            "episodes_per_task=4", "num_workers=2", "max_episode_steps=120", "n_videos=0", "workers.timeout_s=10"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    victim = _env_workers(proc.pid, 2)[0]
+    victim = env_workers(proc.pid, 2)[0]
     time.sleep(2.0)  # into its first episode
     os.kill(victim, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     _, err = proc.communicate(timeout=240)
@@ -156,7 +126,7 @@ def test_eval_fails_with_one_line_past_the_restart_limit(stage1_run, tmp_path):
     cmd = [sys.executable, "-m", "ript.cli", "eval", f"checkpoint={stage1_run}", f"out_dir={tmp_path / 'out'}",
            "episodes_per_task=4", "num_workers=1", "max_episode_steps=120", "n_videos=0", "workers.max_restarts=0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    os.kill(_env_workers(proc.pid, 1)[0], signal.SIGKILL)
+    os.kill(env_workers(proc.pid, 1)[0], signal.SIGKILL)
     _, err = proc.communicate(timeout=240)
     assert_one_line_error((proc.returncode, "", err.strip().splitlines()), "env worker 0 died",
                           "workers.max_restarts=0")

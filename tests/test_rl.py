@@ -155,7 +155,7 @@ def test_rl_iteration_checkpoint_and_exact_resume(stage1_run, tmp_path):
     config = json.loads((full / "checkpoints" / "last" / "config.json").read_text())
     assert config["stage"] == "rl" and config["step"] == 2
     state = torch.load(full / "checkpoints" / "last" / "training_state.pt", weights_only=True)
-    assert state["iteration"] == 2 and "sampler" in state["ranks"][0]
+    assert state["step"] == 2 and "sampler" in state["ranks"][0]
     model, _ = load_model(full, expect_stage="rl")
     base, _ = load_model(stage1_run)
     assert not torch.equal(model.head.weight, base.head.weight)  # the prior was updated

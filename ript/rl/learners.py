@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from ript.policies.base import ChunkingPolicy
+from ript.policies.chunk_policy import ChunkPolicy
 from ript.rl.objective import token_log_probs
 
 
@@ -47,7 +47,7 @@ class ChunkLearner:
         self.weights = model  # what checkpoints hold
         self.encodes = not prior_only
 
-    def attach(self, policy: ChunkingPolicy) -> None:
+    def attach(self, policy: ChunkPolicy) -> None:
         policy.record_obs = self.encodes
 
     def write_extra(self, folder: Path) -> None:

@@ -5,6 +5,9 @@ ranks, gradients all-reduced, rank 0 logs and checkpoints)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -14,15 +17,17 @@ from ript.envs.evaluation import runner_from_metadata
 from ript.envs.seeds import rank_seed
 from ript.envs.suites import get_suite
 from ript.model_loader import check_and_load
+from ript.policies.base import ChunkingPolicy
+from ript.rl.learners import Learner
 from ript.rl.rollout import collect_groups, flatten_groups
 from ript.rl.sampler import InitialConditionSampler
 from ript.rl.update import ppo_update, rescore
 from ript.utils import distributed as ddist
 from ript.utils import training
-from ript.utils.checkpoint import load_training_state, load_weights, save_checkpoint
+from ript.utils.checkpoint import load_weights, rank_state, restore_training_state, save_checkpoint, training_state
 from ript.utils.logging import MetricLogger, log, setup_console_logging
 from ript.utils.run_dir import prepare_run_dir
-from ript.utils.seeding import rng_state, seed_everything, set_rng_state
+from ript.utils.seeding import seed_everything
 
 
 def make_sampler(cfg, names: list[str], suite: str, info) -> InitialConditionSampler:
@@ -59,48 +64,60 @@ def prepare_run(cfg, info) -> tuple:
     return run_dir, resume_from
 
 
-def train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir, resume_from,
-               evaluate) -> str:
+@dataclass
+class RLRun:
+    """What the RL loop works with besides the config, built by the stage that runs it."""
+    cfg: Any
+    info: ddist.DistInfo
+    device: str
+    learner: Learner
+    policy: ChunkingPolicy
+    task_names: list[str]
+    metadata: dict          # the checkpoint's metadata (suite, render settings, sampling settings)
+    ckpt_config: dict       # what every RL checkpoint's config.json holds
+    run_dir: Path
+    resume_from: Path | None
+    evaluate: Callable[[int, MetricLogger], None]  # in-training evaluation at an iteration (rank 0; may do nothing)
+
+
+def train_loop(run: RLRun) -> str:
     """The RL iterations, shared by every policy family: rollouts with dynamic sampling, PPO on the
     learner's log-probs, metrics, per-iteration checkpoints (weights: ``learner.weights``) and resume."""
+    cfg, info, device, learner, policy = run.cfg, run.info, run.device, run.learner, run.policy
+    names, metadata, ckpt_config, run_dir, resume_from = (run.task_names, run.metadata, run.ckpt_config, run.run_dir,
+                                                          run.resume_from)
     params = learner.params
     opt = torch.optim.AdamW(params, lr=float(cfg.rl.lr), weight_decay=float(cfg.rl.weight_decay),
                             fused=device.startswith("cuda"))
     warm = max(1, int(cfg.rl.warmup_iterations))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / warm))
     sampler = make_sampler(cfg, names, str(metadata.get("suite")), info)
-    policy.record = True
+    policy.record = True  # the contract's switch: keep what the update needs of every decision
     start_iter, run_id = 0, None
     if resume_from is not None:
         check_and_load(learner.weights, load_weights(resume_from), str(resume_from))
-        state = load_training_state(resume_from)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        rank_state = state["ranks"][info.rank]
-        set_rng_state(rank_state["rng"])
-        sampler.load_state_dict(rank_state["sampler"])
-        policy.generator.set_state(rank_state["policy_rng"])
-        start_iter, run_id = int(state["iteration"]), state["logger_run_id"]
+        start_iter, run_id, streams = restore_training_state(resume_from, opt, sched, info.rank)
+        sampler.load_state_dict(streams["sampler"])
+        policy.generator.set_state(streams["policy_rng"])
         log.info("rl: resumed from %s at iteration %d", resume_from, start_iter)
     logger = MetricLogger(run_dir, to_dict(cfg), run_id, enabled=info.is_main)
     runner = runner_from_metadata(metadata, names, cfg.workers, episodes_per_task=1, num_workers=cfg.rl.num_workers,
                                   max_episode_steps=cfg.rl.max_episode_steps, on_worker_failure="drop")
 
     def save(iteration: int) -> None:
-        rank_state = {"rng": rng_state(), "sampler": sampler.state_dict(), "policy_rng": policy.generator.get_state()}
-        ranks = [rank_state]
+        mine = rank_state(sampler=sampler.state_dict(), policy_rng=policy.generator.get_state())
+        ranks = [mine]
         if info.world_size > 1:
             ranks = [None] * info.world_size
-            dist.all_gather_object(ranks, rank_state)
+            dist.all_gather_object(ranks, mine)
         if info.is_main:
-            state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "iteration": iteration,
-                     "ranks": ranks, "logger_run_id": logger.run_id}
+            state = training_state(opt, sched, iteration, logger.run_id, ranks)
             save_checkpoint(run_dir, iteration, learner.weights, ckpt_config, state, keep_last=cfg.keep_last,
                             write_extra=learner.write_extra)
         ddist.barrier(info)
 
     def maybe_evaluate(iteration: int) -> None:
-        evaluate(iteration, logger)
+        run.evaluate(iteration, logger)
         ddist.barrier(info)
 
     t_start = time.perf_counter()
@@ -108,9 +125,9 @@ def train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config,
         if start_iter == 0 and cfg.eval.every:
             maybe_evaluate(0)
         for it in range(start_iter, int(cfg.rl.iterations)):
-            sampler.iteration = it
+            sampler.start_iteration(it)
             t0 = time.perf_counter()
-            policy.inference_seconds = 0.0
+            inference_before = policy.inference_seconds
             batch = collect_groups(runner, policy, sampler, cfg, info)
             t_rollout = time.perf_counter() - t0
             t1 = time.perf_counter()  # time/train covers collating and rescoring the decisions too
@@ -126,7 +143,7 @@ def train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config,
             eps = batch["episodes"]
             local = [len(eps), sum(e["success"] for e in eps), sum(e["length"] for e in eps),
                      0 if data is None else float((data["group_advantages"] != 0).float().sum()),
-                     policy.inference_seconds]
+                     policy.inference_seconds - inference_before]
             total = ddist.all_sum(local, info)
             if batch["capped"] and info.is_main:
                 log.warning("rl iteration %d: only %d of %d groups were informative after %d sampling rounds; "

@@ -26,6 +26,10 @@ class InitialConditionSampler:
         self.success: dict[str, float] = {}  # task -> running estimate of rollout success
         self.iteration = 0
 
+    def start_iteration(self, iteration: int) -> None:
+        """Initial conditions mastered within ``skip_mastered_for`` iterations of this one are skipped."""
+        self.iteration = iteration
+
     def task_probabilities(self) -> np.ndarray:
         """``informative``: P(a group of K is mixed) = 1 - p^K - (1-p)^K under each task's success estimate p,
         floored at ``floor`` so no task is starved (its estimate keeps updating); unseen tasks count as p = 0.5."""

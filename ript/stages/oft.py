@@ -26,7 +26,7 @@ from ript.utils.checkpoint import checkpoint_config
 from ript.envs.evaluation import evaluate_policy, make_runner
 from ript.models.openvla_oft.lora import add_lora, load_adapter
 from ript.rl.learners import OFTLearner
-from ript.rl.loop import init_rank, prepare_run, train_loop
+from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 from ript.utils.checkpoint import resolve_checkpoint_dir
 from ript.utils.logging import log, setup_console_logging
 
@@ -107,8 +107,8 @@ def run_rl(cfg) -> str:
             policy.sample, policy.record = True, True
 
     try:
-        out = train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir,
-                                  resume_from, evaluate)
+        out = train_loop(RLRun(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir,
+                               resume_from, evaluate))
     finally:
         if eval_runner is not None:
             eval_runner.close()

@@ -10,7 +10,7 @@ from ript.errors import RiptError
 from ript.model_loader import load_model
 from ript.policies.build import make_policy, sampling_settings
 from ript.rl.learners import ChunkLearner
-from ript.rl.loop import init_rank, prepare_run, train_loop
+from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 from ript.utils.checkpoint import checkpoint_config
 
 
@@ -38,8 +38,8 @@ def run(cfg) -> str:
                                      f"rl iteration {iteration}", bool(cfg.cuda_graph))
 
     try:
-        return train_loop(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir, resume_from,
-                          evaluate)
+        return train_loop(RLRun(cfg, info, device, learner, policy, names, metadata, ckpt_config, run_dir,
+                                resume_from, evaluate))
     finally:
         if eval_runner is not None:
             eval_runner.close()

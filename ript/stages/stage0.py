@@ -14,8 +14,7 @@ from ript.data.dataset import batch_stream
 from ript.data.dataset import load_datasets
 from ript.utils import training
 from ript.utils.checkpoint import checkpoint_config
-from ript.utils.checkpoint import restore_training_state
-from ript.utils.checkpoint import training_state
+from ript.utils.checkpoint import rank_state, restore_training_state, training_state
 from ript.utils.run_dir import prepare_run_dir
 from ript.utils.checkpoint import load_weights, save_checkpoint
 from ript.utils.logging import MetricLogger, log, setup_console_logging
@@ -77,15 +76,15 @@ def run(cfg) -> str:
     start_step, run_id = 0, None
     if resume_from is not None:
         check_and_load(model, load_weights(resume_from), str(resume_from))
-        state = restore_training_state(resume_from, opt, sched, generator)
-        start_step, run_id = int(state["step"]), state["logger_run_id"]
+        start_step, run_id, streams = restore_training_state(resume_from, opt, sched)
+        generator.set_state(streams["data_rng"])  # a CPU ByteTensor, whatever the generator's device
         log.info("stage0: resumed from %s at step %d", resume_from, start_step)
     logger = MetricLogger(run_dir, to_dict(cfg), run_id)
     ckpt_config = checkpoint_config("stage0", "action_autoencoder", kwargs, cfg,
                                            train_set.metadata(cfg.task))
 
     def save(step: int) -> None:
-        state = training_state(opt, sched, step, generator, logger.run_id)
+        state = training_state(opt, sched, step, logger.run_id, [rank_state(data_rng=generator.get_state())])
         save_checkpoint(run_dir, step, model, ckpt_config, state, keep_last=cfg.train.keep_last)
 
     from tqdm import tqdm

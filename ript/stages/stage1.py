@@ -22,8 +22,7 @@ from ript.data.dataset import batch_stream
 from ript.data.dataset import load_datasets
 from ript.utils import training
 from ript.utils.checkpoint import checkpoint_config
-from ript.utils.checkpoint import restore_training_state
-from ript.utils.checkpoint import training_state
+from ript.utils.checkpoint import rank_state, restore_training_state, training_state
 from ript.utils.run_dir import prepare_run_dir
 from ript.envs.evaluation import evaluate_during_training, make_runner
 from ript.policies.build import sampling_settings, stage1_sampling
@@ -160,8 +159,8 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
     start_step, run_id = 0, None
     if resume_from is not None:
         check_and_load(model, load_weights(resume_from), str(resume_from))
-        state = restore_training_state(resume_from, opt, sched, generator)
-        start_step, run_id = int(state["step"]), state["logger_run_id"]
+        start_step, run_id, streams = restore_training_state(resume_from, opt, sched)
+        generator.set_state(streams["data_rng"])  # a CPU ByteTensor, whatever the generator's device
         log.info("%s: resumed from %s at step %d", stage, resume_from, start_step)
     logger = MetricLogger(run_dir, to_dict(cfg), run_id)
     ckpt_config = checkpoint_config(stage, "skill_prior", model_kwargs, cfg, metadata)
@@ -214,7 +213,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
                          metrics["val/token_acc"])
             stop = training.out_of_time(t_start, cfg.train.stop_after_minutes)
             if done % cfg.train.save_every == 0 or done == steps or stop:
-                state = training_state(opt, sched, done, generator, logger.run_id)
+                state = training_state(opt, sched, done, logger.run_id, [rank_state(data_rng=generator.get_state())])
                 save_checkpoint(run_dir, done, model, ckpt_config, state, keep_last=cfg.train.keep_last)
             if cfg.eval.every and (done % cfg.eval.every == 0 or done == steps):
                 evaluate(done)

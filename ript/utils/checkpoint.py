@@ -204,15 +204,28 @@ def checkpoint_config(stage: str, model_name: str, model_kwargs: dict, cfg, meta
             "metadata": metadata, "versions": versions()}
 
 
-def training_state(opt, sched, step: int, generator: torch.Generator, run_id: str, extra: dict | None = None) -> dict:
-    return {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step, "rng": rng_state(),
-            "data_rng": generator.get_state(), "logger_run_id": run_id, **(extra or {})}
+def rank_state(**streams: Any) -> dict[str, Any]:
+    """This rank's part of a training state: the global RNG states and the stage's own random streams (the
+    data order's generator; RL's initial-condition sampler and policy-sampling generator)."""
+    return {"rng": rng_state(), **streams}
 
 
-def restore_training_state(ckpt: Path, opt, sched, generator: torch.Generator) -> dict:
+def training_state(opt, sched, step: int, run_id: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one training-state schema of every stage (an RL iteration is a step): optimiser, schedule, step, the
+    logger's run id, and one ``rank_state`` per rank."""
+    return {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step, "logger_run_id": run_id,
+            "ranks": ranks}
+
+
+def restore_training_state(ckpt: Path, opt, sched, rank: int = 0) -> tuple[int, str, dict[str, Any]]:
+    """Load the optimiser, schedule and this rank's RNG states; returns (step, logger run id, this rank's
+    streams for the stage to restore). Reads the layouts written before the schema was shared, too."""
     state = load_training_state(ckpt)
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    generator.set_state(state["data_rng"])  # a CPU ByteTensor, whatever the generator's device
-    return state
+    if "ranks" in state:
+        mine, step = state["ranks"][rank], state.get("step", state.get("iteration"))
+    else:  # stage 0/1 checkpoints of earlier versions
+        mine, step = {"rng": state["rng"], "data_rng": state["data_rng"]}, state["step"]
+    set_rng_state(mine["rng"])
+    return int(step), state["logger_run_id"], mine
