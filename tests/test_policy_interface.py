@@ -2,6 +2,7 @@
 through the env runner (frame stacks, whole chunks, recording) like the QueST and OpenVLA-OFT policies."""
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import TASKS
@@ -57,3 +58,94 @@ def test_a_third_policy_runs_through_the_runner():
     again = sorted(outs[1]["episodes"], key=lambda e: e["episode"])
     assert all(np.array_equal(a["stack"], b["stack"])
                for x, y in zip(episodes, again) for a, b in zip(x["decisions"], y["decisions"]))
+
+
+class GaussianHold(ChunkingPolicy):
+    """A learnable Gaussian over action chunks (mean per task), recording what PPO rescores."""
+
+    def __init__(self, model: torch.nn.Module, seed: int = 0, std: float = 0.3):
+        self.model, self.std = model, std
+        super().__init__(action_dim=4, action_horizon=5, frame_stack=1, device="cpu", seed=seed,
+                         obs_keys=["robot_states"])
+
+    def reset(self, n_envs: int) -> None:
+        super().reset(n_envs)
+        self.tasks = [0] * n_envs
+
+    def start_task(self, i: int, task_name: str) -> None:
+        self.tasks[i] = TASKS.index(task_name)
+
+    @torch.no_grad()
+    def plan(self, envs: list[int]) -> np.ndarray:
+        task_ids = torch.tensor([self.tasks[i] for i in envs])
+        mean = self.model.mean[task_ids]
+        actions = mean + self.std * torch.randn(mean.shape, generator=self.generator)
+        log_probs = torch.distributions.Normal(mean, self.std).log_prob(actions).flatten(1)
+        if self.record:
+            for j, i in enumerate(envs):
+                self.records[i].append({"task_id": int(task_ids[j]), "actions": actions[j], "log_probs": log_probs[j]})
+        return actions.clamp(-1, 1).numpy()
+
+
+class GaussianLearner:
+    """The Learner protocol (ript/rl/learners.py) for GaussianHold."""
+
+    def __init__(self, model: torch.nn.Module, std: float):
+        self.model, self.weights, self.std = model, model, std
+        self.params = list(model.parameters())
+
+    def collate(self, decisions: list[dict], device: str) -> dict:
+        return {"task_ids": torch.tensor([d["task_id"] for d in decisions]),
+                "actions": torch.stack([d["actions"] for d in decisions]),
+                "old_log_probs": torch.stack([d["log_probs"] for d in decisions])}
+
+    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+        mean = self.model.mean[data["task_ids"][idx]]
+        return torch.distributions.Normal(mean, self.std).log_prob(data["actions"][idx]).flatten(1)
+
+    def write_extra(self, folder) -> None:
+        (folder / "gaussian.txt").write_text(f"std {self.std}\n")
+
+
+def gaussian_model() -> torch.nn.Module:
+    model = torch.nn.Module()
+    model.mean = torch.nn.Parameter(torch.zeros(len(TASKS), 5, 4))
+    return model
+
+
+def test_a_third_policy_runs_an_rl_iteration(tmp_path):
+    from ript.config import compose
+    from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
+    from ript.rl.rollout import flatten_groups, group_episodes
+    from ript.rl.update import ppo_update, rescore
+    from ript.utils.checkpoint import load_weights
+
+    cfg = compose("rl", ["checkpoint=none", f"run_dir={tmp_path / 'run'}", "device=cpu", "rl.iterations=1",
+                         "rl.groups_per_iteration=2", "rl.rollouts_per_group=2", "rl.max_sampling_rounds=1",
+                         "rl.num_workers=2", "rl.minibatches=1", "rl.epochs=2", "rl.lr=0.05", "eval.every=0"])
+    metadata = {"suite": "metaworld", "env_args": {"render": RENDER, "max_episode_steps": 10}}
+    model = gaussian_model()
+    learner, policy = GaussianLearner(model, 0.3), GaussianHold(model, seed=1)
+    device, info = init_rank(cfg)
+    run_dir, resume_from = prepare_run(cfg, info)
+    train_loop(RLRun(cfg, info, device, learner, policy, TASKS, metadata, {"stage": "rl", "model_name": "gaussian"},
+                     run_dir, resume_from, lambda iteration, logger: None))
+    ckpt = run_dir / "checkpoints" / "last"
+    assert (ckpt / "gaussian.txt").is_file() and set(load_weights(ckpt)) == {"mean"}
+
+    # the update path on this policy's own decisions: recorded log-probs are those recomputed, PPO moves the mean
+    runner = EnvRunner("metaworld", TASKS, RENDER, 10, 1, num_workers=2)
+    try:
+        specs = [EpisodeSpec(TASKS[g % 2], 3 * 10**9 + g, g * 2 + j) for g in range(2) for j in range(2)]
+        groups = group_episodes(runner.run(policy, specs=specs)["episodes"], 2)
+    finally:
+        runner.close()
+    decisions, _, _ = flatten_groups(groups, "rloo")
+    data = learner.collate(decisions, "cpu")
+    torch.testing.assert_close(rescore(learner, data, cfg, "cpu"), data["old_log_probs"])
+    data["advantages"] = torch.linspace(-1, 1, len(decisions))
+    before = model.mean.detach().clone()
+    opt = torch.optim.AdamW(learner.params, lr=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
+    stats = ppo_update(learner, opt, sched, data, cfg, info, 0, "cpu")
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=0.2) and not torch.equal(model.mean, before)
