@@ -25,7 +25,7 @@ from ript.envs.runner import EnvRunner
 from ript.rl.sampler import InitialConditionSampler
 from ript.policies.build import make_policy
 from ript.rl.learners import ChunkLearner
-from ript.rl.rollout import collect_groups, flatten_groups, group_episodes
+from ript.rl.rollout import GroupSampling, collect_groups, flatten_groups, group_episodes
 from ript.rl.update import ppo_update
 from ript.utils.distributed import DistInfo
 
@@ -60,10 +60,11 @@ def main() -> None:
             policy = make_policy(model, settings, device, seed=0)
             policy.record = True
             sampler = InitialConditionSampler(ds.task_names, seed=0)
-            collect_groups(runner, policy, sampler, rl_cfg, DistInfo())  # warm-up: spawn workers, build envs
+            sampling = GroupSampling.from_config(rl_cfg.rl)
+            collect_groups(runner, policy, sampler, sampling, DistInfo())  # warm-up: spawn workers, build envs
             policy.inference_seconds = 0.0
             t = time.perf_counter()
-            batch = collect_groups(runner, policy, sampler, rl_cfg, DistInfo())
+            batch = collect_groups(runner, policy, sampler, sampling, DistInfo())
             t_rollout = time.perf_counter() - t
             runner.close()
             groups = group_episodes(batch["episodes"], args.k)

@@ -19,7 +19,7 @@ from ript.envs.suites import get_suite
 from ript.model_loader import check_and_load
 from ript.policies.base import ChunkingPolicy
 from ript.rl.learners import Learner
-from ript.rl.rollout import collect_groups, flatten_groups
+from ript.rl.rollout import GroupSampling, collect_groups, flatten_groups
 from ript.rl.sampler import InitialConditionSampler
 from ript.rl.update import ppo_update, rescore
 from ript.utils import distributed as ddist
@@ -30,13 +30,13 @@ from ript.utils.run_dir import prepare_run_dir
 from ript.utils.seeding import seed_everything
 
 
-def make_sampler(cfg, names: list[str], suite: str, info) -> InitialConditionSampler:
+def make_sampler(cfg, names: list[str], suite: str, info, k: int) -> InitialConditionSampler:
     pool = int(cfg.rl.ic_pool_size)
     limit = get_suite(suite).initial_conditions  # LIBERO: RL starts from the packaged init states (seed % 50)
     if limit is not None:
         pool = min(pool, limit)
     return InitialConditionSampler(names, rank_seed(int(cfg.seed), info.rank), pool, int(cfg.rl.skip_mastered_for),
-                                   str(cfg.rl.task_weighting), int(cfg.rl.rollouts_per_group),
+                                   str(cfg.rl.task_weighting), k,
                                    floor=float(cfg.rl.task_weighting_floor))
 
 
@@ -91,7 +91,8 @@ def train_loop(run: RLRun) -> str:
                             fused=device.startswith("cuda"))
     warm = max(1, int(cfg.rl.warmup_iterations))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / warm))
-    sampler = make_sampler(cfg, names, str(metadata.get("suite")), info)
+    sampling = GroupSampling.from_config(cfg.rl)
+    sampler = make_sampler(cfg, names, str(metadata.get("suite")), info, sampling.k)
     policy.record = True  # the contract's switch: keep what the update needs of every decision
     start_iter, run_id = 0, None
     if resume_from is not None:
@@ -128,7 +129,7 @@ def train_loop(run: RLRun) -> str:
             sampler.start_iteration(it)
             t0 = time.perf_counter()
             inference_before = policy.inference_seconds
-            batch = collect_groups(runner, policy, sampler, cfg, info)
+            batch = collect_groups(runner, policy, sampler, sampling, info)
             t_rollout = time.perf_counter() - t0
             t1 = time.perf_counter()  # time/train covers collating and rescoring the decisions too
             flat = flatten_groups(batch["kept"], str(cfg.rl.advantage))
@@ -147,13 +148,13 @@ def train_loop(run: RLRun) -> str:
             total = ddist.all_sum(local, info)
             if batch["capped"] and info.is_main:
                 log.warning("rl iteration %d: only %d of %d groups were informative after %d sampling rounds; "
-                            "training on those", it + 1, int(batch["total_kept"]), cfg.rl.groups_per_iteration,
+                            "training on those", it + 1, int(batch["total_kept"]), sampling.groups,
                             batch["rounds"])
             metrics = {
                 "rollout/success_rate": total[1] / max(1, total[0]),
                 "rollout/episodes": total[0],
                 "rollout/groups_kept": batch["total_kept"],
-                "rollout/kept_fraction": batch["total_kept"] * int(cfg.rl.rollouts_per_group) / max(1, total[0]),
+                "rollout/kept_fraction": batch["total_kept"] * sampling.k / max(1, total[0]),
                 "rollout/nonzero_advantage_fraction": total[3] / max(1, total[0]),
                 "rollout/sampling_rounds": batch["rounds"],
                 "rollout/dropped_episodes": batch["dropped"],

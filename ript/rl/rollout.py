@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -16,11 +17,24 @@ from ript.rl.sampler import InitialConditionSampler
 from ript.utils import distributed as ddist
 
 
-def collect_groups(runner: EnvRunner, policy: ChunkingPolicy, sampler: InitialConditionSampler, cfg, info) -> dict:
+@dataclass(frozen=True)
+class GroupSampling:
+    """Dynamic sampling's settings, read from the config once: K rollouts per initial condition, B informative
+    groups per iteration over all ranks, at most ``max_rounds`` rounds of fresh initial conditions."""
+    k: int
+    groups: int
+    max_rounds: int
+
+    @classmethod
+    def from_config(cls, rl_cfg) -> GroupSampling:
+        return cls(int(rl_cfg.rollouts_per_group), int(rl_cfg.groups_per_iteration), int(rl_cfg.max_sampling_rounds))
+
+
+def collect_groups(runner: EnvRunner, policy: ChunkingPolicy, sampler: InitialConditionSampler,
+                   sampling: GroupSampling, info) -> dict:
     """Dynamic sampling: rounds of K rollouts per initial condition until B informative groups (over all ranks)."""
-    rl = cfg.rl
-    k = int(rl.rollouts_per_group)
-    local_target = math.ceil(int(rl.groups_per_iteration) / info.world_size)
+    k = sampling.k
+    local_target = math.ceil(sampling.groups / info.world_size)
     kept, episodes, rounds, sync, dropped = [], [], 0, 0.0, 0
     while True:
         need = max(0, local_target - len(kept))
@@ -39,9 +53,9 @@ def collect_groups(runner: EnvRunner, policy: ChunkingPolicy, sampler: InitialCo
         t = time.perf_counter()
         total_kept = ddist.all_sum([len(kept)], info)[0]
         sync += time.perf_counter() - t
-        if total_kept >= int(rl.groups_per_iteration) or rounds >= int(rl.max_sampling_rounds):
+        if total_kept >= sampling.groups or rounds >= sampling.max_rounds:
             break
-    capped = total_kept < int(rl.groups_per_iteration)
+    capped = total_kept < sampling.groups
     return {"kept": kept, "episodes": episodes, "rounds": rounds, "capped": capped, "total_kept": total_kept,
             "sync": sync, "dropped": dropped}
 
