@@ -34,6 +34,8 @@ def describe_os_error(e: OSError) -> str:
         return f"{path}: part of this path is a file, not a folder; choose another path"
     if e.errno == errno.ENOENT:
         return f"{path} does not exist"
+    if e.filename is None:  # e.g. h5py's errors: the message names the operation
+        return (str(e).strip().splitlines() or [type(e).__name__])[0]
     return f"{path}: {e.strerror or e}"
 
 
