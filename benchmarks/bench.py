@@ -24,8 +24,8 @@ from ript.data.dataset import ChunkDataset, DatasetSpec
 from ript.envs.metaworld import MetaWorldTask, RenderSettings, expert_policy
 from ript.models.action_autoencoder import ActionAutoencoder
 from ript.models.prior import SkillPrior
-from ript.utils import training
 from ript.stages.stage0 import autoencoder_kwargs
+from ript.utils import training
 
 TASKS = ["button-press-v3", "drawer-close-v3"]
 

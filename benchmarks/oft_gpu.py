@@ -43,7 +43,7 @@ def main() -> None:
 
     from ript.policies.oft_policy import OFTPolicy
     from ript.rl.learners import OFTLearner
-    from ript.stages.oft import add_lora
+    from ript.models.openvla_oft.lora import add_lora
 
     tok = PreTrainedTokenizerFast.from_pretrained(str(a.folder))
     stats = report["statistics"]["libero_spatial_no_noops"]

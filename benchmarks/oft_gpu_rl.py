@@ -25,11 +25,12 @@ from ript.envs.seeds import rl_layout_seed
 from benchmarks.oft_official_writer import LLAMA2_7B, official_config, write_official_checkpoint
 from ript.registry import ADVANTAGES
 from ript.rl import advantages  # noqa: F401  (registers the estimators)
-from ript.stages import oft
-from ript.utils import training
+from ript.models.openvla_oft.lora import add_lora
 from ript.rl.learners import OFTLearner
 from ript.rl.rollout import group_episodes
 from ript.rl.update import ppo_update, rescore
+from ript.stages import oft
+from ript.utils import training
 from ript.utils.distributed import DistInfo
 
 TASKS = ["reach-v3", "button-press-v3"]
@@ -70,7 +71,7 @@ def main() -> None:
     t = time.perf_counter()
     model, policy, metadata, names = oft.build(cfg, a.device, 0, sample=True)
     res["load_s"] = time.perf_counter() - t
-    oft.add_lora(model, cfg.lora)
+    add_lora(model, cfg.lora)
     p = next(model.action_head.parameters())
     model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
     learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing) and cuda, False)

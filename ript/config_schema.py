@@ -8,7 +8,7 @@ logger settings) pass through unchanged.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -227,12 +227,18 @@ SCHEMAS: dict[str, type[BaseModel]] = {
 }
 
 
-_UNION_TAGS = ("int", "constrained-", "literal", "bool", "float", "str", "list", "function", "union", "none")
+_PLAIN_TAGS = {"int", "bool", "float", "str", "none"}
+
+
+def _is_union_tag(part: Any) -> bool:
+    """Pydantic names a union member in an error location: a plain type, or one with '[' or '-' in its name
+    ("literal['auto']", "constrained-int"), neither of which a config key has."""
+    return isinstance(part, str) and (part in _PLAIN_TAGS or "[" in part or "-" in part)
 
 
 def _key(loc: tuple) -> str:
     """The config key of a pydantic error location, without the tags it adds for union members."""
-    return ".".join(str(p) for p in loc if isinstance(p, int) or not str(p).startswith(_UNION_TAGS))
+    return ".".join(str(p) for p in loc if not _is_union_tag(p))
 
 
 def validate(name: str, cfg: dict) -> None:

@@ -151,6 +151,8 @@ def test_libero_runner_steps_the_official_layout_checkpoint(tmp_path, tiny):
 def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     """One real RL iteration on MetaWorld (B=2, K=2, short horizon); old log-probs recomputed before any
     update equal those recorded while sampling; then a resume runs the second iteration."""
+    from ript.models.openvla_oft.lora import add_lora
+    from ript.rl.learners import OFTLearner
     from ript.stages import oft
 
     ckpt = write_tiny(tmp_path / "mw", unnorm_key="metaworld", action_dim=4, proprio_dim=4)
@@ -161,10 +163,8 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
                  "oft.init_scale=0.5", "device=cpu", f"run_dir={tmp_path / 'run'}", "rl.iterations=1", "logger=tensorboard"]
     cfg = compose("oft", overrides)
     model, policy, metadata, names = oft.build(cfg, "cpu", 0, sample=True)
-    oft.add_lora(model, cfg.lora)
+    add_lora(model, cfg.lora)
     model.add_scale_head(16, 0.5)
-    from ript.rl.learners import OFTLearner
-
     learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False)
     learner.policy = policy
     from ript.envs.runner import EnvRunner, EpisodeSpec

@@ -31,6 +31,7 @@ from ript.errors import RiptError
 from ript.utils.logging import log
 from ript.utils.processes import die_with_parent
 
+
 @dataclass(frozen=True)
 class Job:
     suite: str

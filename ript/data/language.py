@@ -78,12 +78,11 @@ def embed_instructions(texts: list[str], encoder: str, cache_file: Path | None) 
             cache = load_file(str(cache_file))
         except Exception as e:
             raise RiptError(f"cannot read language cache {cache_file}: {e}; delete it to recompute") from None
-        for text in texts:
-            key = _cache_key(encoder, text)
-            if key in cache and not bool(torch.isfinite(cache[key]).all()):
-                raise RiptError(f"language cache {cache_file}: the embedding of {text!r} has NaN or inf values; "
-                                f"delete the file to recompute")
     keys = [_cache_key(encoder, t) for t in texts]
+    for text, key in zip(texts, keys):
+        if key in cache and not bool(torch.isfinite(cache[key]).all()):
+            raise RiptError(f"language cache {cache_file}: the embedding of {text!r} has NaN or inf values; "
+                            f"delete the file to recompute")
     missing = sorted({t for t, k in zip(texts, keys) if k not in cache})
     if missing:
         new = _encode(encoder, missing)

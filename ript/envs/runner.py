@@ -3,9 +3,9 @@
 Workers are replaceable processes (``envs/workers.py``). Each worker hosts one simulator task at a time and
 is driven through two methods called on all workers at once: ``begin`` (start an episode: task, seed) and
 ``advance_chunk`` (the policy's whole chunk of actions, images only for the frames the next decision reads).
-The policy (``policies/base.py``) sees all envs together and is called once per decision for every env. A worker that dies or hangs is replaced; its episode is
-run again from its seed (``on_worker_failure="rerun"``, evaluation) or dropped (``"drop"``, RL), and the
-results count both.
+The policy (``policies/base.py``) sees all envs together and is called once per decision for every env. A
+worker that dies or hangs is replaced; its episode is run again from its seed (``on_worker_failure="rerun"``,
+evaluation) or dropped (``"drop"``, RL), and the results count both.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class TaskWorkerEnv:
     """A worker's env: builds simulator tasks on demand and keeps them for reuse."""
 
     def __init__(self, suite: str, render: dict, max_episode_steps: int):
-        self.suite, self.render_cfg, self.max_steps = suite, render, max_episode_steps
+        self.render_cfg, self.max_steps = render, max_episode_steps
         self.tasks: dict[str, Any] = {}  # in order of last use
         self.current = None
         self.suite_entry = get_suite(suite)
@@ -200,12 +200,14 @@ class EnvRunner:
                 write_mp4(Path(video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", frames[i])
             running[i] = None
 
-        start(list(range(n)))
         while any(s is not None for s in running) or pending:
-            if all(s is None for s in running):  # every worker was replaced while starting its episode
-                start(list(range(n)))
-                continue
+            # every round is a decision round: episodes started now plan in this round's batched policy call
+            idle = [i for i, s in enumerate(running) if s is None]
+            if idle and pending:
+                start(idle)
             active = [s is not None for s in running]
+            if not any(active):  # every worker starting an episode was replaced: start them again
+                continue
             # one worker call per decision: each env runs its whole chunk, rendering only what is read
             chunks = policy.act_chunk(active)
             keep = policy.frame_stack
@@ -225,10 +227,6 @@ class EnvRunner:
                         frames[i].append(_video_frame(obs, video_keys))
                 if done:
                     finish(i, success)
-            # every round is a decision round: episodes started now plan in the next batched policy call
-            idle = [i for i, s in enumerate(running) if s is None]
-            if idle and pending:
-                start(idle)
         if len(episodes) + dropped != n_specs:
             raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs} ({dropped} dropped)")
         out = summarize(episodes, time.perf_counter() - t0, env_steps)

@@ -14,20 +14,18 @@ from pathlib import Path
 
 import torch
 
-from ript.config import resolve_device, task_names
+from ript.config import resolve_device, task_names, to_dict
+from ript.envs.evaluation import evaluate_policy, make_runner
 from ript.envs.runner import success_table, write_results
 from ript.envs.seeds import rank_seed
 from ript.envs.suites import get_suite, task_horizon
 from ript.errors import RiptError
+from ript.models.openvla_oft.lora import add_lora, load_adapter
 from ript.models.openvla_oft.official import load_official, pick_statistics
 from ript.policies.oft_policy import OFTPolicy
-from ript.config import to_dict
-from ript.utils.checkpoint import checkpoint_config
-from ript.envs.evaluation import evaluate_policy, make_runner
-from ript.models.openvla_oft.lora import add_lora, load_adapter
 from ript.rl.learners import OFTLearner
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
-from ript.utils.checkpoint import resolve_checkpoint_dir
+from ript.utils.checkpoint import checkpoint_config, resolve_checkpoint_dir
 from ript.utils.logging import log, setup_console_logging
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}

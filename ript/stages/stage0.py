@@ -6,18 +6,15 @@ import time
 
 import torch
 
-from ript.config import data_files, resolve_device, task_names
-from ript.models.action_autoencoder import ActionAutoencoder
+from ript.config import data_files, resolve_device, task_names, to_dict
+from ript.data.dataset import batch_stream, load_datasets
 from ript.model_loader import check_and_load
-from ript.config import to_dict
-from ript.data.dataset import batch_stream
-from ript.data.dataset import load_datasets
+from ript.models.action_autoencoder import ActionAutoencoder
 from ript.utils import training
-from ript.utils.checkpoint import checkpoint_config
-from ript.utils.checkpoint import rank_state, restore_training_state, training_state
-from ript.utils.run_dir import prepare_run_dir
-from ript.utils.checkpoint import load_weights, save_checkpoint
+from ript.utils.checkpoint import (checkpoint_config, load_weights, rank_state, restore_training_state,
+                                   save_checkpoint, training_state)
 from ript.utils.logging import MetricLogger, log, setup_console_logging
+from ript.utils.run_dir import prepare_run_dir
 from ript.utils.seeding import seed_everything
 
 

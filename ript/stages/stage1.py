@@ -11,23 +11,20 @@ from pathlib import Path
 
 import torch
 
-from ript.config import data_files, resolve_device, task_names
+from ript.config import data_files, resolve_device, task_names, to_dict
+from ript.data.dataset import batch_stream, load_datasets
 from ript.data.language import TASK_ID, embed_instructions
+from ript.envs.evaluation import evaluate_during_training, make_runner
 from ript.errors import RiptError
 from ript.model_loader import check_and_load, load_model
 from ript.models.encoders import random_shift
 from ript.models.prior import SkillPrior
-from ript.config import to_dict
-from ript.data.dataset import batch_stream
-from ript.data.dataset import load_datasets
-from ript.utils import training
-from ript.utils.checkpoint import checkpoint_config
-from ript.utils.checkpoint import rank_state, restore_training_state, training_state
-from ript.utils.run_dir import prepare_run_dir
-from ript.envs.evaluation import evaluate_during_training, make_runner
 from ript.policies.build import sampling_settings, stage1_sampling
-from ript.utils.checkpoint import load_weights, save_checkpoint
+from ript.utils import training
+from ript.utils.checkpoint import (checkpoint_config, load_weights, rank_state, restore_training_state,
+                                   save_checkpoint, training_state)
 from ript.utils.logging import MetricLogger, log, setup_console_logging
+from ript.utils.run_dir import prepare_run_dir
 from ript.utils.seeding import seed_everything
 
 
@@ -111,7 +108,7 @@ def run_finetune(cfg) -> str:
                      model.autoencoder.dec_queries, model.autoencoder.dec_mem_pos):
             part.requires_grad_(True)
     metadata = {**train_set.metadata(cfg.task), "base_checkpoint": base_ckpt["checkpoint_dir"],
-                "sampling": sampling_settings(base_ckpt["metadata"], legacy_cfg=base_ckpt["cfg"])}
+                "sampling": stage1_sampling(cfg.algo)}
     return train_prior(cfg, model, kwargs, train_set, val_set, "finetune", metadata, device)
 
 
