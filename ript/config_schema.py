@@ -57,13 +57,17 @@ class Sampling(Section):
     action_horizon: Optional[Count] = None
 
 
-class EvalEvery(Section):
-    every: Size
+class EvalProtocol(Section):
+    """configs/eval/protocol.yaml: ``ript eval``'s top level and every training stage's ``eval:`` block."""
     episodes_per_task: Optional[Count]
     num_workers: Workers
     seed: Seed
     n_videos: Size
     max_episode_steps: Optional[Count]
+
+
+class EvalEvery(EvalProtocol):
+    every: Size
 
 
 class Train(Section):
@@ -194,12 +198,8 @@ class OFTJob(RLJob):
     sampling: Optional[Sampling] = None
 
 
-class EvalJob(Job):
+class EvalJob(EvalProtocol):
     checkpoint: str
-    episodes_per_task: Optional[Count]
-    num_workers: Workers
-    n_videos: Size
-    max_episode_steps: Optional[Count]
     out_dir: Optional[str]
     overwrite: bool
     device: str

@@ -2,6 +2,8 @@
 
 ``config.json`` names the stage, the registered model and its constructor kwargs; the weights are checked
 against the rebuilt model so a checkpoint of another stage or architecture is refused with a clear message.
+Two weight formats: ``full`` (every weight in ``model.safetensors``) and ``adapter`` (a model built from an
+external base folder, e.g. OpenVLA-OFT's official one, plus the peft adapter and heads in ``adapter/``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ def load_model(
                 f"{ckpt}: checkpoint is from stage {config['stage']!r} (model {config['model_name']!r}), "
                 f"but a {' or '.join(allowed)} checkpoint is needed here"
             )
+    weights_format = config.get("weights_format", "full")
+    if weights_format == "adapter":
+        from ript.models.openvla_oft.lora import load_adapter
+
+        model = MODELS.build(config["model_name"], device=str(device), **config["model_kwargs"])
+        load_adapter(model, ckpt / "adapter", merge=True)  # merged: inference runs without peft
+        return model, {**config, "checkpoint_dir": str(ckpt)}
+    if weights_format != "full":
+        raise RiptError(f"{ckpt}/config.json: unknown weights_format {weights_format!r} (full or adapter)")
     model = build_model(config)
     check_and_load(model, load_weights(ckpt), str(ckpt / "model.safetensors"))
     return model.to(device), {**config, "checkpoint_dir": str(ckpt)}

@@ -120,19 +120,25 @@ def test_lora_adapter_save_load_merge(tmp_path, tiny):
     model.add_scale_head(16)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "lora_" in name or "scale_head" in name:
-                p.normal_(0, 0.05)  # not the identity LoRA starts from
+            if "lora_" in name or "scale_head" in name or "action_head" in name:
+                p.add_(torch.randn_like(p) * 0.05)  # not the identity LoRA starts from, nor the official head
     images = torch.randint(0, 255, (1, 2, 3, 28, 28), dtype=torch.uint8)
     ids, valid = assemble_text([[1, 5, 6, 3]], model.action_tokens, 2, 255)
     args = (images, torch.zeros(1, 8), ids, valid)
     want = model(*args)
-    save_adapter(model, tmp_path / "adapter")
+    save_adapter(model, tmp_path / "adapter", with_action_head=True)  # RL trained the action head too
+    save_adapter(model, tmp_path / "lora_only")
     for merge in (False, True):
         fresh, _ = load_official(tiny)
         load_adapter(fresh, tmp_path / "adapter", merge=merge)
         got = fresh(*args)
         for k in ("mean", "scale"):
             torch.testing.assert_close(got[k], want[k], atol=1e-5 if merge else 0, rtol=1e-4 if merge else 0)
+    fresh, _ = load_official(tiny)
+    load_adapter(fresh, tmp_path / "lora_only")  # the official action head: means differ, scales agree
+    got = fresh(*args)
+    torch.testing.assert_close(got["scale"], want["scale"], atol=0, rtol=0)
+    assert not torch.allclose(got["mean"], want["mean"], atol=1e-3)
 
 
 def test_libero_runner_steps_the_official_layout_checkpoint(tmp_path, tiny):
@@ -197,3 +203,36 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     assert steps == ["0000001", "0000002"]
     for step in steps:  # every RL checkpoint carries its adapter, so any of them can be evaluated
         assert (Path(resumed) / "checkpoints" / step / "adapter" / "adapter_model.safetensors").is_file()
+
+    # the model loader rebuilds an RL checkpoint (its official base folder + adapter/, merged) into the model RL
+    # trained. One short MetaWorld iteration solves nothing (no update), so move the trained parameters first and
+    # write them the way RL does (the learner's checkpoint files), into a copy of the last checkpoint.
+    import shutil
+
+    from ript.model_loader import check_and_load, load_model
+
+    last = Path(resumed) / "checkpoints" / "last"
+    ref_model, ref_policy, _, _ = oft.build(cfg, "cpu", 0, sample=False)
+    inputs = {"images": data["images"], "prompts": data["prompts"], "proprio": data["proprio"]}
+    with torch.no_grad():
+        base_mean = ref_policy.forward(inputs)["mean"]
+    add_lora(ref_model, cfg.lora)
+    ref_model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale))
+    ref_learner = OFTLearner(ref_model, False, False)
+    check_and_load(ref_learner.weights, load_file(str(last / "model.safetensors")), str(last))
+    with torch.no_grad():
+        for p in ref_learner.params:
+            p.add_(torch.randn_like(p) * 0.05)
+    moved = tmp_path / "moved"
+    shutil.copytree(last, moved, ignore=shutil.ignore_patterns("adapter"))
+    ref_learner.write_extra(moved)
+    _, ck = load_model(moved, device="cpu")
+    assert ck["model_kwargs"]["base_checkpoint"] == str(ckpt.resolve()) and ck["weights_format"] == "adapter"
+    _, by_adapter, _, _ = oft.build(compose("oft", [*overrides[1:], f"adapter={moved}"]), "cpu", 0, sample=False)
+    with torch.no_grad():
+        got, want = by_adapter.forward(inputs), ref_policy.forward(inputs)
+    for k in ("mean", "scale"):
+        torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(got["mean"], base_mean, atol=1e-3)  # the adapter was applied
+    with pytest.raises(RiptError, match="was trained on"):
+        oft.build(compose("oft", [*overrides[1:], f"adapter={moved}", f"checkpoint={tmp_path}"]), "cpu", 0, False)

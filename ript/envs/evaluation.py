@@ -38,6 +38,13 @@ def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, 
     )
 
 
+def results_dir(out_dir: Path, overwrite: bool) -> Path:
+    """An evaluation's output folder, refused if it already holds results and ``overwrite`` is not set."""
+    if (out_dir / "results.json").exists() and not overwrite:
+        raise RiptError(f"{out_dir / 'results.json'} exists; pass overwrite=true to replace it or out_dir=<folder>")
+    return out_dir
+
+
 def make_runner(metadata: dict, task_names: list[str], eval_cfg, workers_cfg) -> EnvRunner:
     """An evaluation runner from an ``eval`` config block (``ript eval``'s top level, or a training stage's)."""
     return runner_from_metadata(metadata, task_names, workers_cfg, episodes_per_task=eval_cfg.episodes_per_task,

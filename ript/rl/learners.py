@@ -100,7 +100,7 @@ class OFTLearner:
                 p.requires_grad_(True)
         if train_action_head:
             model.action_head.requires_grad_(True)
-        self.model, self.grad_checkpointing = model, grad_checkpointing
+        self.model, self.grad_checkpointing, self.train_action_head = model, grad_checkpointing, train_action_head
         if grad_checkpointing:
             model.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -111,7 +111,7 @@ class OFTLearner:
         """The LoRA adapter and heads in peft's own format, so every RL checkpoint can be evaluated."""
         from ript.models.openvla_oft.lora import save_adapter
 
-        save_adapter(self.model, folder / "adapter")
+        save_adapter(self.model, folder / "adapter", with_action_head=self.train_action_head)
 
     def collate(self, decisions: list[dict], device: str) -> dict:
         return {"images": torch.stack([d["images"] for d in decisions]),

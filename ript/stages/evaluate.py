@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ript.config import resolve_device
-from ript.envs.evaluation import make_runner
+from ript.envs.evaluation import make_runner, results_dir
 from ript.envs.runner import success_table, write_results
 from ript.errors import RiptError
 from ript.model_loader import load_model
@@ -16,7 +16,7 @@ from ript.policies.build import make_policy, sampling_settings
 from ript.utils.logging import log, setup_console_logging
 
 
-def results_dir(cfg, ckpt_dir: Path, step: int) -> Path:
+def output_dir(cfg, ckpt_dir: Path, step: int) -> Path:
     """``out_dir``, or ``<run_dir>/eval/step<N>`` for a checkpoint inside a run folder; never replaces an
     earlier results.json unless ``overwrite=true``."""
     if cfg.out_dir:
@@ -26,9 +26,7 @@ def results_dir(cfg, ckpt_dir: Path, step: int) -> Path:
     else:
         raise RiptError(f"checkpoint {ckpt_dir} is not inside a run folder (<run_dir>/checkpoints/<step>); "
                         f"pass out_dir=<folder> for the results")
-    if (out_dir / "results.json").exists() and not cfg.overwrite:
-        raise RiptError(f"{out_dir / 'results.json'} exists; pass overwrite=true to replace it or out_dir=<folder>")
-    return out_dir
+    return results_dir(out_dir, bool(cfg.overwrite))
 
 
 def run(cfg) -> dict[str, Any]:
@@ -38,7 +36,7 @@ def run(cfg) -> dict[str, Any]:
     names = list(cfg.task_names) if cfg.task_names else model.task_names
     for n in names:
         model.task_index(n)
-    out_dir = results_dir(cfg, Path(ckpt["checkpoint_dir"]), int(ckpt["step"]))
+    out_dir = output_dir(cfg, Path(ckpt["checkpoint_dir"]), int(ckpt["step"]))
     settings = sampling_settings(ckpt["metadata"], dict(cfg.sampling), ckpt["cfg"])
     runner = make_runner(ckpt["metadata"], names, cfg, cfg.workers)
     try:

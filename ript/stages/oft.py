@@ -3,7 +3,7 @@ Laplace scale head through the RL stage's loop (same dynamic sampling, PPO, metr
 
     ript oft-eval checkpoint=<official folder> task=libero_spatial
     ript oft-rl checkpoint=<official folder> task=libero_spatial run_dir=runs/oft_rl
-    ript oft-eval checkpoint=<official folder> adapter=runs/oft_rl task=libero_spatial   # after RL
+    ript oft-eval adapter=runs/oft_rl task=libero_spatial   # after RL (the base folder is the one RL started from)
 
 RL checkpoints hold only what RL trains (LoRA adapters + heads), next to a pointer to the official folder.
 """
@@ -15,46 +15,54 @@ from pathlib import Path
 import torch
 
 from ript.config import resolve_device, task_names, to_dict
-from ript.envs.evaluation import evaluate_policy, make_runner
+from ript.envs.evaluation import evaluate_policy, make_runner, results_dir
 from ript.envs.runner import success_table, write_results
 from ript.envs.seeds import rank_seed
 from ript.envs.suites import get_suite, task_horizon
 from ript.errors import RiptError
-from ript.models.openvla_oft.lora import add_lora, load_adapter
-from ript.models.openvla_oft.official import load_official, pick_statistics
+from ript.model_loader import load_model
+from ript.models.openvla_oft import model_kwargs
+from ript.models.openvla_oft.lora import add_lora
+from ript.models.openvla_oft.official import dataset_statistics, pick_statistics
 from ript.policies.oft_policy import OFTPolicy
 from ript.rl.learners import OFTLearner
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
-from ript.utils.checkpoint import checkpoint_config, resolve_checkpoint_dir
-from ript.utils.logging import log, setup_console_logging
+from ript.registry import MODELS
+from ript.utils.checkpoint import checkpoint_config, read_checkpoint_config, resolve_checkpoint_dir
+from ript.utils.logging import setup_console_logging
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+def load(cfg, device: str) -> tuple[torch.nn.Module, Path]:
+    """(model, official folder): the official folder's (``checkpoint=``), or an RL checkpoint's (``adapter=``: its base folder,
+    recorded in the checkpoint, with its LoRA adapter and heads merged) through the model loader."""
+    if not cfg.adapter:
+        kwargs = model_kwargs(cfg)
+        return MODELS.build("openvla_oft", device=device, **kwargs), Path(kwargs["base_checkpoint"])
+    config = read_checkpoint_config(resolve_checkpoint_dir(cfg.adapter))
+    if config.get("model_name") != "openvla_oft":
+        raise RiptError(f"adapter={cfg.adapter}: a checkpoint of {config.get('model_name')!r}, not an OpenVLA-OFT RL "
+                        f"run (evaluate it with `ript eval`)")
+    model, ckpt = load_model(cfg.adapter, expect_stage="rl", device=device)
+    base = ckpt["model_kwargs"]["base_checkpoint"]
+    if cfg.checkpoint and Path(cfg.checkpoint).resolve() != Path(base):
+        raise RiptError(f"adapter={cfg.adapter} was trained on {base}, not on checkpoint={cfg.checkpoint}")
+    return model, Path(base)
 
 
 def build(cfg, device: str, seed: int, sample: bool):
-    """(model, policy, metadata, names) for a config: the official folder, optional RL adapter."""
-    if not cfg.checkpoint:
-        raise RiptError("checkpoint=<official OpenVLA-OFT folder> is required")
-    dtype = DTYPES.get(str(cfg.oft.dtype))
-    if dtype is None:
-        raise RiptError(f"oft.dtype must be one of {', '.join(DTYPES)}, not {cfg.oft.dtype!r}")
-    if device == "cpu" and dtype != torch.float32:
-        dtype = torch.float32  # CPUs: full precision
-    model, report = load_official(cfg.checkpoint, device=device, dtype=dtype, chunk_size=cfg.oft.chunk_size,
-                                  attention=cfg.oft.attention, num_images=len(cfg.oft.image_keys))
-    log.info("oft: loaded %s in %.1f s (%d official keys unused by design)", cfg.checkpoint, report["seconds"],
-             report["unused_keys"])
-    stats = pick_statistics(report["statistics"], cfg.task.suite, cfg.oft.unnorm_key, str(cfg.checkpoint))
+    """(model, policy, metadata, names) for a config."""
+    model, folder = load(cfg, device)
+    stats = pick_statistics(dataset_statistics(folder), cfg.task.suite, cfg.oft.unnorm_key, str(folder))
     from transformers import PreTrainedTokenizerFast
 
     try:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(cfg.checkpoint))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
     except (OSError, ValueError) as e:
-        raise RiptError(f"{cfg.checkpoint}: cannot load the tokenizer (tokenizer.json): {e}") from None
+        raise RiptError(f"{folder}: cannot load the tokenizer (tokenizer.json): {e}") from None
     names = task_names(cfg.task)
     metadata = {"suite": cfg.task.suite, "task_names": names,
                 "env_args": {"render": to_dict(cfg.task.render), "max_episode_steps": task_horizon(cfg.task)},
-                "base_checkpoint": str(Path(cfg.checkpoint).resolve())}
+                "base_checkpoint": str(folder.resolve())}
     policy = OFTPolicy(model, tokenizer, stats, get_suite(str(cfg.task.suite)).instructions(names), list(cfg.oft.image_keys),
                        list(cfg.oft.proprio_keys), device, cfg.oft.action_horizon, bool(cfg.oft.center_crop),
                        str(cfg.oft.gripper), sample=sample, seed=seed, amp=device.startswith("cuda"))
@@ -65,18 +73,14 @@ def run_eval(cfg) -> dict:
     setup_console_logging()
     device = resolve_device(cfg.device)
     model, policy, metadata, names = build(cfg, device, int(cfg.seed), sample=False)
-    if cfg.adapter:
-        ckpt = resolve_checkpoint_dir(cfg.adapter)
-        load_adapter(model, ckpt / "adapter", merge=True)
-        policy.model = model
     runner = make_runner(metadata, names, cfg.eval, cfg.workers)
-    out_dir = Path(cfg.out_dir or "runs/oft_eval")
+    out_dir = results_dir(Path(cfg.out_dir or "runs/oft_eval"), bool(cfg.overwrite))
     try:
         torch.manual_seed(int(cfg.seed))
         results = runner.run(policy, video_dir=out_dir / "videos")
     finally:
         runner.close()
-    results.update(checkpoint=str(cfg.checkpoint), adapter=cfg.adapter)
+    results.update(checkpoint=metadata["base_checkpoint"], adapter=cfg.adapter)
     write_results(out_dir / "results.json", results)
     print(success_table(results))
     return results
@@ -91,7 +95,7 @@ def run_rl(cfg) -> str:
     model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
     learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing), bool(cfg.oft.train_action_head))
     learner.policy = policy
-    ckpt_config = checkpoint_config("rl", "openvla_oft", {}, cfg, metadata)
+    ckpt_config = checkpoint_config("rl", "openvla_oft", model_kwargs(cfg), cfg, metadata, weights_format="adapter")
     eval_runner = make_runner(metadata, names, cfg.eval, cfg.workers) if info.is_main and cfg.eval.every else None
 
     def evaluate(iteration: int, logger) -> None:

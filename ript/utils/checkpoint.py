@@ -197,11 +197,13 @@ def versions() -> dict[str, str]:
     return out
 
 
-def checkpoint_config(stage: str, model_name: str, model_kwargs: dict, cfg, metadata: dict) -> dict[str, Any]:
+def checkpoint_config(stage: str, model_name: str, model_kwargs: dict, cfg, metadata: dict,
+                      weights_format: str = "full") -> dict[str, Any]:
+    """``config.json`` of a checkpoint (see ``ript.model_loader`` for the weight formats)."""
     from ript.config import to_dict
 
-    return {"stage": stage, "model_name": model_name, "model_kwargs": model_kwargs, "cfg": to_dict(cfg),
-            "metadata": metadata, "versions": versions()}
+    return {"stage": stage, "model_name": model_name, "model_kwargs": model_kwargs, "weights_format": weights_format,
+            "cfg": to_dict(cfg), "metadata": metadata, "versions": versions()}
 
 
 def rank_state(**streams: Any) -> dict[str, Any]:

@@ -1,0 +1,40 @@
+"""OpenVLA-OFT in the model registry. Its weights live in the official checkpoint folder, so a ript
+checkpoint of it (RL) records the folder and its build settings as ``model_kwargs`` and keeps only what RL
+trained, as a peft adapter folder (``weights_format: adapter``); ``load_model`` rebuilds it from both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ript.errors import RiptError
+from ript.registry import MODELS
+from ript.utils.logging import log
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def model_kwargs(cfg) -> dict:
+    """What ``openvla_oft`` needs to rebuild the model an ``oft`` config describes."""
+    if not cfg.checkpoint:
+        raise RiptError("checkpoint=<official OpenVLA-OFT folder> is required")
+    if str(cfg.oft.dtype) not in DTYPES:
+        raise RiptError(f"oft.dtype must be one of {', '.join(DTYPES)}, not {cfg.oft.dtype!r}")
+    return {"base_checkpoint": str(Path(cfg.checkpoint).resolve()), "dtype": str(cfg.oft.dtype),
+            "chunk_size": int(cfg.oft.chunk_size), "attention": str(cfg.oft.attention),
+            "num_images": len(cfg.oft.image_keys)}
+
+
+@MODELS.register("openvla_oft")
+def openvla_oft(base_checkpoint: str, dtype: str, chunk_size: int, attention: str, num_images: int,
+                device: str = "cpu") -> torch.nn.Module:
+    """The official folder's model, built directly on ``device`` (7B: never a CPU copy first); CPUs run fp32."""
+    from ript.models.openvla_oft.official import load_official
+
+    torch_dtype = torch.float32 if str(device) == "cpu" else DTYPES[dtype]
+    model, report = load_official(base_checkpoint, device=device, dtype=torch_dtype, chunk_size=chunk_size,
+                                  attention=attention, num_images=num_images)
+    log.info("oft: loaded %s in %.1f s (%d official keys unused by design)", base_checkpoint, report["seconds"],
+             report["unused_keys"])
+    return model

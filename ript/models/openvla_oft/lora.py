@@ -17,14 +17,17 @@ def add_lora(model, lora_cfg) -> None:
     model.language_model = get_peft_model(model.language_model, config)
 
 
-def save_adapter(model, folder: str | Path) -> None:
-    """peft's adapter files (adapter_config.json, adapter_model.safetensors) plus the heads RL trains."""
+def save_adapter(model, folder: str | Path, with_action_head: bool = False) -> None:
+    """peft's adapter files (adapter_config.json, adapter_model.safetensors) plus the heads RL trains: the
+    scale head, and the action head when RL trains it too."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     model.language_model.save_pretrained(str(folder))
-    heads = {f"scale_head.{k}": v.contiguous() for k, v in (model.scale_head.state_dict().items() if model.scale_head else [])}
-    save_file({k: v.detach().cpu() for k, v in heads.items()}, str(folder / "heads.safetensors"))
+    heads = {f"scale_head.{k}": v for k, v in (model.scale_head.state_dict().items() if model.scale_head else [])}
+    if with_action_head:
+        heads.update({f"action_head.{k}": v for k, v in model.action_head.state_dict().items()})
+    save_file({k: v.detach().contiguous().cpu() for k, v in heads.items()}, str(folder / "heads.safetensors"))
 
 
 def load_adapter(model, folder: str | Path, merge: bool = False) -> None:
@@ -40,8 +43,12 @@ def load_adapter(model, folder: str | Path, merge: bool = False) -> None:
     if merge:
         model.language_model = model.language_model.merge_and_unload()
     heads = load_file(str(folder / "heads.safetensors")) if (folder / "heads.safetensors").is_file() else {}
-    if heads:
-        p = next(model.action_head.parameters())
-        head = model.add_scale_head(heads["scale_head.model.fc1.weight"].shape[0])
-        head.load_state_dict({k.removeprefix("scale_head."): v for k, v in heads.items()})
+    p = next(model.action_head.parameters())
+    scale = {k.removeprefix("scale_head."): v for k, v in heads.items() if k.startswith("scale_head.")}
+    if scale:
+        head = model.add_scale_head(scale["model.fc1.weight"].shape[0])
+        head.load_state_dict(scale)
         head.to(p.device, p.dtype)
+    action = {k.removeprefix("action_head."): v for k, v in heads.items() if k.startswith("action_head.")}
+    if action:  # RL trained the action head too (oft.train_action_head=true)
+        model.action_head.load_state_dict({k: v.to(p.device, p.dtype) for k, v in action.items()})
