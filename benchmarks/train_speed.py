@@ -1,0 +1,136 @@
+"""Training-step speed of stage 0 and stage 1 at the real model sizes, with a kernel profile of each.
+
+    python -m benchmarks.train_speed [--variants fp32,bf16] [--batch 256] [--image-size 128] [--profile]
+        [--out results.json]
+
+The inputs are synthetic tensors of the real shapes (two cameras, uint8 images, 4-D MetaWorld actions), fed
+through the same ``get_batch``-style gather from a device-resident dataset; the model, loss and optimiser are
+the stages' own. ``--profile`` prints the top CUDA kernels and CPU ops of a few steps of each variant, which
+is what tells a launch-bound step (many tiny kernels, GPU idle) from a compute-bound one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ript.config import compose
+from ript.models.action_autoencoder import ActionAutoencoder
+from ript.models.prior import SkillPrior
+from ript.stages.stage0 import autoencoder_kwargs
+from ript.stages.stage1 import prior_loss
+from ript.utils import training
+
+
+class SyntheticData:
+    """A device-resident set of N samples of the real shapes, gathered by index like ``ChunkDataset``."""
+
+    def __init__(self, n: int, image_size: int, cameras: int, chunk: int, action_dim: int, device: str):
+        g = torch.Generator().manual_seed(0)
+        self.images = {f"cam{i}_rgb": torch.randint(0, 256, (n, image_size, image_size, 3), dtype=torch.uint8,
+                                                     generator=g).to(device) for i in range(cameras)}
+        self.state = torch.randn(n, 39, generator=g).to(device)
+        self.actions = (torch.rand(n + chunk, action_dim, generator=g) * 2 - 1).to(device)
+        self.n, self.chunk, self.device = n, chunk, device
+
+    def batch(self, b: int) -> dict:
+        idx = torch.randint(0, self.n, (b,), device=self.device)
+        act_idx = idx[:, None] + torch.arange(self.chunk, device=self.device)
+        obs = {k: v[idx][:, None] for k, v in self.images.items()}
+        obs["robot_states"] = self.state[idx][:, None]
+        return {"obs": obs, "actions": self.actions[act_idx], "task_ids": torch.zeros(b, dtype=torch.long,
+                                                                                      device=self.device),
+                "action_mask": torch.ones(b, self.chunk, dtype=torch.bool, device=self.device)}
+
+
+def timed(step, n: int, warmup: int) -> float:
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n
+
+
+def profile(step, label: str, rows: int = 25) -> str:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+    return f"==== {label}\n{table}"
+
+
+def make_steps(cfg, data: SyntheticData, batch: int, amp: str, device: str):
+    """(stage-0 step, stage-1 step) as the stages run them: autocast, loss, guarded optimiser step."""
+    ae = ActionAutoencoder(**autoencoder_kwargs(cfg)).to(device).train()
+    opt0, sched0 = training.make_optimizer(ae.parameters(), cfg.train, 10**6, device)
+
+    def step0():
+        b = data.batch(batch)
+        with training.autocast(device, amp):
+            out = ae(ae.action_normalizer.normalize(b["actions"]), b["action_mask"])
+        training.grad_norm_step(ae, opt0, sched0, out["loss"], 1.0, 0)
+
+    prior = SkillPrior(autoencoder=autoencoder_kwargs(cfg), task_names=["t"], image_keys=list(data.images),
+                       lowdim_dims={"robot_states": 39}, lang_dim=384, frame_stack=1,
+                       **dict(cfg.algo.prior)).to(device).train()
+    opt1, sched1 = training.make_optimizer(prior.parameters(), cfg.train, 10**6, device)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def step1():
+        b = data.batch(batch)
+        with training.autocast(device, amp):
+            out = prior_loss(prior, b, cfg, gen, 0.0)
+        training.grad_norm_step(prior, opt1, sched1, out["loss"], 1.0, 0)
+
+    return step0, step1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="fp32,bf16", help="comma-separated amp settings: fp32, bf16")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--image-size", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--overrides", nargs="*", default=[])
+    args = ap.parse_args()
+    device = "cuda"
+    torch.backends.cudnn.benchmark = True
+    cfg = compose("stage1", ["algo=quest", "task.action_dim=4", *args.overrides])
+    data = SyntheticData(2048, args.image_size, 2, int(cfg.algo.chunk_size), 4, device)
+    results = {"device": torch.cuda.get_device_name(), "batch": args.batch, "image_size": args.image_size,
+               "torch": torch.__version__, "variants": {}}
+    tables = []
+    for variant in args.variants.split(","):
+        amp = {"fp32": False, "bf16": "auto"}[variant]
+        step0, step1 = make_steps(cfg, data, args.batch, amp, device)
+        s0 = timed(step0, args.steps * 2, 5)
+        s1 = timed(step1, args.steps, 3)
+        results["variants"][variant] = {"stage0_samples_per_s": args.batch / s0, "stage0_step_ms": 1000 * s0,
+                                        "stage1_samples_per_s": args.batch / s1, "stage1_step_ms": 1000 * s1,
+                                        "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+        print(variant, json.dumps(results["variants"][variant]), flush=True)
+        if args.profile:
+            tables += [profile(step0, f"stage0 {variant}"), profile(step1, f"stage1 {variant}")]
+    text = json.dumps(results, indent=2)
+    print(text)
+    for t in tables:
+        print(t)
+    if args.out:
+        Path(args.out).write_text(text + "\n" + "\n".join(tables))
+
+
+if __name__ == "__main__":
+    main()
