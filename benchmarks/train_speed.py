@@ -1,7 +1,10 @@
 """Training-step speed of stage 0 and stage 1 at the real model sizes, with a kernel profile of each.
 
-    python -m benchmarks.train_speed [--variants fp32,bf16] [--batch 256] [--image-size 128] [--profile]
-        [--out results.json]
+    python -m benchmarks.train_speed [--variants fp32,bf16,bf16+cl+compile] [--batch 256] [--image-size 128]
+        [--profile] [--out results.json]
+
+A variant is the amp setting (fp32 or bf16) and any of +cl (channels-last weights), +compile (torch.compile of
+the loss), +graphs (its CUDA-graph mode), +tf32 (TF32 matmuls), +bench (cuDNN autotuning): the ``train.*`` switches the stages read.
 
 The inputs are synthetic tensors of the real shapes (two cameras, uint8 images, 4-D MetaWorld actions), fed
 through the same ``get_batch``-style gather from a device-resident dataset; the model, loss and optimiser are
@@ -17,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from ript.config import compose
 from ript.models.action_autoencoder import ActionAutoencoder
@@ -70,27 +74,39 @@ def profile(step, label: str, rows: int = 25) -> str:
     return f"==== {label}\n{table}"
 
 
-def make_steps(cfg, data: SyntheticData, batch: int, amp: str, device: str):
+def train_settings(variant: str) -> dict:
+    parts = variant.split("+")
+    return {"amp": {"fp32": False, "bf16": "auto"}[parts[0]], "channels_last": "cl" in parts,
+            "compile": "compile" in parts, "cuda_graphs": "graphs" in parts, "tf32": "tf32" in parts,
+            "cudnn_benchmark": "bench" in parts}
+
+
+def make_steps(cfg, data: SyntheticData, batch: int, variant: str, device: str):
     """(stage-0 step, stage-1 step) as the stages run them: autocast, loss, guarded optimiser step."""
+    train_cfg = OmegaConf.merge(cfg.train, train_settings(variant))
+    training.fast_math(device, train_cfg)
     ae = ActionAutoencoder(**autoencoder_kwargs(cfg)).to(device).train()
-    opt0, sched0 = training.make_optimizer(ae.parameters(), cfg.train, 10**6, device)
+    opt0, sched0 = training.make_optimizer(ae.parameters(), train_cfg, 10**6, device)
+    forward = training.CompiledLoss(ae, train_cfg, device)
 
     def step0():
         b = data.batch(batch)
-        with training.autocast(device, amp):
-            out = ae(ae.action_normalizer.normalize(b["actions"]), b["action_mask"])
+        with training.autocast(device, train_cfg.amp):
+            out = forward(ae.action_normalizer.normalize(b["actions"]), b["action_mask"])
         training.grad_norm_step(ae, opt0, sched0, out["loss"], 1.0, 0)
 
     prior = SkillPrior(autoencoder=autoencoder_kwargs(cfg), task_names=["t"], image_keys=list(data.images),
                        lowdim_dims={"robot_states": 39}, lang_dim=384, frame_stack=1,
                        **dict(cfg.algo.prior)).to(device).train()
-    opt1, sched1 = training.make_optimizer(prior.parameters(), cfg.train, 10**6, device)
+    training.prepare_model(prior, device, train_cfg)
+    opt1, sched1 = training.make_optimizer(prior.parameters(), train_cfg, 10**6, device)
     gen = torch.Generator(device=device).manual_seed(0)
+    loss_fn = training.CompiledLoss(prior.loss, train_cfg, device)
 
     def step1():
         b = data.batch(batch)
-        with training.autocast(device, amp):
-            out = prior_loss(prior, b, cfg, gen, 0.0)
+        with training.autocast(device, train_cfg.amp):
+            out = prior_loss(prior, b, cfg, gen, 0.0, loss_fn)
         training.grad_norm_step(prior, opt1, sched1, out["loss"], 1.0, 0)
 
     return step0, step1
@@ -98,7 +114,7 @@ def make_steps(cfg, data: SyntheticData, batch: int, amp: str, device: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="fp32,bf16", help="comma-separated amp settings: fp32, bf16")
+    ap.add_argument("--variants", default="fp32,bf16,fp32+cl+tf32+compile,bf16+cl+tf32+compile+graphs")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--image-size", type=int, default=128)
     ap.add_argument("--steps", type=int, default=20)
@@ -107,20 +123,21 @@ def main() -> None:
     ap.add_argument("--overrides", nargs="*", default=[])
     args = ap.parse_args()
     device = "cuda"
-    torch.backends.cudnn.benchmark = True
     cfg = compose("stage1", ["algo=quest", "task.action_dim=4", *args.overrides])
     data = SyntheticData(2048, args.image_size, 2, int(cfg.algo.chunk_size), 4, device)
     results = {"device": torch.cuda.get_device_name(), "batch": args.batch, "image_size": args.image_size,
                "torch": torch.__version__, "variants": {}}
     tables = []
     for variant in args.variants.split(","):
-        amp = {"fp32": False, "bf16": "auto"}[variant]
-        step0, step1 = make_steps(cfg, data, args.batch, amp, device)
+        t0 = time.perf_counter()
+        step0, step1 = make_steps(cfg, data, args.batch, variant, device)
+        torch.cuda.reset_peak_memory_stats()
         s0 = timed(step0, args.steps * 2, 5)
         s1 = timed(step1, args.steps, 3)
         results["variants"][variant] = {"stage0_samples_per_s": args.batch / s0, "stage0_step_ms": 1000 * s0,
                                         "stage1_samples_per_s": args.batch / s1, "stage1_step_ms": 1000 * s1,
-                                        "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+                                        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+                                        "setup_and_timing_s": time.perf_counter() - t0}
         print(variant, json.dumps(results["variants"][variant]), flush=True)
         if args.profile:
             tables += [profile(step0, f"stage0 {variant}"), profile(step1, f"stage1 {variant}")]

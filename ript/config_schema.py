@@ -78,6 +78,11 @@ class Train(Section):
     warmup_steps: Size
     grad_clip: Rate
     amp: Auto
+    compile: Auto
+    cuda_graphs: bool
+    channels_last: bool
+    tf32: bool
+    cudnn_benchmark: bool
     log_every: Count
     val_every: Count
     save_every: Count

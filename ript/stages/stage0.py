@@ -66,6 +66,8 @@ def run(cfg) -> str:
     model = ActionAutoencoder(**kwargs)
     model.action_normalizer.fit(train_set.actions)
     model.to(device).train()
+    training.fast_math(device, cfg.train)
+    forward = training.CompiledLoss(model, cfg.train, device)
     run_dir, resume_from = prepare_run_dir(cfg)  # inputs checked: now the folder may appear
     steps = int(cfg.train.steps)
     opt, sched = training.make_optimizer(model.parameters(), cfg.train, steps, device)
@@ -94,7 +96,7 @@ def run(cfg) -> str:
             break
         batch = train_set.get_batch(idx)
         with training.autocast(device, cfg.train.amp):
-            out = model(model.action_normalizer.normalize(batch["actions"]), batch["action_mask"])
+            out = forward(model.action_normalizer.normalize(batch["actions"]), batch["action_mask"])
         grad_norm = training.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step)
         samples += len(idx)
         bar.update(1)

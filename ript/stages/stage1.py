@@ -112,10 +112,13 @@ def run_finetune(cfg) -> str:
     return train_prior(cfg, model, kwargs, train_set, val_set, "finetune", metadata, device)
 
 
-def prior_loss(model: SkillPrior, batch: dict, cfg, generator: torch.Generator, decoder_l1_weight: float) -> dict:
+def prior_loss(model: SkillPrior, batch: dict, cfg, generator: torch.Generator, decoder_l1_weight: float,
+               loss_fn=None) -> dict:
+    """The training loss of a batch: augmented images, token cross-entropy (``loss_fn``: ``model.loss`` or
+    its compiled form), and the decoder's L1 term when fine-tuning trains the decoder."""
     obs = {k: (random_shift(v.flatten(0, 1), int(cfg.algo.image_aug_pad), generator).view_as(v)
                if k in model.image_keys else v) for k, v in batch["obs"].items()}
-    out = model.loss(obs, batch["task_ids"], batch["actions"])
+    out = (loss_fn or model.loss)(obs, batch["task_ids"], batch["actions"])
     if decoder_l1_weight > 0:
         ae = model.autoencoder
         target = ae.action_normalizer.normalize(batch["actions"])
@@ -149,6 +152,9 @@ def validate(model: SkillPrior, dataset, cfg, device: str) -> dict[str, float]:
 def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, stage: str, metadata: dict,
                 device: str) -> str:
     model.to(device).train()  # the frozen autoencoder stays in eval mode (SkillPrior.train)
+    training.fast_math(device, cfg.train)
+    training.prepare_model(model, device, cfg.train)
+    loss_fn = training.CompiledLoss(model.loss, cfg.train, device)
     run_dir, resume_from = prepare_run_dir(cfg)  # inputs checked: now the folder may appear
     steps = int(cfg.train.steps)
     opt, sched = training.make_optimizer(model.parameters(), cfg.train, steps, device)
@@ -188,7 +194,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
                 break
             batch = train_set.get_batch(idx)
             with training.autocast(device, cfg.train.amp):
-                out = prior_loss(model, batch, cfg, generator, decoder_l1_weight)
+                out = prior_loss(model, batch, cfg, generator, decoder_l1_weight, loss_fn)
             grad_norm = training.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step)
             samples += len(idx)
             bar.update(1)

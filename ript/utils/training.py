@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from typing import Callable
 
 import torch
 
 from ript.errors import RiptError
+from ript.utils.logging import log
 
 
 def make_optimizer(params, train_cfg, total_steps: int, device: str):
@@ -32,6 +34,51 @@ def autocast(device: str, amp: str | bool):
     if not enabled:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
+
+
+def fast_math(device: str, train_cfg) -> None:
+    """Process-wide CUDA math settings for training: TF32 matmuls (convolutions use TF32 by default already)
+    and, if asked, cuDNN autotuning (faster convolutions, but its algorithm choice can differ between runs)."""
+    if not device.startswith("cuda"):
+        return
+    torch.backends.cuda.matmul.allow_tf32 = bool(train_cfg.tf32)
+    torch.backends.cudnn.allow_tf32 = bool(train_cfg.tf32)
+    torch.backends.cudnn.benchmark = bool(train_cfg.cudnn_benchmark)
+
+
+def prepare_model(model: torch.nn.Module, device: str, train_cfg) -> torch.nn.Module:
+    """Channels-last weights on CUDA (images arrive as NHWC, so convolutions need no layout conversions)."""
+    if device.startswith("cuda") and train_cfg.channels_last:
+        model.to(memory_format=torch.channels_last)
+    return model
+
+
+class CompiledLoss:
+    """``fn`` through ``torch.compile`` (``train.compile``: auto = on CUDA), with a clean fallback: if compiling
+    fails on the first calls (no Triton, an unsupported op), say so once and run ``fn`` eagerly from then on."""
+
+    def __init__(self, fn: Callable, train_cfg, device: str):
+        cuda = device.startswith("cuda")
+        enabled = cuda if train_cfg.compile == "auto" else bool(train_cfg.compile)
+        # CUDA graphs replay the compiled forward and backward without a launch per kernel
+        mode = "reduce-overhead" if cuda and train_cfg.cuda_graphs else None
+        self.fn, self.compiled, self.proven = fn, torch.compile(fn, mode=mode) if enabled else None, False
+
+    def __call__(self, *args, **kwargs):
+        if self.compiled is None:
+            return self.fn(*args, **kwargs)
+        if self.proven:
+            return self.compiled(*args, **kwargs)
+        try:
+            out = self.compiled(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001  (any compiler failure: fall back, never stop training)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            log.warning("torch.compile failed (%s: %s); training runs eagerly (train.compile=false hides this)",
+                        type(e).__name__, first[:200])
+            self.compiled = None
+            return self.fn(*args, **kwargs)
+        self.proven = True
+        return out
 
 
 def out_of_time(t_start: float, minutes: float | None) -> bool:
