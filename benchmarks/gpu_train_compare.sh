@@ -8,10 +8,10 @@ T=task=metaworld_ml45_10
 RUN=runs/train_compare
 EAGER="train.compile=false train.channels_last=false"
 S0="train.steps=${S0_STEPS:-3000} train.val_every=500 train.log_every=100 progress=false"
-S1="train.steps=${S1_STEPS:-3000} train.val_every=500 train.log_every=100 train.save_every=1000 progress=false"
-echo "== collect at ${SECONDS}s"; ript collect $T num_workers=16 episodes_per_job=10
-echo "== stage0 eager at ${SECONDS}s"; ript stage0 $T run_dir=$RUN/stage0_eager $S0 $EAGER
-echo "== stage0 fast at ${SECONDS}s"; ript stage0 $T run_dir=$RUN/stage0_fast $S0
+S1="lang.encoder=task_id train.steps=${S1_STEPS:-3000} train.val_every=500 train.log_every=100 train.save_every=1000 progress=false"
+echo "== collect at ${SECONDS}s"; [ -e data/metaworld_ml45_10/reach-v3.hdf5 ] || ript collect $T num_workers=16 episodes_per_job=10
+echo "== stage0 eager at ${SECONDS}s"; [ -e $RUN/stage0_eager/checkpoints/last ] || ript stage0 $T run_dir=$RUN/stage0_eager $S0 $EAGER
+echo "== stage0 fast at ${SECONDS}s"; [ -e $RUN/stage0_fast/checkpoints/last ] || ript stage0 $T run_dir=$RUN/stage0_fast $S0
 echo "== stage1 eager at ${SECONDS}s"; ript stage1 $T run_dir=$RUN/stage1_eager stage0_checkpoint=$RUN/stage0_fast $S1 $EAGER
 echo "== stage1 fast at ${SECONDS}s"; ript stage1 $T run_dir=$RUN/stage1_fast stage0_checkpoint=$RUN/stage0_fast $S1
 echo "== summary at ${SECONDS}s"
