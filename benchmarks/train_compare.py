@@ -23,16 +23,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tags", default="val/", help="comma-separated prefixes of the scalars to print")
     args = ap.parse_args()
+    prefixes = tuple(args.tags.split(","))
     summary = {}
     for run in args.runs:
         s = scalars(Path(run))
-        val = {tag: dict(points) for tag, points in s.items() if tag.startswith("val/")}
+        val = {tag: dict(points) for tag, points in s.items() if tag.startswith(prefixes)}
         speed = [v for step, v in s.get("time/samples_per_s", []) if step > 200]  # after compile/warm-up
         summary[run] = {"val": val, "median_samples_per_s": statistics.median(speed) if speed else None}
         print(f"{run}: median {summary[run]['median_samples_per_s'] or 0:.0f} samples/s")
         for tag, points in val.items():
-            print(f"  {tag:24s} " + "  ".join(f"{step}:{v:.4f}" for step, v in sorted(points.items())))
+            print(f"  {tag:28s} " + "  ".join(f"{step}:{v:.4g}" for step, v in sorted(points.items())))
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2))
 

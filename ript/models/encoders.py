@@ -82,14 +82,18 @@ class MLPEncoder(nn.Module):
         return self.net(x)
 
 
-def random_shift(img: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:
-    """DrQ-style augmentation on uint8 (B, H, W, C) images: pad by replication and crop at a random offset."""
+def random_shift(img: torch.Tensor, pad: int, generator: torch.Generator | None, share: slice | None = None,
+                 total: int | None = None) -> torch.Tensor:
+    """DrQ-style augmentation on uint8 (B, H, W, C) images: pad by replication and crop at a random offset.
+    ``img`` may be one rank's block ``share`` of ``total`` images: the offsets are drawn for all of them and the
+    block's are used, so each sample is shifted alike whatever the number of processes."""
     if pad <= 0:
         return img
     b, h, w, _ = img.shape
+    n, share = (total, share) if share is not None else (b, slice(0, b))
     padded = F.pad(img.permute(0, 3, 1, 2).float(), (pad, pad, pad, pad), mode="replicate")
-    dx = torch.randint(0, 2 * pad + 1, (b,), device=img.device, generator=generator)
-    dy = torch.randint(0, 2 * pad + 1, (b,), device=img.device, generator=generator)
+    dx = torch.randint(0, 2 * pad + 1, (n,), device=img.device, generator=generator)[share]
+    dy = torch.randint(0, 2 * pad + 1, (n,), device=img.device, generator=generator)[share]
     rows = (dy[:, None] + torch.arange(h, device=img.device)[None])  # (B, H)
     cols = (dx[:, None] + torch.arange(w, device=img.device)[None])  # (B, W)
     batch = torch.arange(b, device=img.device)[:, None, None]

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ript.config import resolve_device, to_dict
+from ript.config import to_dict
 from ript.envs.evaluation import runner_from_metadata
 from ript.envs.seeds import rank_seed
 from ript.envs.suites import get_suite
@@ -26,7 +26,7 @@ from ript.utils import distributed as ddist
 from ript.utils import training
 from ript.utils.checkpoint import load_weights, rank_state, restore_training_state, save_checkpoint, training_state
 from ript.utils.logging import MetricLogger, log, setup_console_logging
-from ript.utils.run_dir import prepare_run_dir
+from ript.utils.run_dir import prepare_ranked_run_dir
 from ript.utils.seeding import seed_everything
 
 
@@ -44,22 +44,13 @@ def init_rank(cfg) -> tuple[str, ddist.DistInfo]:
     """This rank's device and distributed info. Every RL entry point calls it first, so that nothing is built
     before the rank's device is chosen (under torchrun each rank takes cuda:<local rank>)."""
     setup_console_logging()
-    device = resolve_device(cfg.device)
-    info = ddist.init_distributed(device)
-    if device == "cuda" and info.world_size > 1:
-        device = f"cuda:{info.local_rank}"
-        torch.cuda.set_device(device)
-    return device, info
+    return ddist.init_rank(cfg.device)
 
 
 def prepare_run(cfg, info) -> tuple:
     """(run dir, checkpoint to resume): every rank checks, then rank 0 creates the folder. Called once the
     inputs are loaded, so a failed start leaves nothing behind and no rank waits on a dead one."""
-    run_dir, resume_from = prepare_run_dir(cfg, create=False)
-    ddist.barrier(info)
-    if info.is_main:
-        prepare_run_dir(cfg)
-    ddist.barrier(info)
+    run_dir, resume_from = prepare_ranked_run_dir(cfg, info)
     seed_everything(int(cfg.seed) + info.rank)
     return run_dir, resume_from
 
@@ -97,7 +88,7 @@ def train_loop(run: RLRun) -> str:
     start_iter, run_id = 0, None
     if resume_from is not None:
         check_and_load(learner.weights, load_weights(resume_from), str(resume_from))
-        start_iter, run_id, streams = restore_training_state(resume_from, opt, sched, info.rank)
+        start_iter, run_id, streams = restore_training_state(resume_from, opt, sched, info.rank, info.world_size)
         sampler.load_state_dict(streams["sampler"])
         policy.generator.set_state(streams["policy_rng"])
         log.info("rl: resumed from %s at iteration %d", resume_from, start_iter)

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from ript.config import data_files, resolve_device, task_names, to_dict
+from ript.config import data_files, task_names, to_dict
 from ript.data.dataset import batch_stream, load_datasets
 from ript.model_loader import check_and_load
 from ript.models.action_autoencoder import ActionAutoencoder
@@ -14,7 +14,8 @@ from ript.utils import training
 from ript.utils.checkpoint import (checkpoint_config, load_weights, rank_state, restore_training_state,
                                    save_checkpoint, training_state)
 from ript.utils.logging import MetricLogger, log, setup_console_logging
-from ript.utils.run_dir import prepare_run_dir
+from ript.utils import distributed as ddist
+from ript.utils.run_dir import prepare_ranked_run_dir, prepare_run_dir
 from ript.utils.seeding import seed_everything
 
 
@@ -26,34 +27,42 @@ def autoencoder_kwargs(cfg) -> dict:
 
 
 def codebook_metrics(indices: torch.Tensor, codebook_size: int) -> dict[str, float]:
-    counts = torch.bincount(indices.flatten(), minlength=codebook_size).float()
+    return metrics_of_counts(torch.bincount(indices.flatten(), minlength=codebook_size).float())
+
+
+def metrics_of_counts(counts: torch.Tensor) -> dict[str, float]:
     p = counts / counts.sum()
     entropy = -(p[p > 0] * p[p > 0].log()).sum()
     return {"codebook_usage": float((counts > 0).float().mean()), "perplexity": float(entropy.exp())}
 
 
 @torch.no_grad()
-def validate(model: ActionAutoencoder, dataset, batch_size: int, device: str, amp) -> dict[str, float]:
+def validate(model: ActionAutoencoder, dataset, batch_size: int, device: str, amp,
+             info: ddist.DistInfo) -> dict[str, float]:
+    """Validation L1 and codebook use; under torchrun each rank scores every N-th batch."""
     model.eval()
     l1, n, all_idx = 0.0, 0, []
-    for start in range(0, len(dataset), batch_size):
+    for start in range(info.rank * batch_size, len(dataset), batch_size * info.world_size):
         idx = torch.arange(start, min(start + batch_size, len(dataset)))
         batch = dataset.get_batch(idx)
         with training.autocast(device, amp):
             out = model(model.action_normalizer.normalize(batch["actions"].to(device)), batch["action_mask"].to(device))
         l1 += float(out["l1"]) * len(idx)
         n += len(idx)
-        all_idx.append(out["indices"])
+        all_idx.append(out["indices"].flatten())
     model.train()
-    return {"val/l1": l1 / n, **{f"val/{k}": v for k, v in codebook_metrics(torch.cat(all_idx),
-                                                                             model.codebook_size).items()}}
+    counts = torch.bincount(torch.cat(all_idx), minlength=model.codebook_size).float().cpu()
+    l1, n, *counts = ddist.all_sum([l1, float(n), *counts.tolist()], info)
+    return {"val/l1": l1 / n, **{f"val/{k}": v for k, v in metrics_of_counts(torch.tensor(counts)).items()}}
 
 
 def run(cfg) -> str:
+    """Stage 0, alone or under torchrun (every rank draws the same global batch and takes its block; gradients
+    averaged; rank 0 logs and writes checkpoints)."""
     setup_console_logging()
+    device, info = ddist.init_rank(cfg.device)  # first: under torchrun, this rank's GPU
     prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
-    device = resolve_device(cfg.device)
     names = task_names(cfg.task)
     train_set, val_set = load_datasets(
         dict(files=data_files(cfg.task, names), obs_keys={}, chunk_size=int(cfg.algo.chunk_size),
@@ -68,53 +77,60 @@ def run(cfg) -> str:
     model.to(device).train()
     training.fast_math(device, cfg.train)
     forward = training.CompiledLoss(model, cfg.train, device)
-    run_dir, resume_from = prepare_run_dir(cfg)  # inputs checked: now the folder may appear
+    share = ddist.batch_share(int(cfg.train.batch_size), info)
+    run_dir, resume_from = prepare_ranked_run_dir(cfg, info)  # inputs checked: now the folder may appear
     steps = int(cfg.train.steps)
     opt, sched = training.make_optimizer(model.parameters(), cfg.train, steps, device)
     generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
     start_step, run_id = 0, None
     if resume_from is not None:
         check_and_load(model, load_weights(resume_from), str(resume_from))
-        start_step, run_id, streams = restore_training_state(resume_from, opt, sched)
+        start_step, run_id, streams = restore_training_state(resume_from, opt, sched, info.rank, info.world_size)
         generator.set_state(streams["data_rng"])  # a CPU ByteTensor, whatever the generator's device
         log.info("stage0: resumed from %s at step %d", resume_from, start_step)
-    logger = MetricLogger(run_dir, to_dict(cfg), run_id)
+    logger = MetricLogger(run_dir, to_dict(cfg), run_id, enabled=info.is_main)
     ckpt_config = checkpoint_config("stage0", "action_autoencoder", kwargs, cfg,
                                            train_set.metadata(cfg.task))
 
     def save(step: int) -> None:
-        state = training_state(opt, sched, step, logger.run_id, [rank_state(data_rng=generator.get_state())])
-        save_checkpoint(run_dir, step, model, ckpt_config, state, keep_last=cfg.train.keep_last)
+        ranks = ddist.gather_objects(rank_state(data_rng=generator.get_state()), info)
+        if info.is_main:
+            state = training_state(opt, sched, step, logger.run_id, ranks)
+            save_checkpoint(run_dir, step, model, ckpt_config, state, keep_last=cfg.train.keep_last)
 
     from tqdm import tqdm
 
-    bar = tqdm(total=steps, initial=start_step, desc="stage0", unit="step", disable=not cfg.progress)
+    bar = tqdm(total=steps, initial=start_step, desc="stage0", unit="step", disable=not (cfg.progress and info.is_main))
     t_start = t_last = time.perf_counter()
     samples = 0
     for step, idx in batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
         if step >= steps:
             break
-        batch = train_set.get_batch(idx)
+        batch = train_set.get_batch(idx[share])
         with training.autocast(device, cfg.train.amp):
             out = forward(model.action_normalizer.normalize(batch["actions"]), batch["action_mask"])
-        grad_norm = training.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step)
+        # the L1 is a mean over unmasked actions, whose count differs between ranks' blocks
+        grad_norm = training.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step, info,
+                                            weight=batch["action_mask"].sum())
         samples += len(idx)
         bar.update(1)
         done = step + 1
         if done % cfg.train.log_every == 0 or done == steps:
             dt = time.perf_counter() - t_last
-            metrics = {"train/l1": out["l1"].item(), "train/loss": out["loss"].item(), "train/grad_norm": grad_norm,
-                       "train/lr": sched.get_last_lr()[0], "time/samples_per_s": samples / dt,
+            l1, loss = ddist.all_sum([out["l1"].item(), out["loss"].item()], info)
+            metrics = {"train/l1": l1 / info.world_size, "train/loss": loss / info.world_size,
+                       "train/grad_norm": grad_norm, "train/lr": sched.get_last_lr()[0], "time/samples_per_s": samples / dt,
+                       # codebook use of this rank's block of the batch
                        **{f"train/{k}": v for k, v in codebook_metrics(out["indices"], model.codebook_size).items()}}
             logger.log(metrics, done)
             bar.set_postfix(l1=f"{metrics['train/l1']:.4f}", ppl=f"{metrics['train/perplexity']:.0f}")
             t_last, samples = time.perf_counter(), 0
         if val_set is not None and (done % cfg.train.val_every == 0 or done == steps):
-            metrics = validate(model, val_set, int(cfg.train.batch_size), device, cfg.train.amp)
+            metrics = validate(model, val_set, int(cfg.train.batch_size), device, cfg.train.amp, info)
             logger.log(metrics, done)
             log.info("stage0 step %d: val l1 %.4f, codebook usage %.1f%%", done, metrics["val/l1"],
                      100 * metrics["val/codebook_usage"])
-        stop = training.out_of_time(t_start, cfg.train.stop_after_minutes)
+        stop = ddist.any_rank(training.out_of_time(t_start, cfg.train.stop_after_minutes), info)
         if done % cfg.train.save_every == 0 or done == steps or stop:
             save(done)
         if stop:
@@ -123,5 +139,6 @@ def run(cfg) -> str:
             break
     bar.close()
     logger.close()
+    ddist.barrier(info)  # rank 0's last checkpoint is written before any rank reports the run done
     log.info("stage0: done; checkpoint %s", run_dir / "checkpoints" / "last")
     return str(run_dir)

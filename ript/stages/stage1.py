@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ript.config import data_files, resolve_device, task_names, to_dict
+from ript.config import data_files, task_names, to_dict
 from ript.data.dataset import batch_stream, load_datasets
 from ript.data.language import TASK_ID, embed_instructions
 from ript.envs.evaluation import evaluate_during_training, make_runner
@@ -24,7 +24,8 @@ from ript.utils import training
 from ript.utils.checkpoint import (checkpoint_config, load_weights, rank_state, restore_training_state,
                                    save_checkpoint, training_state)
 from ript.utils.logging import MetricLogger, log, setup_console_logging
-from ript.utils.run_dir import prepare_run_dir
+from ript.utils import distributed as ddist
+from ript.utils.run_dir import prepare_ranked_run_dir, prepare_run_dir
 from ript.utils.seeding import seed_everything
 
 
@@ -55,7 +56,7 @@ def run(cfg) -> str:
     setup_console_logging()
     if not cfg.stage0_checkpoint:
         raise RiptError("stage1 needs stage0_checkpoint=<stage-0 run dir or checkpoint>")
-    device = resolve_device(cfg.device)
+    device, info = ddist.init_rank(cfg.device)  # first: under torchrun, this rank's GPU
     autoencoder, ae_ckpt = load_model(cfg.stage0_checkpoint, expect_stage="stage0")
     if autoencoder.action_dim != int(cfg.task.action_dim):
         raise RiptError(f"{ae_ckpt['checkpoint_dir']}: autoencoder action_dim {autoencoder.action_dim} != "
@@ -81,7 +82,7 @@ def run(cfg) -> str:
         model.lowdim_normalizers[k].fit(train_set.obs[k])
     metadata = {**train_set.metadata(cfg.task), "stage0_checkpoint": ae_ckpt["checkpoint_dir"],
                 "sampling": stage1_sampling(cfg.algo)}
-    return train_prior(cfg, model, kwargs, train_set, val_set, "stage1", metadata, device)
+    return train_prior(cfg, model, kwargs, train_set, val_set, "stage1", metadata, device, info)
 
 
 def run_finetune(cfg) -> str:
@@ -89,7 +90,7 @@ def run_finetune(cfg) -> str:
     setup_console_logging()
     if not cfg.checkpoint:
         raise RiptError("finetune needs checkpoint=<stage-1 run dir or checkpoint>")
-    device = resolve_device(cfg.device)
+    device, info = ddist.init_rank(cfg.device)  # first: under torchrun, this rank's GPU
     base, base_ckpt = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune"))
     prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
@@ -109,15 +110,21 @@ def run_finetune(cfg) -> str:
             part.requires_grad_(True)
     metadata = {**train_set.metadata(cfg.task), "base_checkpoint": base_ckpt["checkpoint_dir"],
                 "sampling": stage1_sampling(cfg.algo)}
-    return train_prior(cfg, model, kwargs, train_set, val_set, "finetune", metadata, device)
+    return train_prior(cfg, model, kwargs, train_set, val_set, "finetune", metadata, device, info)
 
 
 def prior_loss(model: SkillPrior, batch: dict, cfg, generator: torch.Generator, decoder_l1_weight: float,
-               loss_fn=None) -> dict:
+               loss_fn=None, share: slice | None = None) -> dict:
     """The training loss of a batch: augmented images, token cross-entropy (``loss_fn``: ``model.loss`` or
-    its compiled form), and the decoder's L1 term when fine-tuning trains the decoder."""
-    obs = {k: (random_shift(v.flatten(0, 1), int(cfg.algo.image_aug_pad), generator).view_as(v)
-               if k in model.image_keys else v) for k, v in batch["obs"].items()}
+    its compiled form), and the decoder's L1 term when fine-tuning trains the decoder. ``share``: the batch is
+    this rank's block of the global batch of ``train.batch_size`` samples."""
+    def augment(v: torch.Tensor) -> torch.Tensor:
+        frames = v.shape[1]  # images (B, frame_stack, H, W, C): one shift per frame
+        rows = slice(share.start * frames, share.stop * frames) if share is not None else None
+        return random_shift(v.flatten(0, 1), int(cfg.algo.image_aug_pad), generator, rows,
+                            int(cfg.train.batch_size) * frames).view_as(v)
+
+    obs = {k: augment(v) if k in model.image_keys else v for k, v in batch["obs"].items()}
     out = (loss_fn or model.loss)(obs, batch["task_ids"], batch["actions"])
     if decoder_l1_weight > 0:
         ae = model.autoencoder
@@ -131,11 +138,12 @@ def prior_loss(model: SkillPrior, batch: dict, cfg, generator: torch.Generator, 
 
 
 @torch.no_grad()
-def validate(model: SkillPrior, dataset, cfg, device: str) -> dict[str, float]:
+def validate(model: SkillPrior, dataset, cfg, device: str, info: ddist.DistInfo) -> dict[str, float]:
+    """Validation cross-entropy and token accuracy; under torchrun each rank scores every N-th batch."""
     model.eval()
     ce, acc, n = 0.0, 0.0, 0
     bs = int(cfg.train.batch_size)
-    for start in range(0, len(dataset), bs):
+    for start in range(info.rank * bs, len(dataset), bs * info.world_size):
         idx = torch.arange(start, min(start + bs, len(dataset)))
         batch = dataset.get_batch(idx)
         batch = {**batch, "obs": {k: v.to(device) for k, v in batch["obs"].items()},
@@ -146,78 +154,89 @@ def validate(model: SkillPrior, dataset, cfg, device: str) -> dict[str, float]:
         acc += float(out["token_acc"]) * len(idx)
         n += len(idx)
     model.train()
+    ce, acc, n = ddist.all_sum([ce, acc, float(n)], info)
     return {"val/ce": ce / n, "val/token_acc": acc / n}
 
 
 def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, stage: str, metadata: dict,
-                device: str) -> str:
+                device: str, info: ddist.DistInfo) -> str:
+    """The training loop of stage 1 and fine-tuning, alone or under torchrun: every rank draws the same global
+    batch and takes its block, gradients are averaged, rank 0 logs, evaluates and writes checkpoints."""
     model.to(device).train()  # the frozen autoencoder stays in eval mode (SkillPrior.train)
     training.fast_math(device, cfg.train)
     training.prepare_model(model, device, cfg.train)
     loss_fn = training.CompiledLoss(model.loss, cfg.train, device)
-    run_dir, resume_from = prepare_run_dir(cfg)  # inputs checked: now the folder may appear
+    share = ddist.batch_share(int(cfg.train.batch_size), info)
+    run_dir, resume_from = prepare_ranked_run_dir(cfg, info)  # inputs checked: now the folder may appear
     steps = int(cfg.train.steps)
     opt, sched = training.make_optimizer(model.parameters(), cfg.train, steps, device)
     generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
     start_step, run_id = 0, None
     if resume_from is not None:
         check_and_load(model, load_weights(resume_from), str(resume_from))
-        start_step, run_id, streams = restore_training_state(resume_from, opt, sched)
+        start_step, run_id, streams = restore_training_state(resume_from, opt, sched, info.rank, info.world_size)
         generator.set_state(streams["data_rng"])  # a CPU ByteTensor, whatever the generator's device
         log.info("%s: resumed from %s at step %d", stage, resume_from, start_step)
-    logger = MetricLogger(run_dir, to_dict(cfg), run_id)
+    logger = MetricLogger(run_dir, to_dict(cfg), run_id, enabled=info.is_main)
     ckpt_config = checkpoint_config(stage, "skill_prior", model_kwargs, cfg, metadata)
     decoder_l1_weight = float(cfg.get("decoder_l1_weight", 0.0))
     runner = None
-    log.info("%s: %d tasks, %d train samples, %d demos, %.1fM trainable params", stage, len(train_set.task_names),
-             len(train_set), train_set.num_demos,
-             sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6)
+    log.info("%s: %d tasks, %d train samples, %d demos, %.1fM trainable params, %d process(es)", stage,
+             len(train_set.task_names), len(train_set), train_set.num_demos,
+             sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, info.world_size)
 
     def evaluate(step: int) -> None:
         nonlocal runner
-        if runner is None:
-            runner = make_runner(metadata, train_set.task_names, cfg.eval, cfg.workers)
-        settings = sampling_settings(metadata)
-        evaluate_during_training(runner, model, settings, device, int(cfg.eval.seed),
-                                 run_dir / "eval" / f"step{step:07d}", logger, step, f"{stage} step {step}",
-                                 bool(cfg.cuda_graph))
-        model.train()
+        if info.is_main:
+            if runner is None:
+                runner = make_runner(metadata, train_set.task_names, cfg.eval, cfg.workers)
+            evaluate_during_training(runner, model, sampling_settings(metadata), device, int(cfg.eval.seed),
+                                     run_dir / "eval" / f"step{step:07d}", logger, step, f"{stage} step {step}",
+                                     bool(cfg.cuda_graph))
+            model.train()
+        ddist.barrier(info)
+
+    def save(step: int) -> None:
+        ranks = ddist.gather_objects(rank_state(data_rng=generator.get_state()), info)
+        if info.is_main:
+            state = training_state(opt, sched, step, logger.run_id, ranks)
+            save_checkpoint(run_dir, step, model, ckpt_config, state, keep_last=cfg.train.keep_last)
 
     from tqdm import tqdm
 
-    bar = tqdm(total=steps, initial=start_step, desc=stage, unit="step", disable=not cfg.progress)
+    bar = tqdm(total=steps, initial=start_step, desc=stage, unit="step", disable=not (cfg.progress and info.is_main))
     t_start = t_last = time.perf_counter()
     samples = 0
     try:
         for step, idx in batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
             if step >= steps:
                 break
-            batch = train_set.get_batch(idx)
+            batch = train_set.get_batch(idx[share])
             with training.autocast(device, cfg.train.amp):
-                out = prior_loss(model, batch, cfg, generator, decoder_l1_weight, loss_fn)
-            grad_norm = training.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step)
+                out = prior_loss(model, batch, cfg, generator, decoder_l1_weight, loss_fn, share)
+            grad_norm = training.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step,
+                                                info)
             samples += len(idx)
             bar.update(1)
             done = step + 1
             if done % cfg.train.log_every == 0 or done == steps:
                 dt = time.perf_counter() - t_last
-                metrics = {"train/ce": out["ce"].item(), "train/token_acc": out["token_acc"].item(),
+                names = ["ce", "token_acc"] + (["decoder_l1"] if "decoder_l1" in out else [])
+                means = ddist.all_sum([out[k].item() for k in names], info)
+                metrics = {**{f"train/{k}": v / info.world_size for k, v in zip(names, means)},
                            "train/grad_norm": grad_norm, "train/lr": sched.get_last_lr()[0],
                            "time/samples_per_s": samples / dt}
-                if "decoder_l1" in out:
-                    metrics["train/decoder_l1"] = out["decoder_l1"].item()
                 logger.log(metrics, done)
                 bar.set_postfix(ce=f"{metrics['train/ce']:.3f}", acc=f"{metrics['train/token_acc']:.2f}")
                 t_last, samples = time.perf_counter(), 0
             if val_set is not None and (done % cfg.train.val_every == 0 or done == steps):
-                metrics = validate(model, val_set, cfg, device)
+                metrics = validate(model, val_set, cfg, device, info)
                 logger.log(metrics, done)
                 log.info("%s step %d: val ce %.3f, token acc %.3f", stage, done, metrics["val/ce"],
                          metrics["val/token_acc"])
-            stop = training.out_of_time(t_start, cfg.train.stop_after_minutes)
+            stop = ddist.any_rank(training.out_of_time(t_start, cfg.train.stop_after_minutes), info)
             if done % cfg.train.save_every == 0 or done == steps or stop:
-                state = training_state(opt, sched, done, logger.run_id, [rank_state(data_rng=generator.get_state())])
-                save_checkpoint(run_dir, done, model, ckpt_config, state, keep_last=cfg.train.keep_last)
+                save(done)
             if cfg.eval.every and (done % cfg.eval.every == 0 or done == steps):
                 evaluate(done)
             if stop:
@@ -229,5 +248,6 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
         if runner is not None:
             runner.close()
         logger.close()
+    ddist.barrier(info)  # rank 0's last checkpoint is written before any rank reports the run done
     log.info("%s: done; checkpoint %s", stage, run_dir / "checkpoints" / "last")
     return str(run_dir)

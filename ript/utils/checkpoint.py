@@ -219,13 +219,17 @@ def training_state(opt, sched, step: int, run_id: str, ranks: list[dict[str, Any
             "ranks": ranks}
 
 
-def restore_training_state(ckpt: Path, opt, sched, rank: int = 0) -> tuple[int, str, dict[str, Any]]:
+def restore_training_state(ckpt: Path, opt, sched, rank: int = 0, world_size: int = 1) -> tuple[int, str, dict[str, Any]]:
     """Load the optimiser, schedule and this rank's RNG states; returns (step, logger run id, this rank's
-    streams for the stage to restore). Reads the layouts written before the schema was shared, too."""
+    streams for the stage to restore). A run resumes with the process count that wrote it (each rank's random
+    streams continue). Reads the layouts written before the schema was shared, too."""
     state = load_training_state(ckpt)
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     if "ranks" in state:
+        if len(state["ranks"]) != world_size:
+            raise RiptError(f"{ckpt}: written by {len(state['ranks'])} process(es); resume it with the same number "
+                            f"(torchrun --nproc_per_node={len(state['ranks'])}), not {world_size}")
         mine, step = state["ranks"][rank], state.get("step", state.get("iteration"))
     else:  # stage 0/1 checkpoints of earlier versions
         mine, step = {"rng": state["rng"], "data_rng": state["data_rng"]}, state["step"]

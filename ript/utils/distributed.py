@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ript.errors import RiptError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -20,14 +22,50 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(device: str) -> DistInfo:
-    """Join the process group torchrun describes in the environment; alone, do nothing."""
+def init_rank(device: str) -> tuple[str, DistInfo]:
+    """This process's device and place in the group torchrun describes (alone: rank 0 of 1). Every entry point
+    calls it before building anything, so under torchrun each rank builds on cuda:<local rank>, and NCCL is
+    told that device (no guessing the rank-to-GPU mapping)."""
+    from ript.config import resolve_device
+
+    device = resolve_device(device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
-        return DistInfo()
+        return device, DistInfo()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "cuda":
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        if device.startswith("cuda"):
+            dist.init_process_group("nccl", device_id=torch.device(device))
+        else:
+            dist.init_process_group("gloo")
+    return device, DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def batch_share(batch_size: int, info: DistInfo) -> slice:
+    """This rank's contiguous block of a global batch (equal blocks, so averaged gradients equal the gradient
+    of the global batch's mean loss)."""
+    if batch_size % info.world_size:
+        raise RiptError(f"train.batch_size={batch_size} is not divisible by the {info.world_size} processes; "
+                        f"it is the global batch, split evenly over ranks")
+    per_rank = batch_size // info.world_size
+    return slice(info.rank * per_rank, (info.rank + 1) * per_rank)
+
+
+def gather_objects(obj, info: DistInfo) -> list:
+    """Every rank's ``obj``, in rank order (alone: ``[obj]``)."""
+    if info.world_size == 1:
+        return [obj]
+    out = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    """True on every rank when any rank says so (e.g. one rank's clock ran out: all stop at the same step)."""
+    return all_sum([float(flag)], info)[0] > 0
 
 
 def all_sum(values: list[float], info: DistInfo) -> list[float]:
@@ -41,14 +79,22 @@ def all_sum(values: list[float], info: DistInfo) -> list[float]:
     return t.cpu().tolist()
 
 
-def average_gradients(params: list[torch.nn.Parameter], info: DistInfo) -> None:
-    """Average gradients over ranks in one flat all-reduce (every rank calls this the same number of times)."""
+def average_gradients(params: list[torch.nn.Parameter], info: DistInfo, weight: torch.Tensor | None = None) -> None:
+    """Average gradients over ranks in one flat all-reduce (every rank calls this the same number of times).
+    ``weight``: this rank's part of the global loss's normaliser (e.g. its count of unmasked elements), so the
+    ranks' gradients of their own means combine into the gradient of the global batch's mean."""
     if info.world_size == 1:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= info.world_size
+    if weight is None:
+        dist.all_reduce(flat)
+        flat /= info.world_size
+    else:
+        w = weight.detach().to(flat.dtype).reshape(1)
+        flat = torch.cat([flat * w, w])
+        dist.all_reduce(flat)
+        flat = flat[:-1] / flat[-1]
     offset = 0
     for p, g in zip(params, grads):
         n = g.numel()

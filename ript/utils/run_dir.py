@@ -100,3 +100,16 @@ def prepare_run_dir(cfg, create: bool = True) -> tuple[Path, Path | None]:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
     return run_dir, None
+
+
+def prepare_ranked_run_dir(cfg, info) -> tuple[Path, Path | None]:
+    """``prepare_run_dir`` under torchrun: every rank checks (and finds the checkpoint to resume), then rank 0
+    alone creates the folder while the others wait."""
+    from ript.utils import distributed as ddist
+
+    run_dir, resume_from = prepare_run_dir(cfg, create=False)
+    ddist.barrier(info)
+    if info.is_main:
+        prepare_run_dir(cfg)
+    ddist.barrier(info)
+    return run_dir, resume_from

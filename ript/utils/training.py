@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from ript.errors import RiptError
+from ript.utils.distributed import DistInfo, average_gradients
 from ript.utils.logging import log
 
 
@@ -90,11 +91,17 @@ class NonFiniteLoss(RiptError):
     """A training loss or gradient became NaN/inf; no update was applied and no checkpoint is written."""
 
 
-def grad_norm_step(model: torch.nn.Module, opt, sched, loss: torch.Tensor, clip: float, step: int) -> float:
-    """One optimiser step; refuses (before touching the weights) when the loss or the gradient is not finite."""
+def grad_norm_step(model: torch.nn.Module, opt, sched, loss: torch.Tensor, clip: float, step: int,
+                   info: DistInfo | None = None, weight: torch.Tensor | None = None) -> float:
+    """One optimiser step; refuses (before touching the weights) when the loss or the gradient is not finite.
+    Under torchrun (``info``) the gradients are averaged over ranks before clipping (weighted by ``weight``
+    when the loss is a mean over a count that differs between ranks)."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if info is not None:
+        average_gradients(params, info, weight)
+    norm = torch.nn.utils.clip_grad_norm_(params, clip)
     loss_value, norm_value = torch.stack([loss.detach().float(), norm.float()]).tolist()  # one device sync
     if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
         raise NonFiniteLoss(f"non-finite training loss {loss_value} (gradient norm {norm_value}) at step {step + 1}; "
