@@ -10,10 +10,10 @@ RUN=runs/scaling
 S1="$T stage0_checkpoint=$RUN/stage0 lang.encoder=task_id train.steps=${S1_STEPS:-1000} train.log_every=100
     train.val_every=100000 train.save_every=100000 progress=false"
 RL="rl.iterations=${RL_ITERS:-2} rl.num_workers=${RL_WORKERS:-16} rl.max_episode_steps=200 rl.max_sampling_rounds=1 eval.every=0"
-echo "== collect at ${SECONDS}s"; ript collect $T num_workers=$(nproc) episodes_per_job=10
-echo "== stage0 at ${SECONDS}s"; ript stage0 $T run_dir=$RUN/stage0 train.steps=1000 progress=false
-echo "== stage1 1 GPU at ${SECONDS}s"; ript stage1 $S1 run_dir=$RUN/s1_1gpu
-echo "== stage1 2 GPUs at ${SECONDS}s"; ript2 stage1 $S1 run_dir=$RUN/s1_2gpu train.batch_size=512
+echo "== collect at ${SECONDS}s"; [ -e $RUN/stage0 ] || ript collect $T num_workers=$(nproc) episodes_per_job=10
+echo "== stage0 at ${SECONDS}s"; [ -e $RUN/stage0 ] || ript stage0 $T run_dir=$RUN/stage0 train.steps=1000 progress=false
+echo "== stage1 1 GPU at ${SECONDS}s"; [ -e $RUN/s1_1gpu ] || ript stage1 $S1 run_dir=$RUN/s1_1gpu
+echo "== stage1 2 GPUs at ${SECONDS}s"; rm -rf $RUN/s1_2gpu; ript2 stage1 $S1 run_dir=$RUN/s1_2gpu train.batch_size=512
 echo "== rl 1 GPU at ${SECONDS}s"; ript rl checkpoint=$RUN/s1_1gpu run_dir=$RUN/rl_1gpu $RL
 echo "== rl 2 GPUs at ${SECONDS}s"; ript2 rl checkpoint=$RUN/s1_1gpu run_dir=$RUN/rl_2gpu $RL
 echo "== summary at ${SECONDS}s"

@@ -98,7 +98,8 @@ def average_gradients(params: list[torch.nn.Parameter], info: DistInfo, weight: 
     offset = 0
     for p, g in zip(params, grads):
         n = g.numel()
-        p.grad = flat[offset: offset + n].view_as(p).clone()
+        g.copy_(flat[offset: offset + n].view(g.shape))  # in place: keeps the gradient's memory format
+        p.grad = g
         offset += n
 
 
