@@ -89,6 +89,7 @@ def main() -> None:
     res = runner.run(policy)
     sizes = sorted({n for n, _ in log})
     out["runner"] = {"seconds": res["seconds"], "inference_share": sum(t for _, t in log) / res["seconds"], "env_steps_per_s": res["env_steps_per_second"],
+                     "worker_busy_share": res["worker_busy_share"], "policy_share": res["policy_share"],
                      "plan_calls": len(log), "plan_s_total": sum(t for _, t in log),
                      "plan_ms_by_batch": {n: 1000 * float(np.median([t for m, t in log if m == n])) for n in sizes}}
     print(json.dumps(out["runner"], indent=2), flush=True)

@@ -152,7 +152,7 @@ class EnvRunner:
         video_keys = [f"{c}_rgb" for c in self.render["cameras"]]
         t0 = time.perf_counter()
         env_steps = reruns = dropped = 0
-        restarts_before = envs.restarts
+        restarts_before, busy_before, inference_before = envs.restarts, envs.busy_s, policy.inference_seconds
 
         def start(slots: list[int]) -> None:
             assigned: list[EpisodeSpec | None] = [None] * n
@@ -230,7 +230,10 @@ class EnvRunner:
         if len(episodes) + dropped != n_specs:
             raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs} ({dropped} dropped)")
         out = summarize(episodes, time.perf_counter() - t0, env_steps)
-        out.update(reruns=reruns, dropped=dropped, worker_restarts=envs.restarts - restarts_before)
+        # where the wall time went: workers' share of n x wall busy in the simulator, the policy's share of wall
+        out.update(reruns=reruns, dropped=dropped, worker_restarts=envs.restarts - restarts_before,
+                   worker_busy_share=(envs.busy_s - busy_before) / max(1e-9, n * out["seconds"]),
+                   policy_share=(policy.inference_seconds - inference_before) / max(1e-9, out["seconds"]))
         return out
 
     def close(self) -> None:

@@ -35,7 +35,9 @@ def _serve(make_env: Callable[[], Any], conn: Connection) -> None:
             if name == _CLOSE:
                 return
             try:
-                conn.send(("ok", getattr(env, name)(*args)))
+                t0 = time.perf_counter()
+                value = getattr(env, name)(*args)
+                conn.send(("ok", (value, time.perf_counter() - t0)))  # with the seconds the worker was busy
             except Exception as e:  # sent to the parent, which raises it
                 conn.send(("error", (e, traceback.format_exc())))
     finally:
@@ -48,6 +50,7 @@ class WorkerPool:
         self.timeout_s = float(timeout_s)
         self.max_restarts = int(max_restarts)
         self.restarts = 0
+        self.busy_s = 0.0  # seconds workers spent inside calls, summed over workers (utilisation = busy / wall)
         self.ctx = mp.get_context("spawn")
         self.procs: list[Any] = [None] * len(env_fns)
         self.conns: list[Connection | None] = [None] * len(env_fns)
@@ -107,7 +110,8 @@ class WorkerPool:
                     failed.append(i)
                     continue
                 if status == "ok":
-                    results[i] = value
+                    results[i], busy = value
+                    self.busy_s += busy
                 elif error is None:
                     error = value
         if error is not None:

@@ -36,6 +36,10 @@ def init_rank(device: str) -> tuple[str, DistInfo]:
     if device == "cuda":
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
+    if int(os.environ.get("RANK", "0")) != 0:
+        from ript.utils.logging import log
+
+        log.setLevel("WARNING")  # rank 0 reports progress; the others only their warnings and errors
     if not dist.is_initialized():
         if device.startswith("cuda"):
             dist.init_process_group("nccl", device_id=torch.device(device))
