@@ -33,9 +33,10 @@ def timed_plans(policy, log: list) -> None:
         sync = torch.cuda.synchronize if policy.device.type == "cuda" else (lambda: None)
         sync()
         t = time.perf_counter()
-        inner(envs)
+        chunks = inner(envs)
         sync()
         log.append((len(envs), time.perf_counter() - t))
+        return chunks
 
     policy.plan = plan
 
