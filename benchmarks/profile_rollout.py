@@ -44,7 +44,7 @@ def timed_plans(policy, log: list) -> None:
 def isolated_plan_ms(policy, obs_example: dict, n: int, repeat: int = 20) -> float:
     policy.reset(n)
     for i in range(n):
-        policy.reset_env(i, policy.model.task_names[0])
+        policy.reset_env(i, policy.model.task_names[0], i)
         policy.observe(i, obs_example)
     sync = torch.cuda.synchronize if policy.device.type == "cuda" else (lambda: None)
     times = []

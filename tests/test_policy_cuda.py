@@ -31,7 +31,7 @@ def test_graphed_plan_matches_eager_and_sees_weight_updates():
         for p in (eager, graphed):
             p.reset(5)
             for i in range(5):
-                p.reset_env(i, "ab"[i % 2])
+                p.reset_env(i, "ab"[i % 2], i)
                 p.observe(i, frames[i])
             planned.append({**dict(zip([0, 2, 3], p.plan([0, 2, 3]))),  # fewer envs than the graph's batch:
                             **dict(zip([1, 4], p.plan([1, 4])))})       # padded rows must not leak

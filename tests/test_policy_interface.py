@@ -27,7 +27,7 @@ class NoisyHold(ChunkingPolicy):
         self.tasks[i] = task_name
 
     def plan(self, envs: list[int]) -> np.ndarray:
-        noise = torch.randn(len(envs), self.action_horizon, self.action_dim, generator=self.generator)
+        noise = self.env_draws(envs, lambda g: torch.randn(self.action_horizon, self.action_dim, generator=g))
         if self.record:
             for i in envs:
                 self.records[i].append({"task": self.tasks[i],
@@ -79,7 +79,7 @@ class GaussianHold(ChunkingPolicy):
     def plan(self, envs: list[int]) -> np.ndarray:
         task_ids = torch.tensor([self.tasks[i] for i in envs])
         mean = self.model.mean[task_ids]
-        actions = mean + self.std * torch.randn(mean.shape, generator=self.generator)
+        actions = mean + self.std * self.env_draws(envs, lambda g: torch.randn(mean.shape[1:], generator=g))
         log_probs = torch.distributions.Normal(mean, self.std).log_prob(actions).flatten(1)
         if self.record:
             for j, i in enumerate(envs):

@@ -207,7 +207,7 @@ def step_by_step(policy, spec: EpisodeSpec, render: dict, max_steps: int) -> dic
     task = MetaWorldTask(spec.task_name, RenderSettings.from_dict(render), max_steps)
     try:
         policy.reset(1)
-        policy.reset_env(0, spec.task_name)
+        policy.reset_env(0, spec.task_name, spec.key)
         policy.observe(0, task.reset(spec.seed, render=True))
         length, done, success = 0, False, False
         while not done:
@@ -248,3 +248,33 @@ def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
         assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(got["decisions"], want["decisions"]))
     assert out["env_steps"] == sum(e["length"] for e in episodes)
     assert [p.name for p in tmp_path.glob("*.mp4")] == [f"button-press-v3_ep0_{'success' if episodes[0]['success'] else 'failure'}.mp4"]
+
+
+def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage1_run):
+    """Each episode samples from its own noise stream (seeded by its key and the run's draw of the policy's
+    generator): the same specs give the same sampled decisions with 1 worker (batches of 1) and 3 workers
+    (batches of up to 3, another schedule), so results do not depend on the machine's core count."""
+    model, ckpt = load_model(stage1_run)
+    render = ckpt["metadata"]["env_args"]["render"]
+    settings = sampling_settings(ckpt["metadata"], {}, ckpt["cfg"])
+    assert not settings["greedy"]
+    specs = [EpisodeSpec(t, s, j) for j, (t, s) in enumerate([("button-press-v3", 3), ("drawer-close-v3", 3),
+                                                               ("button-press-v3", 3), ("drawer-close-v3", 5)])]
+    runs = []
+    for workers in (1, 3):
+        policy = make_policy(model, settings, "cpu", seed=7)
+        policy.record = True
+        runner = EnvRunner("metaworld", model.task_names, render, 24, 1, num_workers=workers)
+        try:
+            runs.append(sorted(runner.run(policy, specs=specs)["episodes"], key=lambda e: e["episode"]))
+        finally:
+            runner.close()
+    for a, b in zip(*runs):
+        assert (a["success"], a["length"]) == (b["success"], b["length"])
+        assert len(a["decisions"]) == len(b["decisions"]) == 3
+        for x, y in zip(a["decisions"], b["decisions"]):
+            assert torch.equal(x["tokens"], y["tokens"])
+            torch.testing.assert_close(x["log_probs"], y["log_probs"])
+    # two episodes of one layout (RL's K rollouts) still sample differently
+    assert not all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(runs[0][0]["decisions"],
+                                                                         runs[0][2]["decisions"]))

@@ -11,6 +11,7 @@ evaluation) or dropped (``"drop"``, RL), and the results count both.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import time
@@ -31,8 +32,14 @@ from ript.utils.video import write_mp4
 class EpisodeSpec:
     task_name: str
     seed: int
-    index: int  # episode number within its task
+    index: int  # episode number within its task (RL: within the round, so K rollouts of one layout differ)
     record: bool = False
+
+    @property
+    def key(self) -> int:
+        """A stable 63-bit name of the episode, which seeds its policy-noise stream (``policies/base.py``)."""
+        digest = hashlib.blake2b(f"{self.task_name}|{self.seed}|{self.index}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1
 
 
 class TaskWorkerEnv:
@@ -169,7 +176,7 @@ class EnvRunner:
             lost(failed)
             for i, obs in enumerate(results):
                 if obs is not None:
-                    policy.reset_env(i, assigned[i].task_name)
+                    policy.reset_env(i, assigned[i].task_name, assigned[i].key)
                     policy.observe(i, obs)
                     if assigned[i].record:
                         frames[i].append(_video_frame(obs, video_keys))

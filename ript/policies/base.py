@@ -4,7 +4,9 @@ A runner owns ``n`` envs and drives them in decision rounds. For each env the po
 ``frame_stack`` observations; ``act_chunk`` plans, in one batched call, a chunk of ``action_horizon`` actions
 for every active env and hands each chunk over whole; the runner executes a chunk inside its env worker and
 passes back (``observe``) the frames the next decision reads. With ``record`` on, the policy keeps what RL
-needs of each decision (``take_record``). Every policy family (the QueST-style prior, OpenVLA-OFT, ...)
+needs of each decision (``take_record``). Sampling noise comes from one stream per episode, seeded from the
+episode's key and a draw of the policy's generator per run: an episode's actions depend on its own seed, not
+on which envs share its batch, how many workers there are, or how the runner schedules them. Every policy family (the QueST-style prior, OpenVLA-OFT, ...)
 subclasses ``ChunkingPolicy`` and fills in ``start_task`` and ``plan``.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from typing import Callable
 
 import numpy as np
 import torch
@@ -25,21 +28,33 @@ class ChunkingPolicy(ABC):
         self.action_horizon = action_horizon  # actions executed from each planned chunk before replanning
         self.frame_stack = frame_stack        # observations a decision reads (the runner renders only these)
         self.device = torch.device(device)
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)  # sampling noise; checkpointed by RL
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)  # one draw per run; checkpointed by RL
         self.obs_keys = obs_keys              # observation keys kept (None: all)
         self.record = False                   # keep what RL needs of every decision
         self.inference_seconds = 0.0          # time spent in plan(), for the rollout's timing metrics
         self.reset(0)
 
     def reset(self, n_envs: int) -> None:
+        """A new run of ``n_envs`` envs (its episodes' noise streams key on a fresh draw of ``generator``)."""
         self.history: list[deque] = [deque(maxlen=self.frame_stack) for _ in range(n_envs)]
         self.records: list[list[dict]] = [[] for _ in range(n_envs)]
+        self.streams: list[torch.Generator | None] = [None] * n_envs
+        self.run_key: int | None = None  # drawn when the run's first episode starts
 
-    def reset_env(self, i: int, task_name: str) -> None:
-        """Env ``i`` starts an episode of ``task_name``."""
+    def reset_env(self, i: int, task_name: str, episode_key: int) -> None:
+        """Env ``i`` starts an episode of ``task_name``; ``episode_key`` (``EpisodeSpec.key``) names the
+        episode within the run and seeds its noise stream."""
+        if self.run_key is None:
+            self.run_key = int(torch.randint(0, 2**62, (1,), generator=self.generator, device=self.device))
         self.history[i].clear()
         self.records[i] = []
+        seed = (self.run_key ^ (episode_key * 0x9E3779B97F4A7C15)) & (2**63 - 1)
+        self.streams[i] = torch.Generator(device=self.device).manual_seed(seed)
         self.start_task(i, task_name)
+
+    def env_draws(self, envs: list[int], draw: Callable[[torch.Generator], torch.Tensor]) -> torch.Tensor:
+        """``draw(stream)`` for each env's episode stream, stacked: the sampling noise of one batched decision."""
+        return torch.stack([draw(self.streams[i]) for i in envs])
 
     def observe(self, i: int, obs: dict[str, np.ndarray]) -> None:
         frame = obs if self.obs_keys is None else {k: obs[k] for k in self.obs_keys}

@@ -67,7 +67,7 @@ class ChunkPolicy(ChunkingPolicy):
         inputs = {"obs": {k: v.to(self.device) for k, v in host_obs.items()},
                   "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
         if not self.sample_kwargs["greedy"]:
-            inputs["noise"] = self.model.sampling_noise(len(envs), self.device, self.generator)
+            inputs["noise"] = self.env_draws(envs, lambda g: self.model.sampling_noise(1, self.device, g)[0])
         graphed = self._graph_for(len(self.history), inputs) if self.cuda_graph and not self.model.training else None
         if graphed is not None:
             context, tokens, log_probs, chunks = graphed(inputs)

@@ -146,7 +146,7 @@ class OFTPolicy(ChunkingPolicy):
         if self.sample and "scale" not in out:
             raise RiptError("sampling needs the Laplace scale head (model.add_scale_head())")
         if self.sample:
-            u = torch.rand(mean.shape, generator=self.generator, device=mean.device) - 0.5
+            u = self.env_draws(envs, lambda g: torch.rand(mean.shape[1:], generator=g, device=mean.device)) - 0.5
             noise = -torch.sign(u) * torch.log1p(-2 * u.abs())  # standard Laplace by inversion
             actions = mean + out["scale"] * noise
             log_probs = laplace_log_prob(actions, mean, out["scale"]).flatten(1)
