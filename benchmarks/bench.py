@@ -2,7 +2,8 @@
 
     python benchmarks/bench.py [--only data,train,sample,sim,collect,eval] [--workers 1,2,4] [--out bench.json]
 
-Prints: dataset samples/s; stage-0 and stage-1 training samples/s (bf16 autocast + fused AdamW on a GPU);
+Prints: dataset samples/s; stage-0 and stage-1 training samples/s (eager; `benchmarks/train_speed.py` times the
+compiled/CUDA-graph step and its variants with kernel profiles);
 prior sampling latency for a batch of 64 with and without the KV cache; the simulator floor (one physics
 step, one rendered frame); env-steps/s of collection and evaluation against the number of workers.
 """
@@ -85,7 +86,7 @@ def bench_train(cfg, ds: ChunkDataset, device: str, batch: int) -> dict:
         b = ds.get_batch(torch.randint(0, len(ds), (batch,)))
         with training.autocast(device, "auto"):
             o = ae(ae.action_normalizer.normalize(b["actions"]), b["action_mask"])
-        training.grad_norm_step(ae, opt, sched, o["loss"], 1.0)
+        training.grad_norm_step(ae, opt, sched, o["loss"], 1.0, 0)
 
     out["stage0_train_samples_per_s"] = batch / timed(step0, 20 if cuda else 5, sync=cuda)
     prior = make_prior(cfg, ds).to(device).train()
@@ -96,7 +97,7 @@ def bench_train(cfg, ds: ChunkDataset, device: str, batch: int) -> dict:
         b = ds.get_batch(torch.randint(0, len(ds), (batch,)))
         with training.autocast(device, "auto"):
             o = prior_loss(prior, b, cfg, gen, 0.0)
-        training.grad_norm_step(prior, opt, sched, o["loss"], 1.0)
+        training.grad_norm_step(prior, opt, sched, o["loss"], 1.0, 0)
 
     out["stage1_train_samples_per_s"] = batch / timed(step1, 10 if cuda else 3, sync=cuda)
     out["stage1_params_M"] = sum(p.numel() for p in prior.parameters()) / 1e6
@@ -156,8 +157,8 @@ def bench_eval(cfg, ds: ChunkDataset, workers: list[int], device: str) -> dict:
         runner.run(policy)  # warm-up: spawns workers, builds envs
         res = runner.run(policy)
         runner.close()
-        out[w] = res["env_steps_per_second"]
-    return {"eval_env_steps_per_s": out}
+        out[w] = {k: res[k] for k in ("env_steps_per_second", "worker_busy_share", "policy_share")}
+    return {"eval": out}
 
 
 def main() -> None:
