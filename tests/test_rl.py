@@ -252,8 +252,9 @@ def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
 
 def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage1_run):
     """Each episode samples from its own noise stream (seeded by its key and the run's draw of the policy's
-    generator): the same specs give the same sampled decisions with 1 worker (batches of 1) and 3 workers
-    (batches of up to 3, another schedule), so results do not depend on the machine's core count."""
+    generator): the same specs give the same sampled decisions with 1 worker (batches of 1), 3 workers in
+    lock-step (batches of up to 3) and 3 workers in 2 groups taking turns with the policy (the pipelined
+    runner), so results depend on neither the machine's core count nor the schedule."""
     model, ckpt = load_model(stage1_run)
     render = ckpt["metadata"]["env_args"]["render"]
     settings = sampling_settings(ckpt["metadata"], {}, ckpt["cfg"])
@@ -261,20 +262,23 @@ def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage
     specs = [EpisodeSpec(t, s, j) for j, (t, s) in enumerate([("button-press-v3", 3), ("drawer-close-v3", 3),
                                                                ("button-press-v3", 3), ("drawer-close-v3", 5)])]
     runs = []
-    for workers in (1, 3):
+    for workers, groups in ((1, 1), (3, 1), (3, 2)):
         policy = make_policy(model, settings, "cpu", seed=7)
         policy.record = True
-        runner = EnvRunner("metaworld", model.task_names, render, 24, 1, num_workers=workers)
+        runner = EnvRunner("metaworld", model.task_names, render, 24, 1, num_workers=workers, groups=groups)
         try:
-            runs.append(sorted(runner.run(policy, specs=specs)["episodes"], key=lambda e: e["episode"]))
+            out = runner.run(policy, specs=specs)
         finally:
             runner.close()
-    for a, b in zip(*runs):
-        assert (a["success"], a["length"]) == (b["success"], b["length"])
-        assert len(a["decisions"]) == len(b["decisions"]) == 3
-        for x, y in zip(a["decisions"], b["decisions"]):
-            assert torch.equal(x["tokens"], y["tokens"])
-            torch.testing.assert_close(x["log_probs"], y["log_probs"])
+        runs.append(sorted(out["episodes"], key=lambda e: e["episode"]))
+        assert out["env_steps"] == sum(e["length"] for e in out["episodes"])
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert (a["success"], a["length"]) == (b["success"], b["length"])
+            assert len(a["decisions"]) == len(b["decisions"]) == 3
+            for x, y in zip(a["decisions"], b["decisions"]):
+                assert torch.equal(x["tokens"], y["tokens"])
+                torch.testing.assert_close(x["log_probs"], y["log_probs"])
     # two episodes of one layout (RL's K rollouts) still sample differently
     assert not all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(runs[0][0]["decisions"],
                                                                          runs[0][2]["decisions"]))

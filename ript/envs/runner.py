@@ -1,9 +1,11 @@
 """Env runner: evaluates a policy on episodes of one or more tasks in parallel worker processes.
 
 Workers are replaceable processes (``envs/workers.py``). Each worker hosts one simulator task at a time and
-is driven through two methods called on all workers at once: ``begin`` (start an episode: task, seed) and
-``advance_chunk`` (the policy's whole chunk of actions, images only for the frames the next decision reads).
-The policy (``policies/base.py``) sees all envs together and is called once per decision for every env. A
+is driven through two methods: ``begin`` (start an episode: task, seed) and ``advance_chunk`` (the policy's
+whole chunk of actions, images only for the frames the next decision reads). The workers form ``groups``
+that take turns: while one group simulates its chunks, the policy plans, in one batched call, for the next
+group (``groups=1``: lock-step, one call for every env). Each episode samples from its own noise stream, so
+the grouping changes the speed, not the episodes. A
 worker that dies or hangs is replaced; its episode is run again from its seed (``on_worker_failure="rerun"``,
 evaluation) or dropped (``"drop"``, RL), and the results count both.
 """
@@ -112,6 +114,7 @@ class EnvRunner:
         worker_timeout_s: float = 600.0,
         max_worker_restarts: int = 3,
         on_worker_failure: str = "rerun",
+        groups: int = 1,
     ):
         self.suite = suite
         self.task_names = list(task_names)
@@ -125,6 +128,7 @@ class EnvRunner:
             raise ValueError(f"on_worker_failure={on_worker_failure!r}: expected 'rerun' or 'drop'")
         self.worker_timeout_s, self.max_worker_restarts = worker_timeout_s, max_worker_restarts
         self.rerun_failed = on_worker_failure == "rerun"
+        self.groups = max(1, min(int(groups), self.num_workers))
         self.envs: WorkerPool | None = None
 
     def specs(self) -> list[EpisodeSpec]:
@@ -207,19 +211,15 @@ class EnvRunner:
                 write_mp4(Path(video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", frames[i])
             running[i] = None
 
-        while any(s is not None for s in running) or pending:
-            # every round is a decision round: episodes started now plan in this round's batched policy call
-            idle = [i for i, s in enumerate(running) if s is None]
-            if idle and pending:
-                start(idle)
-            active = [s is not None for s in running]
-            if not any(active):  # every worker starting an episode was replaced: start them again
-                continue
-            # one worker call per decision: each env runs its whole chunk, rendering only what is read
-            chunks = policy.act_chunk(active)
-            keep = policy.frame_stack
-            results, failed = envs.call("advance_chunk", [
-                (chunks[i], keep, running[i].record) if a else None for i, a in enumerate(active)])
+        keep = policy.frame_stack
+        members = [list(range(g, n, self.groups)) for g in range(self.groups)]
+        in_flight: list = [None] * self.groups  # each group's advance_chunk calls, sent and not yet received
+        chunks: list = [None] * n
+
+        def receive(g: int) -> None:
+            nonlocal env_steps
+            results, failed = envs.receive(in_flight[g])
+            in_flight[g] = None
             lost(failed)
             for i, res in enumerate(results):
                 if res is None:
@@ -234,6 +234,25 @@ class EnvRunner:
                         frames[i].append(_video_frame(obs, video_keys))
                 if done:
                     finish(i, success)
+
+        while any(s is not None for s in running) or pending or any(f is not None for f in in_flight):
+            for g, group in enumerate(members):
+                if in_flight[g] is not None:
+                    receive(g)
+                # every turn is a decision round for the group: episodes started now plan in its batched call
+                idle = [i for i in group if running[i] is None]
+                if idle and pending:
+                    start(idle)
+                active = [running[i] is not None and i % self.groups == g for i in range(n)]
+                if not any(active):  # done, or every worker starting an episode was replaced: next turn
+                    continue
+                # one worker call per decision: each env runs its whole chunk, rendering only what is read; the
+                # other groups' workers simulate meanwhile
+                planned = policy.act_chunk(active)
+                for i in group:
+                    chunks[i] = planned[i]
+                in_flight[g] = envs.send("advance_chunk", [
+                    (planned[i], keep, running[i].record) if a else None for i, a in enumerate(active)])
         if len(episodes) + dropped != n_specs:
             raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs} ({dropped} dropped)")
         out = summarize(episodes, time.perf_counter() - t0, env_steps)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 import traceback
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
@@ -42,6 +43,16 @@ def _serve(make_env: Callable[[], Any], conn: Connection) -> None:
                 conn.send(("error", (e, traceback.format_exc())))
     finally:
         env.close()
+
+
+@dataclass
+class Pending:
+    """Calls sent to some workers and not yet answered."""
+
+    name: str
+    deadline: float
+    waiting: dict = field(default_factory=dict)  # connection -> worker index
+    failed: list = field(default_factory=list)
 
 
 class WorkerPool:
@@ -85,21 +96,28 @@ class WorkerPool:
     def call(self, name: str, per_worker: list[tuple | None]) -> tuple[list[Any], list[int]]:
         """Call ``name(*per_worker[i])`` on every worker whose entry is not None, all at once. Returns each
         worker's answer (None where not called or failed) and the workers that failed and were replaced."""
-        results: list[Any] = [None] * len(self)
-        failed: list[int] = []
-        waiting: dict[Connection, int] = {}
+        return self.receive(self.send(name, per_worker))
+
+    def send(self, name: str, per_worker: list[tuple | None]) -> "Pending":
+        """Start the calls without waiting (other workers' calls may be in flight); ``receive`` collects them."""
+        pending = Pending(name, time.monotonic() + self.timeout_s)
         for i, args in enumerate(per_worker):
             if args is None:
                 continue
             try:
                 self.conns[i].send((name, args))
-                waiting[self.conns[i]] = i
+                pending.waiting[self.conns[i]] = i
             except (BrokenPipeError, EOFError, OSError):
-                failed.append(i)
-        deadline = time.monotonic() + self.timeout_s
+                pending.failed.append(i)
+        return pending
+
+    def receive(self, pending: "Pending") -> tuple[list[Any], list[int]]:
+        """The answers of ``send``'s calls: (per-worker results, the workers that failed and were replaced)."""
+        results: list[Any] = [None] * len(self)
+        failed, waiting, name = pending.failed, pending.waiting, pending.name
         error = None
         while waiting:
-            ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
+            ready = wait(list(waiting), timeout=max(0.0, pending.deadline - time.monotonic()))
             if not ready:
                 break
             for conn in ready:
