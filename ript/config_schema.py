@@ -48,7 +48,7 @@ class Task(Section):
 class WorkerLimits(Section):
     timeout_s: Rate       # a worker silent for this long is killed and replaced
     max_restarts: Size    # replaced workers allowed per run before it fails
-    groups: Count         # worker groups that take turns with the policy
+    groups: Union[Literal["auto"], Count]  # worker groups that take turns with the policy
 
 
 class Sampling(Section):

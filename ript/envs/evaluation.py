@@ -34,7 +34,7 @@ def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, 
         n_videos=n_videos,
         worker_timeout_s=float(workers_cfg.timeout_s),
         max_worker_restarts=int(workers_cfg.max_restarts),
-        groups=int(workers_cfg.groups),
+        groups=workers_cfg.groups,
         on_worker_failure=on_worker_failure,
     )
 

@@ -114,7 +114,7 @@ class EnvRunner:
         worker_timeout_s: float = 600.0,
         max_worker_restarts: int = 3,
         on_worker_failure: str = "rerun",
-        groups: int = 1,
+        groups: int | str = 1,
     ):
         self.suite = suite
         self.task_names = list(task_names)
@@ -128,7 +128,7 @@ class EnvRunner:
             raise ValueError(f"on_worker_failure={on_worker_failure!r}: expected 'rerun' or 'drop'")
         self.worker_timeout_s, self.max_worker_restarts = worker_timeout_s, max_worker_restarts
         self.rerun_failed = on_worker_failure == "rerun"
-        self.groups = max(1, min(int(groups), self.num_workers))
+        self.groups = groups  # "auto": 2 when the policy runs on a GPU and there are 4+ workers, else 1
         self.envs: WorkerPool | None = None
 
     def specs(self) -> list[EpisodeSpec]:
@@ -212,8 +212,11 @@ class EnvRunner:
             running[i] = None
 
         keep = policy.frame_stack
-        members = [list(range(g, n, self.groups)) for g in range(self.groups)]
-        in_flight: list = [None] * self.groups  # each group's advance_chunk calls, sent and not yet received
+        # on a CPU the policy competes with the workers for the same cores: taking turns only costs calls there
+        turns = (2 if policy.device.type == "cuda" and n >= 4 else 1) if self.groups == "auto" else int(self.groups)
+        turns = max(1, min(turns, n))
+        members = [list(range(g, n, turns)) for g in range(turns)]
+        in_flight: list = [None] * turns  # each group's advance_chunk calls, sent and not yet received
         chunks: list = [None] * n
 
         def receive(g: int) -> None:
@@ -243,7 +246,7 @@ class EnvRunner:
                 idle = [i for i in group if running[i] is None]
                 if idle and pending:
                     start(idle)
-                active = [running[i] is not None and i % self.groups == g for i in range(n)]
+                active = [running[i] is not None and i % turns == g for i in range(n)]
                 if not any(active):  # done, or every worker starting an episode was replaced: next turn
                     continue
                 # one worker call per decision: each env runs its whole chunk, rendering only what is read; the
