@@ -140,5 +140,6 @@ def run(cfg) -> str:
     bar.close()
     logger.close()
     ddist.barrier(info)  # rank 0's last checkpoint is written before any rank reports the run done
+    ddist.shutdown(info)
     log.info("stage0: done; checkpoint %s", run_dir / "checkpoints" / "last")
     return str(run_dir)

@@ -249,5 +249,6 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
             runner.close()
         logger.close()
     ddist.barrier(info)  # rank 0's last checkpoint is written before any rank reports the run done
+    ddist.shutdown(info)
     log.info("%s: done; checkpoint %s", stage, run_dir / "checkpoints" / "last")
     return str(run_dir)
