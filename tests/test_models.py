@@ -119,3 +119,26 @@ def test_random_shift_keeps_shape_and_content_range():
     assert out.shape == img.shape and out.dtype == torch.uint8
     assert not torch.equal(out, img)
     assert torch.equal(random_shift(img, 0, None), img)
+
+
+def test_compiled_loss_falls_back_to_eager_when_compiling_fails(monkeypatch, caplog):
+    """A toolchain that cannot compile (no Triton, an unsupported op) costs one warning, not the run."""
+    from omegaconf import OmegaConf
+
+    from ript.utils import training
+
+    def broken_compile(fn, mode=None):
+        def run(*args, **kwargs):
+            raise RuntimeError("backend compiler failed: no working C++ compiler")
+        return run
+
+    monkeypatch.setattr(training.torch, "compile", broken_compile)
+    cfg = OmegaConf.create({"compile": True, "cuda_graphs": True})
+    loss = training.CompiledLoss(lambda x: (2 * x).sum(), cfg, "cpu")
+    with caplog.at_level("WARNING", logger="ript"):
+        assert float(loss(torch.ones(3))) == 6.0
+        assert float(loss(torch.ones(2))) == 4.0
+    assert loss.compiled is None
+    assert [r.message for r in caplog.records if "torch.compile failed" in r.message] != []
+    off = training.CompiledLoss(lambda x: x, OmegaConf.create({"compile": "auto", "cuda_graphs": True}), "cpu")
+    assert off.compiled is None  # auto: eager on a CPU
