@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
 from ript.config import to_dict
 from ript.envs.evaluation import runner_from_metadata
@@ -98,10 +97,7 @@ def train_loop(run: RLRun) -> str:
 
     def save(iteration: int) -> None:
         mine = rank_state(sampler=sampler.state_dict(), policy_rng=policy.generator.get_state())
-        ranks = [mine]
-        if info.world_size > 1:
-            ranks = [None] * info.world_size
-            dist.all_gather_object(ranks, mine)
+        ranks = ddist.gather_objects(mine, info)
         if info.is_main:
             state = training_state(opt, sched, iteration, logger.run_id, ranks)
             save_checkpoint(run_dir, iteration, learner.weights, ckpt_config, state, keep_last=cfg.keep_last,

@@ -130,7 +130,7 @@ def run(cfg) -> str:
             logger.log(metrics, done)
             log.info("stage0 step %d: val l1 %.4f, codebook usage %.1f%%", done, metrics["val/l1"],
                      100 * metrics["val/codebook_usage"])
-        stop = ddist.any_rank(training.out_of_time(t_start, cfg.train.stop_after_minutes), info)
+        stop = training.out_of_time_everywhere(t_start, cfg.train.stop_after_minutes, info)
         if done % cfg.train.save_every == 0 or done == steps or stop:
             save(done)
         if stop:

@@ -234,7 +234,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
                 logger.log(metrics, done)
                 log.info("%s step %d: val ce %.3f, token acc %.3f", stage, done, metrics["val/ce"],
                          metrics["val/token_acc"])
-            stop = ddist.any_rank(training.out_of_time(t_start, cfg.train.stop_after_minutes), info)
+            stop = training.out_of_time_everywhere(t_start, cfg.train.stop_after_minutes, info)
             if done % cfg.train.save_every == 0 or done == steps or stop:
                 save(done)
             if cfg.eval.every and (done % cfg.eval.every == 0 or done == steps):
