@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from ript.config import compose
-from ript.envs.runner import EnvRunner, EpisodeSpec
+from ript.envs.runner import EnvRunner
+from ript.envs.worker_env import EpisodeSpec
 from ript.envs.seeds import rl_layout_seed
 from benchmarks.oft_official_writer import LLAMA2_7B, official_config, write_official_checkpoint
 from ript.registry import ADVANTAGES

@@ -173,7 +173,8 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     model.add_scale_head(16, 0.5)
     learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False)
     learner.policy = policy
-    from ript.envs.runner import EnvRunner, EpisodeSpec
+    from ript.envs.runner import EnvRunner
+from ript.envs.worker_env import EpisodeSpec
 
     runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], 16, episodes_per_task=1, num_workers=1)
     policy.record = True

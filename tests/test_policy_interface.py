@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import TASKS
-from ript.envs.runner import EnvRunner, EpisodeSpec
+from ript.envs.runner import EnvRunner
+from ript.envs.worker_env import EpisodeSpec
 from ript.policies.base import ChunkingPolicy
 
 RENDER = {"cameras": ["corner"], "image_size": 32, "quality": "low"}

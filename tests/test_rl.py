@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from ript.config import compose
-from ript.envs.runner import EnvRunner, EpisodeSpec
+from ript.envs.runner import EnvRunner
+from ript.envs.worker_env import EpisodeSpec
 from ript.model_loader import load_model
 from ript.registry import ADVANTAGES
 from ript.rl import advantages  # noqa: F401
@@ -253,8 +254,9 @@ def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
 def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage1_run):
     """Each episode samples from its own noise stream (seeded by its key and the run's draw of the policy's
     generator): the same specs give the same sampled decisions with 1 worker (batches of 1), 3 workers in
-    lock-step (batches of up to 3) and 3 workers in 2 groups taking turns with the policy (the pipelined
-    runner), so results depend on neither the machine's core count nor the schedule."""
+    lock-step (batches of up to 3), 3 workers in 2 groups taking turns with the policy (the pipelined
+    runner), and envs sharing a worker (3 in one; 2 workers of 2 envs in 2 groups), so results depend on
+    neither the machine's core count nor the schedule nor the slot an episode lands in."""
     model, ckpt = load_model(stage1_run)
     render = ckpt["metadata"]["env_args"]["render"]
     settings = sampling_settings(ckpt["metadata"], {}, ckpt["cfg"])
@@ -262,10 +264,11 @@ def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage
     specs = [EpisodeSpec(t, s, j) for j, (t, s) in enumerate([("button-press-v3", 3), ("drawer-close-v3", 3),
                                                                ("button-press-v3", 3), ("drawer-close-v3", 5)])]
     runs = []
-    for workers, groups in ((1, 1), (3, 1), (3, 2)):
+    for workers, groups, per_worker in ((1, 1, 1), (3, 1, 1), (3, 2, 1), (1, 1, 3), (2, 2, 2)):
         policy = make_policy(model, settings, "cpu", seed=7)
         policy.record = True
-        runner = EnvRunner("metaworld", model.task_names, render, 24, 1, num_workers=workers, groups=groups)
+        runner = EnvRunner("metaworld", model.task_names, render, 24, 1, num_workers=workers, groups=groups,
+                           envs_per_worker=per_worker)
         try:
             out = runner.run(policy, specs=specs)
         finally:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ript.envs.runner import EnvRunner, EpisodeSpec
+from ript.envs.runner import EnvRunner
+from ript.envs.worker_env import EpisodeSpec
 from ript.policies.base import ChunkingPolicy
 from ript.registry import ADVANTAGES
 from ript.rl import advantages as _advantages  # noqa: F401  (registers the estimators)

@@ -1,0 +1,192 @@
+"""What runs inside an env worker process: a few simulator envs, driven a decision at a time.
+
+Kept free of torch so a spawned worker starts in well under a second (importing torch in each of 16 workers
+took longer than a whole evaluation's simulation). A worker hosts ``envs_per_worker`` envs; one call starts
+or advances several of them, so the pipe is crossed once per worker per decision round, not once per env.
+Rendered images go back through a shared-memory block the runner allocates per worker (``SharedFrames``);
+only small arrays are pickled. Frames that do not fit the block (a recorded episode renders every step) are
+sent inline.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+
+from ript.envs.suites import get_suite
+from ript.envs.workers import WorkerPool
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    task_name: str
+    seed: int
+    index: int  # episode number within its task (RL: within the round, so K rollouts of one layout differ)
+    record: bool = False
+
+    @property
+    def key(self) -> int:
+        """A stable 63-bit name of the episode, which seeds its policy-noise stream (``policies/base.py``)."""
+        digest = hashlib.blake2b(f"{self.task_name}|{self.seed}|{self.index}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass(frozen=True)
+class FrameLayout:
+    """The shape of one worker's shared frame block: (envs, frames per env, cameras, H, W, 3) uint8."""
+
+    envs: int
+    frames: int
+    image_keys: tuple[str, ...]
+    image_size: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.envs, self.frames, len(self.image_keys), self.image_size, self.image_size, 3)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape)
+
+
+class SharedFrames:
+    """A worker's shared-memory block of rendered frames. The runner creates (and finally unlinks) one per
+    worker; the worker attaches by name, writes a decision's frames into its env's rows, and sends their row
+    numbers instead of the pixels. A replaced worker attaches to the same block."""
+
+    def __init__(self, layout: FrameLayout, name: str | None = None):
+        self.layout = layout
+        self.owner = name is None
+        # spawned workers share the runner's resource tracker, so a worker attaching registers nothing new, and
+        # the block outlives a worker that dies; the runner unlinks it (the tracker does if the runner dies)
+        self.shm = shared_memory.SharedMemory(name=name, create=self.owner, size=max(1, layout.nbytes))
+        self.array = np.ndarray(layout.shape, dtype=np.uint8, buffer=self.shm.buf)
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    def put(self, env: int, frame: int, obs: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Write ``obs``'s images into row (env, frame) if they fit; returns obs with each written image
+        replaced by the row's address (an int tuple), so the pipe carries only the small arrays."""
+        if frame >= self.layout.frames:
+            return obs
+        out = dict(obs)
+        for c, key in enumerate(self.layout.image_keys):
+            image = obs.get(key)
+            if image is not None and image.shape == self.array.shape[3:]:
+                self.array[env, frame, c] = image
+                out[key] = (env, frame, c)
+        return out
+
+    def get(self, obs: dict[str, Any]) -> dict[str, Any]:
+        """The runner's side of ``put``: addresses replaced by copies of the frames (the next call of the
+        worker overwrites its rows, and policies keep the arrays they observe)."""
+        return {k: self.array[v].copy() if isinstance(v, tuple) else v for k, v in obs.items()}
+
+    def close(self) -> None:
+        self.array = None
+        self.shm.close()
+        if self.owner:
+            self.shm.unlink()
+
+
+class TaskEnv:
+    """One env slot of a worker: builds simulator tasks on demand and keeps them for reuse."""
+
+    def __init__(self, suite: str, render: dict, max_episode_steps: int):
+        self.render_cfg, self.max_steps = render, max_episode_steps
+        self.tasks: dict[str, Any] = {}  # in order of last use
+        self.current = None
+        self.suite_entry = get_suite(suite)
+        self.cache_limit = self.suite_entry.tasks_per_worker  # a LIBERO scene holds ~0.8 GB
+
+    def begin(self, spec: EpisodeSpec) -> dict[str, np.ndarray]:
+        task = self.tasks.pop(spec.task_name, None)
+        if task is None:
+            while self.cache_limit is not None and len(self.tasks) >= self.cache_limit:
+                self.tasks.pop(next(iter(self.tasks))).close()  # least recently used
+            task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps)
+        self.tasks[spec.task_name] = self.current = task
+        return self.current.reset(spec.seed, render=True)
+
+    def advance_chunk(self, chunk: np.ndarray, keep_last: int, record: bool):
+        """Run the whole action chunk (stopping at the episode's end). Renders only the last ``keep_last``
+        steps (the policy's next frame stack), or every step of a recorded episode; returns
+        ([(step, obs), ...] rendered, steps taken, done, success)."""
+        rendered, done, success, n = [], False, False, len(chunk)
+        for t, action in enumerate(chunk):
+            render = record or t >= n - keep_last
+            obs, _, done, info = self.current.step(action, render=render)
+            success = info["success"]
+            if render:
+                rendered.append((t, obs))
+            if done:
+                break
+        return rendered, t + 1, done, success
+
+    def close(self) -> None:
+        for task in self.tasks.values():
+            task.close()
+        self.tasks.clear()
+
+
+class WorkerEnvs:
+    """The object a worker process serves: ``envs_per_worker`` env slots and their shared frame block."""
+
+    def __init__(self, suite: str, render: dict, max_episode_steps: int, layout: FrameLayout, frames_name: str):
+        self.envs = [TaskEnv(suite, render, max_episode_steps) for _ in range(layout.envs)]
+        self.frames = SharedFrames(layout, frames_name)
+
+    def begin(self, starts: list[tuple[int, EpisodeSpec]]) -> list[tuple[int, dict]]:
+        """Start an episode in each listed slot: [(slot, spec)] -> [(slot, first observation)]."""
+        return [(j, self.frames.put(j, 0, self.envs[j].begin(spec))) for j, spec in starts]
+
+    def advance(self, moves: list[tuple[int, np.ndarray, int, bool]]) -> list[tuple[int, list, int, bool, bool]]:
+        """Run each listed slot's chunk: [(slot, chunk, keep_last, record)] -> [(slot, rendered, taken, done,
+        success)], the rendered frames' images in the shared block where they fit."""
+        out = []
+        for j, chunk, keep_last, record in moves:
+            rendered, taken, done, success = self.envs[j].advance_chunk(chunk, keep_last, record)
+            out.append((j, [(t, self.frames.put(j, r, obs)) for r, (t, obs) in enumerate(rendered)], taken, done,
+                        success))
+        return out
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        self.frames.close()
+
+
+class WorkerSet:
+    """The runner's handle on its env workers: the replaceable processes and one shared frame block each."""
+
+    def __init__(self, suite: str, render: dict, max_episode_steps: int, num_workers: int, envs_per_worker: int,
+                 frames_per_env: int, timeout_s: float, max_restarts: int):
+        layout = FrameLayout(envs_per_worker, frames_per_env, tuple(f"{c}_rgb" for c in render["cameras"]),
+                             int(render["image_size"]))
+        self.envs_per_worker = envs_per_worker
+        self.frames = [SharedFrames(layout) for _ in range(num_workers)]
+        fns = [functools.partial(WorkerEnvs, suite, render, max_episode_steps, layout, f.name) for f in self.frames]
+        try:
+            self.pool = WorkerPool(fns, timeout_s, max_restarts)
+        except BaseException:
+            self._free_frames()
+            raise
+
+    def _free_frames(self) -> None:
+        for f in self.frames:
+            f.close()
+        self.frames = []
+
+    def close(self) -> None:
+        try:
+            self.pool.close()
+        finally:
+            self._free_frames()
