@@ -174,7 +174,7 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False)
     learner.policy = policy
     from ript.envs.runner import EnvRunner
-from ript.envs.worker_env import EpisodeSpec
+    from ript.envs.worker_env import EpisodeSpec
 
     runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], 16, episodes_per_task=1, num_workers=1)
     policy.record = True
