@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ript.models.openvla_oft.config import OFTConfig
-from ript.utils.checkpoint import atomic_write_text
+from ript.utils.atomic import atomic_write_text
 
 LLAMA2_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
              "num_key_value_heads": 32, "vocab_size": 32064, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import time
 import zlib
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -63,11 +64,14 @@ def job_settings(job: Job) -> dict[str, Any]:
     return {k: v for k, v in asdict(job).items() if k != "shard_path"}
 
 
-def _run_job(job: Job) -> tuple[str, int, int]:
+def _run_job(job: Job) -> dict[str, Any]:
+    """Run one job and write its shard; returns its counts and where its seconds went."""
+    t0 = time.perf_counter()
     source = get_suite(job.suite).episode_source()
     task = source.open_task(job.task, job.suite, job.render, job.max_episode_steps)
+    t_open = time.perf_counter()
     demos: list[Demo] = []
-    attempts = retry = 0
+    attempts = retry = steps = 0
     try:
         # Seeds depend only on (seed, task, episode index, retry), not on how work is split into jobs.
         while len(demos) < job.num_episodes and attempts < job.max_attempts:
@@ -77,6 +81,7 @@ def _run_job(job: Job) -> tuple[str, int, int]:
             demo = source.run_episode(task, layout_seed, noise_rng, job.noise)
             attempts += 1
             retry += 1
+            steps += len(demo.actions)
             if demo.attrs["success"] or not job.filter_success:
                 demos.append(demo)
                 if _progress is not None:
@@ -84,8 +89,10 @@ def _run_job(job: Job) -> tuple[str, int, int]:
                 retry = 0
     finally:
         task.close()
+    t_run = time.perf_counter()
     write_demo_file(Path(job.shard_path), demos, {"shard": json.dumps(job_settings(job)), "attempts": attempts})
-    return job.task, len(demos), attempts
+    return {"task": job.task, "demos": len(demos), "attempts": attempts, "env_steps": steps,
+            "open_s": t_open - t0, "episodes_s": t_run - t_open, "write_s": time.perf_counter() - t_run}
 
 
 def _read_shard(path: Path) -> tuple[dict | None, int, int]:
@@ -212,6 +219,8 @@ def collect_demos(
     # spawn: a forked child inherits a GL context and hangs.
     ctx = mp.get_context("spawn")
     progress = ctx.Queue()
+    spent = dict.fromkeys(("env_steps", "open_s", "episodes_s", "write_s", "merge_s"), 0.0)
+    t0 = time.perf_counter()
     bar = tqdm(total=len(todo) * demos_per_task, initial=sum(collected.values()), desc="collect", unit="demo")
     with ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_exit_with_parent,
                              initargs=(progress,)) as pool:
@@ -223,12 +232,17 @@ def collect_demos(
                     bar.update(progress.get())
                 for future in finished:
                     pending.discard(future)
-                    task, n_demos, n_attempts = future.result()  # re-raises a worker's error here
-                    attempts[task] = attempts.get(task, 0) + n_attempts
-                    collected[task] = collected.get(task, 0) + n_demos
+                    done = future.result()  # re-raises a worker's error here
+                    task = done["task"]
+                    attempts[task] = attempts.get(task, 0) + done["attempts"]
+                    collected[task] = collected.get(task, 0) + done["demos"]
+                    for k in ("env_steps", "open_s", "episodes_s", "write_s"):
+                        spent[k] += done[k]
                     remaining[task] -= 1
                     if remaining[task] == 0:
+                        t = time.perf_counter()
                         finish(task)
+                        spent["merge_s"] += time.perf_counter() - t
         except BrokenProcessPool:
             raise RiptError(f"collect: a worker process died (killed, or out of memory) while collecting into "
                             f"{data_dir}; finished jobs are kept: rerun the same command to resume") from None
@@ -236,4 +250,11 @@ def collect_demos(
             for future in pending:
                 future.cancel()
             bar.close()
+    wall = time.perf_counter() - t0
+    busy = max(1e-9, spent["open_s"] + spent["episodes_s"] + spent["write_s"])
+    log.info("collect: %d env steps in %.1f s (%.0f steps/s, %d workers); workers' time: opening tasks %.0f%%, "
+             "episodes %.0f%%, writing shards %.0f%%, busy %.0f%% of workers x wall; merging task files %.1f s",
+             spent["env_steps"], wall, spent["env_steps"] / max(wall, 1e-9), num_workers,
+             100 * spent["open_s"] / busy, 100 * spent["episodes_s"] / busy, 100 * spent["write_s"] / busy,
+             100 * busy / (num_workers * wall), spent["merge_s"])
     return stats

@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 from ript.errors import RiptError
-from ript.utils.checkpoint import atomic_replace
+from ript.utils.atomic import atomic_replace
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ript.errors import RiptError
-from ript.utils.checkpoint import atomic_replace
+from ript.utils.atomic import atomic_replace
 
 
 def current_umask() -> int:

@@ -24,7 +24,7 @@ import numpy as np
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.worker_env import EpisodeSpec, WorkerSet
 from ript.policies.base import ChunkingPolicy
-from ript.utils.checkpoint import atomic_write_text
+from ript.utils.atomic import atomic_write_text
 from ript.utils.video import write_mp4
 
 def default_num_workers(requested: int | str | None, n_episodes: int, envs_per_worker: int = 1) -> int:

@@ -26,45 +26,12 @@ from safetensors.torch import load_file, save_file
 
 import ript
 from ript.errors import RiptError
+from ript.utils.atomic import atomic_replace, fsync_path
 from ript.utils.seeding import rng_state, set_rng_state
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 TRAINING_STATE = "training_state.pt"
-
-
-def fsync_path(path: Path) -> None:
-    """Flush a file's or a folder's entries to disk (a rename is durable only once its folder is synced)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_replace(tmp: Path, path: Path) -> None:
-    """Sync ``tmp`` (a file, or a folder and its files), rename it to ``path``, sync the parent folder."""
-    tmp = Path(tmp)
-    if tmp.is_dir():
-        for child in tmp.rglob("*"):
-            fsync_path(child)
-    fsync_path(tmp)
-    os.replace(tmp, path)
-    fsync_path(Path(path).parent)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it private
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        atomic_replace(Path(tmp), path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def first_non_finite(state: dict[str, torch.Tensor]) -> str | None:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ript.errors import RiptError
-from ript.utils.checkpoint import (atomic_write_text, read_checkpoint_config, remove_partial_checkpoints,
-                                   resolve_checkpoint_dir)
+from ript.utils.atomic import atomic_write_text
+from ript.utils.checkpoint import read_checkpoint_config, remove_partial_checkpoints, resolve_checkpoint_dir
 from ript.utils.logging import log
 
 # Keys that change how a run is driven or reported, not what it computes: a resumed run may change them.
