@@ -157,9 +157,10 @@ def train_loop(run: RLRun) -> str:
             logger.log(metrics, it + 1)
             if info.is_main:
                 log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d rounds), clip %.3f, "
-                         "kl %.4f, %.0f s rollout + %.0f s train", it + 1, cfg.rl.iterations,
+                         "kl %.4f, %.1f s rollout (%.0f env steps/s) + %.1f s train", it + 1, cfg.rl.iterations,
                          100 * metrics["rollout/success_rate"], batch["total_kept"], batch["rounds"],
-                         stats["clip_fraction"], stats["approx_kl"], t_rollout, t_train)
+                         stats["clip_fraction"], stats["approx_kl"], t_rollout, metrics["time/env_steps_per_s"],
+                         t_train)
             save(it + 1)
             if cfg.eval.every and ((it + 1) % int(cfg.eval.every) == 0 or it + 1 == int(cfg.rl.iterations)):
                 maybe_evaluate(it + 1)
