@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 TASK = ["task=metaworld_quick", "task.demos_per_task=3", "task.render.image_size=32", "task.max_episode_steps=120"]
 TRAIN = ["algo=quest_small", "progress=false", "train.steps=4", "train.batch_size=16", "train.warmup_steps=2",
          "train.log_every=1", "train.val_every=2", "train.save_every=2", "data.val_fraction=0.34"]
-EVAL = ["episodes_per_task=4", "num_workers=2", "max_episode_steps=120", "n_videos=0"]
+EVAL = ["episodes_per_task=4", "num_workers=2", "workers.envs_per_worker=1", "max_episode_steps=120", "n_videos=0"]
 
 
 def ript(*args: str, timeout: float = 600) -> tuple[int, list[str]]:

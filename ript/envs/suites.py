@@ -21,7 +21,8 @@ class Suite:
     name: str
     horizon: int                      # the suite's official episode length (task.max_episode_steps: null)
     standard_episodes: int            # episodes per task of the suite's standard evaluation protocol
-    tasks_per_worker: int | None      # tasks an env worker keeps built (None: every task it meets)
+    tasks_per_worker: int | None      # tasks an env slot keeps built (None: every task it meets)
+    envs_per_worker: int              # env slots per worker process when workers.envs_per_worker is auto
     initial_conditions: int | None    # distinct initial conditions per task (None: one per layout seed)
 
     def task_names(self, task_cfg) -> list[str]:
@@ -90,13 +91,16 @@ class LiberoSuite(Suite):
         return collect_libero
 
 
-# LIBERO: 50 packaged init states per task define the standard protocol and RL's initial conditions; a
-# scene holds ~0.8 GB, so a worker keeps one and the runner gives it episodes of that task while any are left.
+# MetaWorld: 4 envs per worker ran rollouts fastest on the 16-core H100 host (8,200 env steps/s against 7,100
+# with 2 and 5,600-6,700 with 1; benchmarks/NOTES.md, session 11). LIBERO: 50 packaged init states per task
+# define the standard protocol and RL's initial conditions; a scene holds ~0.8 GB, so an env slot keeps one,
+# one slot per worker, and the runner gives it episodes of that task while any are left.
 SUITES: dict[str, Suite] = {
     "metaworld": MetaWorldSuite("metaworld", horizon=500, standard_episodes=20, tasks_per_worker=None,
-                                initial_conditions=None),
+                                envs_per_worker=4, initial_conditions=None),
     **{name: LiberoSuite(name, horizon=horizon, standard_episodes=LIBERO_INIT_STATES, tasks_per_worker=1,
-                         initial_conditions=LIBERO_INIT_STATES) for name, horizon in SUITE_HORIZONS.items()},
+                         envs_per_worker=1, initial_conditions=LIBERO_INIT_STATES)
+       for name, horizon in SUITE_HORIZONS.items()},
 }
 
 
