@@ -2,17 +2,16 @@
 # Exact resume on the GPU with the fast step on (torch.compile + CUDA graphs + bf16 + TF32 + channels-last), at
 # the real model size: stage 0 and stage 1 each trained once uninterrupted and once stopped on the clock
 # mid-run and resumed, then the two final checkpoints compared tensor by tensor. Needs the ML45-10 data and
-# stage-0 run of benchmarks/gpu_ml45_10.sh (collect, stage0) and the instructions' language cache.
-#   bash benchmarks/gpu_resume.sh
+# instructions' language cache (stage 1 starts from this script's own uninterrupted stage 0).
+#   bash benchmarks/gpu_resume.sh            # S0_STEPS, S1_STEPS, S0_STOP_MIN, S1_STOP_MIN (0: stop after step 1)
 set -euo pipefail
 ript() { python3 -m ript.cli "$@"; }
 TASK=${TASK:-metaworld_ml45_10}
-SRC=runs/$TASK
 OUTDIR=runs/resume
 rm -rf $OUTDIR
 common="task=$TASK ${EXTRA:-} train.val_every=250 train.save_every=250 train.log_every=250 progress=false"
 S0="$common train.steps=${S0_STEPS:-2000}"
-S1="$common stage0_checkpoint=$SRC/stage0 train.steps=${S1_STEPS:-600}"
+S1="$common stage0_checkpoint=$OUTDIR/stage0/whole train.steps=${S1_STEPS:-600}"
 for stage in stage0 stage1; do
   args=$S0; stop=${S0_STOP_MIN:-0.8}
   [ $stage = stage1 ] && { args=$S1; stop=${S1_STOP_MIN:-1.2}; }

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ript.envs.seeds import eval_layout_seed
+from ript.envs.suites import get_suite
 from ript.envs.worker_env import EpisodeSpec, WorkerSet
 from ript.policies.base import ChunkingPolicy
 from ript.utils.atomic import atomic_write_text
@@ -71,6 +72,7 @@ class EnvRunner:
         self.rerun_failed = on_worker_failure == "rerun"
         self.groups = groups  # "auto": 2 when the policy runs on a GPU and there are 4+ workers, else 1
         self.workers: WorkerSet | None = None
+        self.slot_tasks: list[list[str]] = []  # set with the workers
 
     def specs(self) -> list[EpisodeSpec]:
         out = []
@@ -84,6 +86,8 @@ class EnvRunner:
             self.workers = WorkerSet(self.suite, self.render, self.max_episode_steps, self.num_workers,
                                      self.envs_per_worker, frames_per_env, self.worker_timeout_s,
                                      self.max_worker_restarts)
+            # the tasks each env slot has built, least recently used first (kept across runs, as the workers are)
+            self.slot_tasks: list[list[str]] = [[] for _ in range(self.num_workers * self.envs_per_worker)]
         return self.workers
 
     def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None) -> dict[str, Any]:
@@ -98,7 +102,7 @@ class EnvRunner:
         n_specs = len(specs)
         pending = list(specs)
         pending.reverse()  # popped from the end
-        hosted: list[str | None] = [None] * n  # the task each slot last ran (its simulator is kept built)
+        built, cache_limit = self.slot_tasks, get_suite(self.suite).tasks_per_worker
         running: list[EpisodeSpec | None] = [None] * n
         steps = [0] * n
         frames: list[list] = [[] for _ in range(n)]
@@ -107,6 +111,7 @@ class EnvRunner:
         video_keys = [f"{c}_rgb" for c in self.render["cameras"]]
         t0 = time.perf_counter()
         env_steps = reruns = dropped = 0
+        build_s, startup_s = 0.0, None
         restarts_before, busy_before, inference_before = pool.restarts, pool.busy_s, policy.inference_seconds
 
         def per_worker(items: dict[int, tuple]) -> list[tuple | None]:
@@ -117,21 +122,26 @@ class EnvRunner:
             return [(todo,) if todo else None for todo in lists]
 
         def start(slots: list[int]) -> None:
+            nonlocal build_s, startup_s
             assigned: dict[int, tuple] = {}
             for s in slots:
                 if pending:
-                    # the next episode of the slot's own task if one is left: its simulator is already built
-                    j = next((j for j in range(len(pending) - 1, -1, -1) if pending[j].task_name == hosted[s]),
+                    # the next episode of a task the slot has built if one is left (building one takes ~1 s)
+                    j = next((j for j in range(len(pending) - 1, -1, -1) if pending[j].task_name in built[s]),
                              len(pending) - 1)
                     running[s] = pending.pop(j)
                     assigned[s] = (running[s],)
-                    hosted[s] = running[s].task_name
+                    kept = [t for t in built[s] if t != running[s].task_name] + [running[s].task_name]
+                    built[s] = kept[-cache_limit:] if cache_limit else kept
                     steps[s] = 0
                     frames[s] = []
             results, failed = pool.call("begin", per_worker(assigned))
             lost(failed)
+            if startup_s is None:
+                startup_s = time.perf_counter() - t0  # worker start-up included on a fresh runner
             for w, answers in enumerate(results):
-                for j, obs in answers or ():
+                for j, obs, seconds in answers or ():
+                    build_s += seconds
                     s, obs = w * per + j, shared[w].get(obs)
                     policy.reset_env(s, running[s].task_name, running[s].key)
                     policy.observe(s, obs)
@@ -142,6 +152,7 @@ class EnvRunner:
             """Episodes whose worker died or hung: queued again from their seed, or dropped."""
             nonlocal reruns, dropped
             for s in [w * per + j for w in failed_workers for j in range(per)]:
+                built[s] = []  # a replaced worker starts with nothing built
                 if running[s] is None:
                     continue
                 if self.rerun_failed:
@@ -151,7 +162,7 @@ class EnvRunner:
                     dropped += 1
                 if policy.record:
                     policy.take_record(s)
-                running[s], hosted[s], frames[s] = None, None, []
+                running[s], frames[s] = None, []
 
         def finish(s: int, success: bool) -> None:
             spec = running[s]
@@ -213,7 +224,9 @@ class EnvRunner:
             raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs} ({dropped} dropped)")
         out = summarize(episodes, time.perf_counter() - t0, env_steps)
         # where the wall time went: workers' share of n x wall busy in the simulator, the policy's share of wall
+        # and how long the first episodes took to start, and the workers' seconds spent building tasks
         out.update(reruns=reruns, dropped=dropped, worker_restarts=pool.restarts - restarts_before,
+                   startup_seconds=startup_s or 0.0, task_build_seconds=build_s,
                    worker_busy_share=(pool.busy_s - busy_before) / max(1e-9, n_workers * out["seconds"]),
                    policy_share=(policy.inference_seconds - inference_before) / max(1e-9, out["seconds"]))
         return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import time
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import Any
@@ -107,14 +108,18 @@ class TaskEnv:
         self.suite_entry = get_suite(suite)
         self.cache_limit = self.suite_entry.tasks_per_worker  # a LIBERO scene holds ~0.8 GB
 
-    def begin(self, spec: EpisodeSpec) -> dict[str, np.ndarray]:
+    def begin(self, spec: EpisodeSpec) -> tuple[dict[str, np.ndarray], float]:
+        """Start the episode; returns its first observation and the seconds spent building its task (0 when
+        the slot had it built)."""
+        t0 = time.perf_counter()
         task = self.tasks.pop(spec.task_name, None)
         if task is None:
             while self.cache_limit is not None and len(self.tasks) >= self.cache_limit:
                 self.tasks.pop(next(iter(self.tasks))).close()  # least recently used
             task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps)
         self.tasks[spec.task_name] = self.current = task
-        return self.current.reset(spec.seed, render=True)
+        built_s = time.perf_counter() - t0
+        return self.current.reset(spec.seed, render=True), built_s
 
     def advance_chunk(self, chunk: np.ndarray, keep_last: int, record: bool):
         """Run the whole action chunk (stopping at the episode's end). Renders only the last ``keep_last``
@@ -144,9 +149,13 @@ class WorkerEnvs:
         self.envs = [TaskEnv(suite, render, max_episode_steps) for _ in range(layout.envs)]
         self.frames = SharedFrames(layout, frames_name)
 
-    def begin(self, starts: list[tuple[int, EpisodeSpec]]) -> list[tuple[int, dict]]:
-        """Start an episode in each listed slot: [(slot, spec)] -> [(slot, first observation)]."""
-        return [(j, self.frames.put(j, 0, self.envs[j].begin(spec))) for j, spec in starts]
+    def begin(self, starts: list[tuple[int, EpisodeSpec]]) -> list[tuple[int, dict, float]]:
+        """Start an episode in each listed slot: [(slot, spec)] -> [(slot, first observation, build seconds)]."""
+        out = []
+        for j, spec in starts:
+            obs, built_s = self.envs[j].begin(spec)
+            out.append((j, self.frames.put(j, 0, obs), built_s))
+        return out
 
     def advance(self, moves: list[tuple[int, np.ndarray, int, bool]]) -> list[tuple[int, list, int, bool, bool]]:
         """Run each listed slot's chunk: [(slot, chunk, keep_last, record)] -> [(slot, rendered, taken, done,
