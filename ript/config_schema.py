@@ -85,6 +85,7 @@ class Train(Section):
     channels_last: bool
     tf32: bool
     cudnn_benchmark: bool
+    deterministic: bool
     log_every: Count
     val_every: Count
     save_every: Count

@@ -150,3 +150,26 @@ def test_compiled_loss_falls_back_to_eager_when_compiling_fails(monkeypatch):
     assert len([w for w in warnings if "torch.compile failed" in w]) == 1
     off = training.CompiledLoss(lambda x: x, OmegaConf.create({"compile": "auto", "cuda_graphs": True}), "cpu")
     assert off.compiled is None  # auto: eager on a CPU
+
+
+def test_deterministic_switch_sets_the_process_math_flags():
+    """``train.deterministic`` turns on deterministic kernels and turns off cuDNN autotuning even when asked for;
+    the default leaves both as PyTorch has them. (Set on a CPU machine too: they are process-wide flags.)"""
+    from omegaconf import OmegaConf
+
+    from ript.utils import training
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32)
+    cfg = {"tf32": True, "cudnn_benchmark": True}
+    try:
+        training.fast_math("cuda", OmegaConf.create({**cfg, "deterministic": True}))
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert not torch.backends.cudnn.benchmark
+        training.fast_math("cuda", OmegaConf.create({**cfg, "deterministic": False}))
+        assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
+        assert torch.backends.cudnn.benchmark
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
+        torch.backends.cuda.matmul.allow_tf32 = before[3]

@@ -23,7 +23,8 @@ RUN_CONTROL_KEYS = (
     "resume", "resume_allow_changes", "run_dir", "progress", "device", "logger", "workers", "eval",
     "train.stop_after_minutes", "rl.stop_after_minutes", "train.log_every", "train.val_every",
     "train.save_every", "train.keep_last", "keep_last", "rl.num_workers", "cuda_graph",
-    "train.compile", "train.cuda_graphs", "train.channels_last", "train.tf32", "train.cudnn_benchmark",  # how, not what, is computed
+    "train.compile", "train.cuda_graphs", "train.channels_last", "train.tf32", "train.cudnn_benchmark",
+    "train.deterministic",  # how, not what, is computed
     "rl.iterations",  # RL's schedule does not depend on it: more iterations extend the same run
 )
 

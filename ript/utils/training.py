@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from typing import Callable
 
@@ -38,13 +39,20 @@ def autocast(device: str, amp: str | bool):
 
 
 def fast_math(device: str, train_cfg) -> None:
-    """Process-wide CUDA math settings for training: TF32 matmuls (convolutions use TF32 by default already)
-    and, if asked, cuDNN autotuning (faster convolutions, but its algorithm choice can differ between runs)."""
+    """Process-wide CUDA math settings for training: TF32 matmuls (convolutions use TF32 by default already),
+    if asked cuDNN autotuning (faster convolutions, but its algorithm choice can differ between runs), and
+    ``train.deterministic``: only kernels that give the same bits every run (GPU kernels that add with atomics,
+    e.g. some attention and embedding backward passes, do not), so reruns and resumes match exactly."""
     if not device.startswith("cuda"):
         return
     torch.backends.cuda.matmul.allow_tf32 = bool(train_cfg.tf32)
     torch.backends.cudnn.allow_tf32 = bool(train_cfg.tf32)
-    torch.backends.cudnn.benchmark = bool(train_cfg.cudnn_benchmark)
+    deterministic = bool(train_cfg.deterministic)
+    torch.backends.cudnn.benchmark = bool(train_cfg.cudnn_benchmark) and not deterministic
+    torch.backends.cudnn.deterministic = deterministic
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS makes its first handle
+    torch.use_deterministic_algorithms(deterministic)  # an op with no deterministic kernel then fails by name
 
 
 def prepare_model(model: torch.nn.Module, device: str, train_cfg) -> torch.nn.Module:
