@@ -173,6 +173,24 @@ def test_rl_iteration_checkpoint_and_exact_resume(stage1_run, tmp_path):
     a = load_file(str(full / "checkpoints" / "last" / "model.safetensors"))
     b = load_file(str(part / "checkpoints" / "last" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # the rollout record and its picture continue across the resume as if uninterrupted
+    history = json.loads((full / "rl_history.json").read_text())
+    assert history == json.loads((part / "rl_history.json").read_text())
+    assert [h["iteration"] for h in history] == [1, 2] and 0 < history[0]["env_steps"] < history[1]["env_steps"]
+    assert (part / "rl_success.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_rollout_history_drops_iterations_past_the_resumed_checkpoint(tmp_path):
+    from ript.rl.history import RolloutHistory
+
+    first = RolloutHistory(tmp_path, 0)
+    for it in (1, 2, 3):  # iteration 3 logged, then a crash before its checkpoint
+        first.add(it, episodes=4, successes=it, env_steps=100)
+    resumed = RolloutHistory(tmp_path, 2)
+    resumed.add(3, episodes=4, successes=0, env_steps=50)
+    assert [(h["iteration"], h["env_steps"], h["success_rate"]) for h in resumed.entries] == \
+        [(1, 100, 0.25), (2, 200, 0.5), (3, 250, 0.0)]
+    assert json.loads((tmp_path / "rl_history.json").read_text()) == resumed.entries
 
 
 def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsys):

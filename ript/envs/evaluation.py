@@ -13,6 +13,7 @@ from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.policies.build import make_policy
 from ript.utils.logging import log
+from ript.utils.plots import success_bars
 
 
 def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, episodes_per_task: int | None,
@@ -48,6 +49,12 @@ def results_dir(out_dir: Path, overwrite: bool) -> Path:
     return out_dir
 
 
+def write_evaluation(out_dir: Path, results: dict[str, Any], title: str = "") -> None:
+    """An evaluation's files: ``results.json`` and ``success.png`` (per-task success bars)."""
+    write_results(out_dir / "results.json", results)
+    success_bars(results, out_dir / "success.png", title)
+
+
 def make_runner(metadata: dict, task_names: list[str], eval_cfg, workers_cfg) -> EnvRunner:
     """An evaluation runner from an ``eval`` config block (``ript eval``'s top level, or a training stage's)."""
     return runner_from_metadata(metadata, task_names, workers_cfg, episodes_per_task=eval_cfg.episodes_per_task,
@@ -69,7 +76,7 @@ def evaluate_policy(runner: EnvRunner, make: Callable[[], Any], device: str, out
     devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
     with torch.random.fork_rng(devices=devices):
         results = runner.run(make(), video_dir=out_dir / "videos")
-    write_results(out_dir / "results.json", results)
+    write_evaluation(out_dir, results, label)
     logger.log({"eval/success_rate": results["success_rate"],
                 **{f"eval/success/{t}": r["success_rate"] for t, r in results["per_task"].items()}}, step)
     log.info("%s eval:\n%s", label, success_table(results))

@@ -18,6 +18,7 @@ from ript.envs.suites import get_suite
 from ript.model_loader import check_and_load
 from ript.policies.base import ChunkingPolicy
 from ript.rl.learners import Learner
+from ript.rl.history import RolloutHistory
 from ript.rl.rollout import GroupSampling, collect_groups, flatten_groups
 from ript.rl.sampler import InitialConditionSampler
 from ript.rl.update import ppo_update, rescore
@@ -92,6 +93,7 @@ def train_loop(run: RLRun) -> str:
         policy.generator.set_state(streams["policy_rng"])
         log.info("rl: resumed from %s at iteration %d", resume_from, start_iter)
     logger = MetricLogger(run_dir, to_dict(cfg), run_id, enabled=info.is_main)
+    history = RolloutHistory(run_dir, start_iter) if info.is_main else None
     runner = runner_from_metadata(metadata, names, cfg.workers, episodes_per_task=1, num_workers=cfg.rl.num_workers,
                                   max_episode_steps=cfg.rl.max_episode_steps, on_worker_failure="drop")
 
@@ -155,6 +157,8 @@ def train_loop(run: RLRun) -> str:
                 if task_eps:
                     metrics[f"rollout/success/{task}"] = sum(e["success"] for e in task_eps) / len(task_eps)
             logger.log(metrics, it + 1)
+            if history is not None:
+                history.add(it + 1, int(total[0]), int(total[1]), int(total[2]))
             if info.is_main:
                 log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d rounds), clip %.3f, "
                          "kl %.4f, %.1f s rollout (%.0f env steps/s) + %.1f s train", it + 1, cfg.rl.iterations,

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from ript.config import resolve_device
-from ript.envs.evaluation import make_runner, results_dir
-from ript.envs.runner import success_table, write_results
+from ript.envs.evaluation import make_runner, results_dir, write_evaluation
+from ript.envs.runner import success_table
 from ript.errors import RiptError
 from ript.model_loader import load_model
 from ript.policies.build import make_policy, sampling_settings
@@ -46,7 +46,7 @@ def run(cfg) -> dict[str, Any]:
     finally:
         runner.close()
     results.update(checkpoint=ckpt["checkpoint_dir"], sampling=settings)
-    write_results(out_dir / "results.json", results)
+    write_evaluation(out_dir, results, f"{Path(ckpt['checkpoint_dir']).parent.parent.name} step {ckpt['step']}")
     print(success_table(results))
     log.info("eval: %d env steps in %.1f s (%.0f steps/s); results in %s", results["env_steps"], results["seconds"],
              results["env_steps_per_second"], out_dir / "results.json")

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from ript.config import resolve_device, task_names, to_dict
-from ript.envs.evaluation import evaluate_policy, make_runner, results_dir
-from ript.envs.runner import success_table, write_results
+from ript.envs.evaluation import evaluate_policy, make_runner, results_dir, write_evaluation
+from ript.envs.runner import success_table
 from ript.envs.seeds import rank_seed
 from ript.envs.suites import get_suite, task_horizon
 from ript.errors import RiptError
@@ -81,7 +81,7 @@ def run_eval(cfg) -> dict:
     finally:
         runner.close()
     results.update(checkpoint=metadata["base_checkpoint"], adapter=cfg.adapter)
-    write_results(out_dir / "results.json", results)
+    write_evaluation(out_dir, results, "OpenVLA-OFT")
     print(success_table(results))
     return results
 
