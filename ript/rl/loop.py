@@ -118,7 +118,10 @@ def train_loop(run: RLRun) -> str:
             sampler.start_iteration(it)
             t0 = time.perf_counter()
             inference_before = policy.inference_seconds
-            batch = collect_groups(runner, policy, sampler, sampling, info)
+            every = int(cfg.rl.video_every)
+            videos = run_dir / "videos" / f"iter{it + 1:05d}" if info.is_main and every and (it + 1) % every == 0 \
+                else None
+            batch = collect_groups(runner, policy, sampler, sampling, info, videos)
             t_rollout = time.perf_counter() - t0
             t1 = time.perf_counter()  # time/train covers collating and rescoring the decisions too
             flat = flatten_groups(batch["kept"], str(cfg.rl.advantage))
@@ -157,6 +160,8 @@ def train_loop(run: RLRun) -> str:
                 if task_eps:
                     metrics[f"rollout/success/{task}"] = sum(e["success"] for e in task_eps) / len(task_eps)
             logger.log(metrics, it + 1)
+            if videos is not None:
+                logger.log_videos(sorted(videos.glob("*.mp4")), "rollout/video", it + 1)
             if history is not None:
                 history.add(it + 1, int(total[0]), int(total[1]), int(total[2]))
             if info.is_main:

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -32,8 +34,9 @@ class GroupSampling:
 
 
 def collect_groups(runner: EnvRunner, policy: ChunkingPolicy, sampler: InitialConditionSampler,
-                   sampling: GroupSampling, info) -> dict:
-    """Dynamic sampling: rounds of K rollouts per initial condition until B informative groups (over all ranks)."""
+                   sampling: GroupSampling, info, video_dir: Path | None = None) -> dict:
+    """Dynamic sampling: rounds of K rollouts per initial condition until B informative groups (over all ranks).
+    With ``video_dir``, the first rollout of the first round is recorded there as an mp4."""
     k = sampling.k
     local_target = math.ceil(sampling.groups / info.world_size)
     kept, episodes, rounds, sync, dropped = [], [], 0, 0.0, 0
@@ -42,7 +45,9 @@ def collect_groups(runner: EnvRunner, policy: ChunkingPolicy, sampler: InitialCo
         ics = sampler.draw(need)
         # episode index g*K + j: group g of this round, even when two draws share an initial condition
         specs = [EpisodeSpec(task, seed, g * k + j) for g, (task, seed) in enumerate(ics) for j in range(k)]
-        results = runner.run(policy, specs=specs) if specs else {"episodes": [], "dropped": 0}
+        if specs and video_dir is not None and rounds == 0:
+            specs[0] = dataclasses.replace(specs[0], record=True)  # recording changes what is saved, not the episode
+        results = runner.run(policy, video_dir=video_dir, specs=specs) if specs else {"episodes": [], "dropped": 0}
         dropped += results["dropped"]
         for group in group_episodes(results["episodes"], k):
             rewards = [float(e["success"]) for e in group]

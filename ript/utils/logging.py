@@ -66,6 +66,14 @@ class MetricLogger:
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
 
+    def log_videos(self, paths: list[Path], tag: str, step: int) -> None:
+        """mp4 files to W&B (TensorBoard's video panel needs moviepy, which ript does not install: the files
+        stay in the run folder)."""
+        if self._wandb is not None and paths:
+            import wandb
+
+            self._wandb.log({tag: [wandb.Video(str(p), format="mp4") for p in paths]}, step=step)
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
