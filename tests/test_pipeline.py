@@ -107,8 +107,9 @@ def test_eval_writes_results_and_videos(stage1_run, tmp_path):
                                             "max_episode_steps=24", f"out_dir={out}", "n_videos=1"]))
     saved = json.loads((out / "results.json").read_text())
     assert saved["per_task"].keys() == set(TASKS)
-    png = (out / "success.png").read_bytes()  # the per-task success bars
+    png = (out / "success.png").read_bytes()  # the per-task success bars, readable like the other outputs
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000
+    assert (out / "success.png").stat().st_mode & 0o777 == (out / "results.json").stat().st_mode & 0o777
     assert all(t["episodes"] == 2 for t in saved["per_task"].values())
     assert all(e["length"] <= 24 for e in saved["episodes"])
     # the overall rate is the mean of the per-task rates, each counted from its episodes

@@ -7,6 +7,7 @@ written atomically, like every other output.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes it private
         with open(fd, "wb") as f:
             fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
         atomic_replace(Path(tmp), path)
