@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from ript.envs.seeds import eval_layout_seed
-from ript.envs.suites import get_suite
 from ript.envs.worker_env import EpisodeSpec, WorkerSet
 from ript.policies.base import ChunkingPolicy
 from ript.utils.atomic import atomic_write_text
@@ -86,8 +85,8 @@ class EnvRunner:
             self.workers = WorkerSet(self.suite, self.render, self.max_episode_steps, self.num_workers,
                                      self.envs_per_worker, frames_per_env, self.worker_timeout_s,
                                      self.max_worker_restarts)
-            # the tasks each env slot has built, least recently used first (kept across runs, as the workers are)
-            self.slot_tasks: list[list[str]] = [[] for _ in range(self.num_workers * self.envs_per_worker)]
+            # the tasks each env slot has built, as its worker last reported (kept across runs, as the workers are)
+            self.slot_tasks = [[] for _ in range(self.num_workers * self.envs_per_worker)]
         return self.workers
 
     def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None) -> dict[str, Any]:
@@ -102,7 +101,7 @@ class EnvRunner:
         n_specs = len(specs)
         pending = list(specs)
         pending.reverse()  # popped from the end
-        built, cache_limit = self.slot_tasks, get_suite(self.suite).tasks_per_worker
+        built = self.slot_tasks
         running: list[EpisodeSpec | None] = [None] * n
         steps = [0] * n
         frames: list[list] = [[] for _ in range(n)]
@@ -131,8 +130,6 @@ class EnvRunner:
                              len(pending) - 1)
                     running[s] = pending.pop(j)
                     assigned[s] = (running[s],)
-                    kept = [t for t in built[s] if t != running[s].task_name] + [running[s].task_name]
-                    built[s] = kept[-cache_limit:] if cache_limit else kept
                     steps[s] = 0
                     frames[s] = []
             results, failed = pool.call("begin", per_worker(assigned))
@@ -140,9 +137,10 @@ class EnvRunner:
             if startup_s is None:
                 startup_s = time.perf_counter() - t0  # worker start-up included on a fresh runner
             for w, answers in enumerate(results):
-                for j, obs, seconds in answers or ():
+                for j, obs, seconds, tasks in answers or ():
                     build_s += seconds
                     s, obs = w * per + j, shared[w].get(obs)
+                    built[s] = tasks  # as the worker's env keeps them (the suite's limit applies there)
                     policy.reset_env(s, running[s].task_name, running[s].key)
                     policy.observe(s, obs)
                     if running[s].record:

@@ -149,12 +149,13 @@ class WorkerEnvs:
         self.envs = [TaskEnv(suite, render, max_episode_steps) for _ in range(layout.envs)]
         self.frames = SharedFrames(layout, frames_name)
 
-    def begin(self, starts: list[tuple[int, EpisodeSpec]]) -> list[tuple[int, dict, float]]:
-        """Start an episode in each listed slot: [(slot, spec)] -> [(slot, first observation, build seconds)]."""
+    def begin(self, starts: list[tuple[int, EpisodeSpec]]) -> list[tuple[int, dict, float, list[str]]]:
+        """Start an episode in each listed slot: [(slot, spec)] -> [(slot, first observation, build seconds,
+        the tasks the slot now keeps built)]."""
         out = []
         for j, spec in starts:
             obs, built_s = self.envs[j].begin(spec)
-            out.append((j, self.frames.put(j, 0, obs), built_s))
+            out.append((j, self.frames.put(j, 0, obs), built_s, list(self.envs[j].tasks)))
         return out
 
     def advance(self, moves: list[tuple[int, np.ndarray, int, bool]]) -> list[tuple[int, list, int, bool, bool]]:
