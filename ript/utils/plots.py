@@ -7,12 +7,11 @@ written atomically, like every other output.
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Any
 
-from ript.utils.atomic import atomic_replace
+from ript.utils.atomic import atomic_write_bytes
 from ript.utils.logging import log
 
 
@@ -29,16 +28,9 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it private
-        with open(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
-        atomic_replace(Path(tmp), path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
+    atomic_write_bytes(path, png.getvalue())
     return path
 
 
