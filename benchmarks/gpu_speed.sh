@@ -3,6 +3,7 @@
 #   chain    the 10-task ML45 chain end to end, each phase timed (collect -> stage 0 -> stage 1 -> eval -> RL -> eval)
 #   profile  rollout throughput of the runner: lock-step or two groups, 1 / 2 / 4 envs per worker (PROFILE="g,e ...")
 #   resume   exact resume on the GPU with the fast step on (benchmarks/gpu_resume.sh; needs the chain's data)
+#   resume10 collects 10 demos per task, then exact resume with deterministic kernels and without (short runs)
 #   train    stage-0/1 training speed at batch 512 and 1024
 #   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_speed.sh chain profile resume
 #   bash benchmarks/gpu_background.sh poll 560 runs/metaworld_ml45_10     # back to back until CHAIN_EXIT
@@ -31,12 +32,21 @@ for part in "$@"; do
       done ;;
     resume)
       phase "resume on the GPU"; bash "$here/gpu_resume.sh" 2>&1 | grep -E "^==|stopped at|tensors|error|Error" ;;
+    resume10)
+      phase "collect 10 demos per task"
+      python3 -m ript.cli collect task=metaworld_ml45_10 task.demos_per_task=10 num_workers=16 episodes_per_job=5 \
+        2>&1 | tr '\r' '\n' | grep -v -E '^\s*collect:\s+[0-9]+%' | tail -3
+      for det in ${DETERMINISTIC:-true false}; do
+        phase "resume on the GPU, train.deterministic=$det"
+        EXTRA="task.demos_per_task=10 train.deterministic=$det" S0_STEPS=600 S1_STEPS=300 S0_STOP_MIN=0 \
+          S1_STOP_MIN=0 bash "$here/gpu_resume.sh" 2>&1 | grep -E "^==|stopped at|tensors|rror"
+      done ;;
     train)
       for b in 512 1024; do
         phase "train_speed batch $b"
         python3 -m benchmarks.train_speed --variants bf16+cl+tf32+compile+graphs --batch "$b" 2>&1 | grep -v -i warn | tail -6
       done ;;
-    *) echo "unknown part $part (chain, profile, resume, train)" >&2; exit 2 ;;
+    *) echo "unknown part $part (chain, profile, resume, resume10, train)" >&2; exit 2 ;;
   esac
 done
 phase "all done"

@@ -92,6 +92,15 @@ class Train(Section):
     keep_last: Optional[Size]  # 0 or null: keep every checkpoint
     stop_after_minutes: Optional[Scale]  # 0: stop after the first step
 
+    @field_validator("deterministic")
+    @classmethod
+    def eager_when_deterministic(cls, deterministic: bool, info) -> bool:
+        # two compiled stage-1 runs on CUDA differed in the last bits, deterministic kernels or not (NOTES)
+        if deterministic and info.data.get("compile") is True:
+            raise ValueError("identical reruns need the eager step: with train.deterministic=true leave "
+                             "train.compile=auto (then eager) or set it false")
+        return deterministic
+
 
 class Data(Section):
     demos_per_task: Optional[Count]

@@ -173,3 +173,20 @@ def test_deterministic_switch_sets_the_process_math_flags():
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
         torch.backends.cuda.matmul.allow_tf32 = before[3]
+
+
+def test_deterministic_runs_step_eagerly_and_refuse_a_forced_compile():
+    """Two compiled stage-1 runs on an H100 differed in the last bits (NOTES, session 12), so
+    ``train.deterministic`` turns ``compile=auto`` into the eager step, and refuses ``compile=true``."""
+    from omegaconf import OmegaConf
+
+    from ript.config import compose
+    from ript.utils import training
+
+    def compiled_on_cuda(**cfg):  # torch.compile only wraps here; nothing runs on a GPU
+        return training.CompiledLoss(lambda x: x, OmegaConf.create({"cuda_graphs": False, **cfg}), "cuda").compiled
+
+    assert compiled_on_cuda(compile="auto", deterministic=False) is not None
+    assert compiled_on_cuda(compile="auto", deterministic=True) is None
+    with pytest.raises(RiptError, match="train.deterministic=True .*train.compile=auto"):
+        compose("stage1", ["train.deterministic=true", "train.compile=true"])

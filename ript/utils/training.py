@@ -63,12 +63,15 @@ def prepare_model(model: torch.nn.Module, device: str, train_cfg) -> torch.nn.Mo
 
 
 class CompiledLoss:
-    """``fn`` through ``torch.compile`` (``train.compile``: auto = on CUDA), with a clean fallback: if compiling
-    fails on the first calls (no Triton, an unsupported op), say so once and run ``fn`` eagerly from then on."""
+    """``fn`` through ``torch.compile`` (``train.compile``: auto = on CUDA unless ``train.deterministic``), with
+    a clean fallback: if compiling fails on the first calls (no Triton, an unsupported op), say so once and run
+    ``fn`` eagerly from then on."""
 
     def __init__(self, fn: Callable, train_cfg, device: str):
         cuda = device.startswith("cuda")
-        enabled = cuda if train_cfg.compile == "auto" else bool(train_cfg.compile)
+        # deterministic runs step eagerly: two compiled stage-1 runs on an H100 differed in the last bits (NOTES)
+        auto = cuda and not train_cfg.deterministic
+        enabled = auto if train_cfg.compile == "auto" else bool(train_cfg.compile)
         # CUDA graphs replay the compiled forward and backward without a launch per kernel
         mode = "reduce-overhead" if cuda and train_cfg.cuda_graphs else None
         self.fn, self.compiled, self.proven = fn, torch.compile(fn, mode=mode) if enabled else None, False
