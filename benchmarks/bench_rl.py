@@ -55,12 +55,13 @@ def main() -> None:
         learner = ChunkLearner(model, settings, prior_only=True)
         opt = torch.optim.AdamW(learner.params, lr=1e-5)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
+        sampling = GroupSampling.from_config(rl_cfg.rl)
         for w in workers:
-            runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), args.steps, 1, num_workers=w)
+            runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), args.steps, 1, num_workers=w,
+                               episodes_at_once=sampling.most_episodes_per_round(1))
             policy = make_policy(model, settings, device, seed=0)
             policy.record = True
             sampler = InitialConditionSampler(ds.task_names, seed=0)
-            sampling = GroupSampling.from_config(rl_cfg.rl)
             collect_groups(runner, policy, sampler, sampling, DistInfo())  # warm-up: spawn workers, build envs
             policy.inference_seconds = 0.0
             t = time.perf_counter()

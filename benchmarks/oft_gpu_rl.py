@@ -81,7 +81,7 @@ def main() -> None:
     policy.record = True
 
     runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], a.steps, episodes_per_task=1,
-                       num_workers=a.workers)
+                       num_workers=a.workers, episodes_at_once=a.groups * a.k)
     specs = [EpisodeSpec(TASKS[g % len(TASKS)], rl_layout_seed(g), g * a.k + j) for g in range(a.groups)
              for j in range(a.k)]
     try:

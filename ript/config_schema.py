@@ -140,6 +140,7 @@ class RL(Section):
     groups_per_iteration: Count
     rollouts_per_group: Annotated[int, Field(ge=2)]  # a group of one has no leave-one-out baseline
     max_sampling_rounds: Count
+    oversample: Union[Literal["auto"], Annotated[float, Field(ge=1, allow_inf_nan=False)]]
     skip_mastered_for: Size
     ic_pool_size: Count
     task_weighting: Literal["uniform", "informative"]

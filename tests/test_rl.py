@@ -19,7 +19,7 @@ from ript.rl.objective import ppo_loss, token_log_probs
 from ript.rl.sampler import InitialConditionSampler
 from ript.policies.build import make_policy, sampling_settings
 from ript.rl.learners import ChunkLearner
-from ript.rl.rollout import group_episodes
+from ript.rl.rollout import GroupSampling, InformativePrefix, collect_groups, group_episodes
 from ript.rl.update import ppo_update, rescore
 from ript.stages import evaluate, rl
 from ript.utils import distributed as ddist
@@ -62,6 +62,60 @@ def test_groups_stay_apart_when_two_draws_share_an_initial_condition():
     assert [[e["episode"] for e in g] for g in group_episodes(eps[:3], 2)] == [[2, 3]]
     with pytest.raises(RuntimeError, match="malformed"):
         group_episodes([eps[0], {**eps[1], "seed": 6}], 2)
+
+
+def test_informative_prefix_settles_on_the_first_groups_in_draw_order():
+    """Groups 0..m count once all of them have ended and hold the needed informative ones, whatever order their
+    episodes end in; a group that lost a rollout counts as uninformative."""
+    rule = InformativePrefix(n_groups=4, k=2, need=2)
+    ended = lambda g, j, success: rule.finished({"episode": g * 2 + j, "success": success})  # noqa: E731
+    ended(1, 0, True), ended(1, 1, False), ended(3, 0, True), ended(3, 1, False)  # mixed, but group 0 is open
+    assert not rule.satisfied() and rule.settled == 0
+    ended(0, 0, True)
+    rule.dropped(EpisodeSpec("a", 1, 1))  # group 0 lost a rollout
+    assert not rule.satisfied() and (rule.settled, rule.informative) == (2, 1)
+    ended(2, 1, False), ended(2, 0, True)
+    assert rule.satisfied() and (rule.settled, rule.informative) == (3, 2)  # group 3 is not counted
+
+
+def test_groups_drawn_per_round():
+    sampler = InitialConditionSampler(["a", "b"], seed=0, k=8)
+    auto = GroupSampling(k=8, groups=16, max_rounds=4, oversample=None)
+    assert sampler.informative_share() == pytest.approx(1 - 2 * 0.5**8)  # nothing seen: p = 0.5
+    assert auto.groups_to_draw(16, sampler, env_slots=64) == 17 and auto.groups_to_draw(0, sampler, 64) == 0
+    assert auto.groups_to_draw(2, sampler, env_slots=64) == 8  # every env slot gets an episode
+    sampler.record(("a", 1), [1.0] * 8), sampler.record(("b", 1), [0.0] * 8)
+    assert auto.groups_to_draw(5, sampler, env_slots=8) == 20  # at most 4x when few groups come out mixed
+    assert GroupSampling(8, 16, 4, oversample=1.5).groups_to_draw(5, sampler, env_slots=64) == 8
+
+
+def test_a_sampling_round_keeps_the_same_groups_on_any_layout_and_cancels_the_rest(stage1_run):
+    """Six groups drawn for the one informative group needed: the round ends once the first groups in draw
+    order settle it and cancels the others (waiting or running), and the kept groups, the sampler's estimates
+    and the next round (on slots left mid-episode) are the same on one env slot, 8 in lock-step, or 2 x 2 in
+    two groups."""
+    from ript.utils.distributed import DistInfo
+
+    model, ckpt = load_model(stage1_run)
+    render = ckpt["metadata"]["env_args"]["render"]
+    settings = sampling_settings(ckpt["metadata"], {"temperature": 3.0}, ckpt["cfg"])
+    runs = []
+    for workers, per_worker, groups in ((1, 1, 1), (2, 4, 1), (2, 2, 2)):
+        policy = make_policy(model, settings, "cpu", seed=7)
+        policy.record = True
+        runner = EnvRunner("metaworld", ["drawer-close-v3"], render, 36, 1, num_workers=workers,
+                           envs_per_worker=per_worker, groups=groups)
+        sampler = InitialConditionSampler(["drawer-close-v3"], seed=0, k=2)
+        try:
+            rounds = [collect_groups(runner, policy, sampler, GroupSampling(2, 1, 1, 6.0), DistInfo())
+                      for _ in range(2)]
+        finally:
+            runner.close()
+        assert all(len(b["kept"]) == 1 and b["cancelled"] > 0 for b in rounds)
+        assert all(len(b["episodes"]) + b["cancelled"] == 12 for b in rounds)  # nothing lost, nothing counted twice
+        runs.append(([[(e["seed"], e["episode"], e["success"], e["length"], len(e["decisions"])) for e in g]
+                      for b in rounds for g in b["kept"]], sampler.state_dict()))
+    assert runs[1] == runs[0] and runs[2] == runs[0]
 
 
 def test_informative_task_weighting_favours_tasks_with_mixed_outcomes():

@@ -27,6 +27,22 @@ from ript.policies.base import ChunkingPolicy
 from ript.utils.atomic import atomic_write_text
 from ript.utils.video import write_mp4
 
+class StopRule:
+    """Ends a run as soon as the episodes seen so far settle what the caller needs (RL's dynamic sampling:
+    enough informative groups, in draw order); the episodes still running or waiting are then cancelled. A
+    rule must decide from which episodes have ended, never from when, so the result does not depend on timing."""
+
+    def finished(self, episode: dict) -> None:
+        raise NotImplementedError
+
+    def dropped(self, spec: EpisodeSpec) -> None:
+        """An episode lost with its worker (``on_worker_failure="drop"``)."""
+        raise NotImplementedError
+
+    def satisfied(self) -> bool:
+        raise NotImplementedError
+
+
 def default_num_workers(requested: int | str | None, n_episodes: int, envs_per_worker: int = 1) -> int:
     if requested in (None, "auto"):
         requested = os.cpu_count() or 1
@@ -53,6 +69,7 @@ class EnvRunner:
         on_worker_failure: str = "rerun",
         groups: int | str = 1,
         envs_per_worker: int = 1,
+        episodes_at_once: int | None = None,
     ):
         self.suite = suite
         self.task_names = list(task_names)
@@ -62,7 +79,9 @@ class EnvRunner:
         self.envs_per_worker = int(envs_per_worker)
         if self.envs_per_worker < 1:
             raise ValueError(f"envs_per_worker={envs_per_worker!r}: expected 1 or more")
-        self.num_workers = default_num_workers(num_workers, episodes_per_task * len(task_names), self.envs_per_worker)
+        # no more workers than a run can use: the protocol's episodes, or what the caller runs at once (RL's rounds)
+        at_once = episodes_per_task * len(task_names) if episodes_at_once is None else int(episodes_at_once)
+        self.num_workers = default_num_workers(num_workers, at_once, self.envs_per_worker)
         self.seed = seed
         self.n_videos = n_videos
         if on_worker_failure not in ("rerun", "drop"):
@@ -89,9 +108,15 @@ class EnvRunner:
             self.slot_tasks = [[] for _ in range(self.num_workers * self.envs_per_worker)]
         return self.workers
 
-    def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None) -> dict[str, Any]:
-        """Run every episode of ``specs`` (default: the evaluation protocol). With a recording policy, each
-        episode dict also carries its ``decisions``."""
+    @property
+    def env_slots(self) -> int:
+        return self.num_workers * self.envs_per_worker
+
+    def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,
+            stop: StopRule | None = None) -> dict[str, Any]:
+        """Run every episode of ``specs`` (default: the evaluation protocol), or until ``stop`` is satisfied
+        (the rest are then cancelled and counted). With a recording policy, each episode dict also carries its
+        ``decisions``."""
         keep = policy.frame_stack
         workers = self._ensure_workers(keep)
         pool, shared, per = workers.pool, workers.frames, workers.envs_per_worker
@@ -109,7 +134,7 @@ class EnvRunner:
         policy.reset(n)
         video_keys = [f"{c}_rgb" for c in self.render["cameras"]]
         t0 = time.perf_counter()
-        env_steps = reruns = dropped = 0
+        env_steps = reruns = dropped = cancelled = 0
         build_s, startup_s = 0.0, None
         restarts_before, busy_before, inference_before = pool.restarts, pool.busy_s, policy.inference_seconds
 
@@ -158,6 +183,8 @@ class EnvRunner:
                     reruns += 1
                 else:
                     dropped += 1
+                    if stop is not None:
+                        stop.dropped(running[s])
                 if policy.record:
                     policy.take_record(s)
                 running[s], frames[s] = None, []
@@ -172,6 +199,21 @@ class EnvRunner:
                 tag = "success" if success else "failure"
                 write_mp4(Path(video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", frames[s])
             running[s] = None
+            if stop is not None:
+                stop.finished(episodes[-1])
+
+        def cancel(slots: list[int]) -> None:
+            """The stop rule is satisfied: nothing more starts, and these slots' episodes end unfinished (their
+            workers reset them on their next begin)."""
+            nonlocal cancelled
+            cancelled += len(pending)
+            pending.clear()
+            for s in slots:
+                if running[s] is not None:
+                    if policy.record:
+                        policy.take_record(s)
+                    running[s], frames[s] = None, []
+                    cancelled += 1
 
         # on a CPU the policy competes with the workers for the same cores: taking turns only costs calls there
         turns = (2 if policy.device.type == "cuda" and n_workers >= 4 else 1) if self.groups == "auto" \
@@ -204,6 +246,8 @@ class EnvRunner:
             for g, group in enumerate(members):
                 if in_flight[g] is not None:
                     receive(g)
+                if stop is not None and stop.satisfied():
+                    cancel(group)  # the other groups' calls in flight are received on their turns first
                 # every turn is a decision round for the group: episodes started now plan in its batched call
                 idle = [s for s in group if running[s] is None]
                 if idle and pending:
@@ -218,12 +262,13 @@ class EnvRunner:
                     chunks[s] = planned[s]
                 in_flight[g] = pool.send("advance", per_worker(
                     {s: (planned[s], keep, running[s].record) for s in range(n) if active[s]}))
-        if len(episodes) + dropped != n_specs:
-            raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs} ({dropped} dropped)")
+        if len(episodes) + dropped + cancelled != n_specs:
+            raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs} ({dropped} dropped, "
+                               f"{cancelled} cancelled)")
         out = summarize(episodes, time.perf_counter() - t0, env_steps)
         # where the wall time went: workers' share of n x wall busy in the simulator, the policy's share of wall
         # and how long the first episodes took to start, and the workers' seconds spent building tasks
-        out.update(reruns=reruns, dropped=dropped, worker_restarts=pool.restarts - restarts_before,
+        out.update(reruns=reruns, dropped=dropped, cancelled=cancelled, worker_restarts=pool.restarts - restarts_before,
                    startup_seconds=startup_s or 0.0, task_build_seconds=build_s,
                    worker_busy_share=(pool.busy_s - busy_before) / max(1e-9, n_workers * out["seconds"]),
                    policy_share=(policy.inference_seconds - inference_before) / max(1e-9, out["seconds"]))

@@ -95,7 +95,8 @@ def train_loop(run: RLRun) -> str:
     logger = MetricLogger(run_dir, to_dict(cfg), run_id, enabled=info.is_main)
     history = RolloutHistory(run_dir, start_iter) if info.is_main else None
     runner = runner_from_metadata(metadata, names, cfg.workers, episodes_per_task=1, num_workers=cfg.rl.num_workers,
-                                  max_episode_steps=cfg.rl.max_episode_steps, on_worker_failure="drop")
+                                  max_episode_steps=cfg.rl.max_episode_steps, on_worker_failure="drop",
+                                  episodes_at_once=sampling.most_episodes_per_round(info.world_size))
 
     def save(iteration: int) -> None:
         mine = rank_state(sampler=sampler.state_dict(), policy_rng=policy.generator.get_state())
@@ -136,7 +137,7 @@ def train_loop(run: RLRun) -> str:
             eps = batch["episodes"]
             local = [len(eps), sum(e["success"] for e in eps), sum(e["length"] for e in eps),
                      0 if data is None else float((data["group_advantages"] != 0).float().sum()),
-                     policy.inference_seconds - inference_before]
+                     policy.inference_seconds - inference_before, batch["env_steps"]]
             total = ddist.all_sum(local, info)
             if batch["capped"] and info.is_main:
                 log.warning("rl iteration %d: only %d of %d groups were informative after %d sampling rounds; "
@@ -150,10 +151,11 @@ def train_loop(run: RLRun) -> str:
                 "rollout/nonzero_advantage_fraction": total[3] / max(1, total[0]),
                 "rollout/sampling_rounds": batch["rounds"],
                 "rollout/dropped_episodes": batch["dropped"],
+                "rollout/cancelled_episodes": batch["cancelled"],
                 **{f"train/{k}": v for k, v in stats.items() if k != "sync"},
                 "time/rollout": t_rollout, "time/train": t_train, "time/sync": batch["sync"] + stats["sync"],
                 "time/inference_share": total[4] / max(1e-9, t_rollout * info.world_size),
-                "time/env_steps_per_s": total[2] / max(1e-9, t_rollout),
+                "time/env_steps_per_s": total[5] / max(1e-9, t_rollout),  # cancelled episodes' steps too
             }
             for task in names:
                 task_eps = [e for e in eps if e["task"] == task]

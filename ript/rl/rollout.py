@@ -1,5 +1,7 @@
 """Rollouts for RL: dynamic sampling of groups of K rollouts per initial condition until B informative groups
-(over all ranks) are kept, and the kept groups' decisions with their advantages."""
+(over all ranks) are kept, and the kept groups' decisions with their advantages. A round draws more groups
+than it needs when many will come out all-success or all-failure, and ends as soon as its first groups in draw
+order settle the need."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ript.envs.runner import EnvRunner
+from ript.envs.runner import EnvRunner, StopRule
 from ript.envs.worker_env import EpisodeSpec
 from ript.policies.base import ChunkingPolicy
 from ript.registry import ADVANTAGES
@@ -20,36 +22,104 @@ from ript.rl.sampler import InitialConditionSampler
 from ript.utils import distributed as ddist
 
 
+# auto oversampling draws at most this many times the groups still needed in a round
+MAX_AUTO_OVERSAMPLE = 4.0
+
+
 @dataclass(frozen=True)
 class GroupSampling:
     """Dynamic sampling's settings, read from the config once: K rollouts per initial condition, B informative
-    groups per iteration over all ranks, at most ``max_rounds`` rounds of fresh initial conditions."""
+    groups per iteration over all ranks, at most ``max_rounds`` rounds of fresh initial conditions, and how many
+    groups a round draws for those it needs (``oversample``; None: auto)."""
     k: int
     groups: int
     max_rounds: int
+    oversample: float | None
 
     @classmethod
     def from_config(cls, rl_cfg) -> GroupSampling:
-        return cls(int(rl_cfg.rollouts_per_group), int(rl_cfg.groups_per_iteration), int(rl_cfg.max_sampling_rounds))
+        over = None if rl_cfg.oversample == "auto" else float(rl_cfg.oversample)
+        return cls(int(rl_cfg.rollouts_per_group), int(rl_cfg.groups_per_iteration), int(rl_cfg.max_sampling_rounds),
+                   over)
+
+    def local_groups(self, world_size: int) -> int:
+        """Informative groups each rank keeps (B over all ranks)."""
+        return math.ceil(self.groups / world_size)
+
+    def most_episodes_per_round(self, world_size: int) -> int:
+        """The most episodes a rank's round draws (its first, needing every group), which sizes its workers."""
+        factor = MAX_AUTO_OVERSAMPLE if self.oversample is None else self.oversample
+        return math.ceil(self.local_groups(world_size) * factor) * self.k
+
+    def groups_to_draw(self, need: int, sampler: InitialConditionSampler, env_slots: int) -> int:
+        """Groups to draw for ``need`` informative ones. Auto: as many as the sampler expects to hold ``need``
+        mixed groups (at most 4x), and at least enough to give every env slot an episode. A round waits for its
+        longest episode, so a round that is sure to fall short costs another round's wait; the extra groups
+        run on slots that would idle, and those not needed are cancelled (``InformativePrefix``)."""
+        if need == 0:
+            return 0
+        if self.oversample is not None:
+            return math.ceil(need * self.oversample)
+        factor = min(MAX_AUTO_OVERSAMPLE, 1.0 / max(sampler.informative_share(), 1e-9))
+        return max(math.ceil(need * factor), math.ceil(env_slots / self.k))
+
+
+class InformativePrefix(StopRule):
+    """Satisfied once the first groups in draw order have all ended and hold ``need`` informative (mixed) ones;
+    only those groups count, so which groups are kept depends on the draw and the outcomes, not on timing."""
+
+    def __init__(self, n_groups: int, k: int, need: int):
+        self.k, self.need = k, need
+        self.ended = [0] * n_groups        # episodes ended per group (finished or lost)
+        self.outcomes: list[set[bool]] = [set() for _ in range(n_groups)]
+        self.lost = [False] * n_groups     # a group that lost a rollout is left out whole
+        self.settled = 0                   # groups [0, settled) have ended and are counted
+        self.informative = 0
+
+    def finished(self, episode: dict) -> None:
+        g = episode["episode"] // self.k
+        self.ended[g] += 1
+        self.outcomes[g].add(bool(episode["success"]))
+
+    def dropped(self, spec: EpisodeSpec) -> None:
+        g = spec.index // self.k
+        self.ended[g] += 1
+        self.lost[g] = True
+
+    def satisfied(self) -> bool:
+        while self.settled < len(self.ended) and self.informative < self.need and self.ended[self.settled] == self.k:
+            g = self.settled
+            self.informative += int(not self.lost[g] and len(self.outcomes[g]) > 1)
+            self.settled += 1
+        return self.informative >= self.need
 
 
 def collect_groups(runner: EnvRunner, policy: ChunkingPolicy, sampler: InitialConditionSampler,
                    sampling: GroupSampling, info, video_dir: Path | None = None) -> dict:
     """Dynamic sampling: rounds of K rollouts per initial condition until B informative groups (over all ranks).
-    With ``video_dir``, the first rollout of the first round is recorded there as an mp4."""
+    Each round keeps its groups up to the one that completes the need, in draw order (the sampler learns from
+    exactly those); later groups are cancelled or ignored. With ``video_dir``, the first rollout of the first
+    round is recorded there as an mp4."""
     k = sampling.k
-    local_target = math.ceil(sampling.groups / info.world_size)
-    kept, episodes, rounds, sync, dropped = [], [], 0, 0.0, 0
+    local_target = sampling.local_groups(info.world_size)
+    kept, episodes, rounds, sync = [], [], 0, 0.0
+    dropped = cancelled = env_steps = 0
     while True:
         need = max(0, local_target - len(kept))
-        ics = sampler.draw(need)
+        ics = sampler.draw(sampling.groups_to_draw(need, sampler, runner.env_slots))
         # episode index g*K + j: group g of this round, even when two draws share an initial condition
         specs = [EpisodeSpec(task, seed, g * k + j) for g, (task, seed) in enumerate(ics) for j in range(k)]
         if specs and video_dir is not None and rounds == 0:
             specs[0] = dataclasses.replace(specs[0], record=True)  # recording changes what is saved, not the episode
-        results = runner.run(policy, video_dir=video_dir, specs=specs) if specs else {"episodes": [], "dropped": 0}
+        prefix = InformativePrefix(len(ics), k, need)
+        results = runner.run(policy, video_dir=video_dir, specs=specs, stop=prefix) if specs else \
+            {"episodes": [], "dropped": 0, "cancelled": 0, "env_steps": 0}
+        prefix.satisfied()  # a round that ran to the end: every group counts
         dropped += results["dropped"]
-        for group in group_episodes(results["episodes"], k):
+        cancelled += results["cancelled"]
+        env_steps += results["env_steps"]
+        counted = [e for e in results["episodes"] if e["episode"] // k < prefix.settled]
+        for group in group_episodes(counted, k):
             rewards = [float(e["success"]) for e in group]
             sampler.record((group[0]["task"], group[0]["seed"]), rewards)
             episodes.extend(group)
@@ -63,7 +133,7 @@ def collect_groups(runner: EnvRunner, policy: ChunkingPolicy, sampler: InitialCo
             break
     capped = total_kept < sampling.groups
     return {"kept": kept, "episodes": episodes, "rounds": rounds, "capped": capped, "total_kept": total_kept,
-            "sync": sync, "dropped": dropped}
+            "sync": sync, "dropped": dropped, "cancelled": cancelled, "env_steps": env_steps}
 
 
 def group_episodes(episodes: list[dict], k: int) -> list[list[dict]]:

@@ -39,6 +39,13 @@ class InitialConditionSampler:
         w = np.maximum(1.0 - p**self.k - (1.0 - p) ** self.k, self.floor)
         return w / w.sum()
 
+    def informative_share(self) -> float:
+        """The expected share of drawn groups that come out mixed (some of K succeed, some fail), from each task's
+        success estimate (unseen: p = 0.5) and the probability it is drawn with."""
+        p = np.array([self.success.get(t, 0.5) for t in self.task_names])
+        mixed = 1.0 - p**self.k - (1.0 - p) ** self.k
+        return float(np.dot(self.task_probabilities(), mixed))
+
     def draw(self, n: int, max_tries: int = 100) -> list[tuple[str, int]]:
         out = []
         probs = self.task_probabilities()
