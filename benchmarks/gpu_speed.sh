@@ -5,6 +5,8 @@
 #   resume   exact resume on the GPU with the fast step on (benchmarks/gpu_resume.sh; needs the chain's data)
 #   resume10 collects 10 demos per task, then exact resume with deterministic kernels and without (short runs)
 #   train    stage-0/1 training speed at batch 512 and 1024
+#   rl       a short ML45-10 chain (DEMOS per task, stage 0/1 of S0_SHORT/S1_SHORT steps), then RL_SHORT RL
+#            iterations with the old one-for-one draw (rl.oversample=1) and with rl.oversample=auto, same checkpoint
 #   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_speed.sh chain profile resume
 #   bash benchmarks/gpu_background.sh poll 560 runs/metaworld_ml45_10     # back to back until CHAIN_EXIT
 # The MiniLM text model is not on the GPU host: carry data/metaworld/lang_cache.safetensors (made on a CPU
@@ -41,12 +43,29 @@ for part in "$@"; do
         EXTRA="task.demos_per_task=10 train.deterministic=$det" S0_STEPS=600 S1_STEPS=300 S0_STOP_MIN=0 \
           S1_STOP_MIN=0 bash "$here/gpu_resume.sh" 2>&1 | grep -E "^==|stopped at|tensors|rror"
       done ;;
+    rl)
+      R=runs/rl_speed; rm -rf $R
+      T="task=metaworld_ml45_10 task.demos_per_task=${DEMOS:-20}"
+      phase "rl: collect"
+      python3 -m ript.cli collect $T num_workers=16 episodes_per_job=5 2>&1 | tr '\r' '\n' | grep -E "steps/s|average"
+      phase "rl: stage0"
+      python3 -m ript.cli stage0 $T run_dir=$R/stage0 train.steps=${S0_SHORT:-1000} progress=false ${S0_SHORT_EXTRA:-} 2>&1 | tail -1
+      phase "rl: stage1"
+      python3 -m ript.cli stage1 $T run_dir=$R/stage1 stage0_checkpoint=$R/stage0 train.steps=${S1_SHORT:-1500} \
+        train.val_every=${S1_SHORT:-1500} progress=false ${S1_SHORT_EXTRA:-} 2>&1 | grep -E "val|done" | tail -2
+      for over in 1 auto; do
+        phase "rl: rl.oversample=$over"
+        python3 -m ript.cli rl checkpoint=$R/stage1 run_dir=$R/rl_$over rl.iterations=${RL_SHORT:-3} \
+          rl.num_workers=16 eval.every=0 rl.stop_after_minutes=${RL_SHORT_MIN:-1.5} rl.oversample=$over \
+          rl.task_weighting=informative rl.lr=2e-5 rl.train_prior_only=false rl.micro_batch=256 ${RL_SHORT_EXTRA:-} \
+          2>&1 | grep -E "rl iteration|rror"
+      done ;;
     train)
       for b in 512 1024; do
         phase "train_speed batch $b"
         python3 -m benchmarks.train_speed --variants bf16+cl+tf32+compile+graphs --batch "$b" 2>&1 | grep -v -i warn | tail -6
       done ;;
-    *) echo "unknown part $part (chain, profile, resume, resume10, train)" >&2; exit 2 ;;
+    *) echo "unknown part $part (chain, profile, resume, resume10, rl, train)" >&2; exit 2 ;;
   esac
 done
 phase "all done"

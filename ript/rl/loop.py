@@ -167,9 +167,10 @@ def train_loop(run: RLRun) -> str:
             if history is not None:
                 history.add(it + 1, int(total[0]), int(total[1]), int(total[2]))
             if info.is_main:
-                log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d rounds), clip %.3f, "
-                         "kl %.4f, %.1f s rollout (%.0f env steps/s) + %.1f s train", it + 1, cfg.rl.iterations,
-                         100 * metrics["rollout/success_rate"], batch["total_kept"], batch["rounds"],
+                log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d rounds, %d episodes, %d "
+                         "cancelled), clip %.3f, kl %.4f, %.1f s rollout (%.0f env steps/s) + %.1f s train", it + 1,
+                         cfg.rl.iterations, 100 * metrics["rollout/success_rate"], batch["total_kept"], batch["rounds"],
+                         int(total[0]), batch["cancelled"],
                          stats["clip_fraction"], stats["approx_kl"], t_rollout, metrics["time/env_steps_per_s"],
                          t_train)
             save(it + 1)
