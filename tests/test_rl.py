@@ -84,7 +84,11 @@ def test_groups_drawn_per_round():
     assert sampler.informative_share() == pytest.approx(1 - 2 * 0.5**8)  # nothing seen: p = 0.5
     assert auto.groups_to_draw(16, sampler, env_slots=64) == 17 and auto.groups_to_draw(0, sampler, 64) == 0
     assert auto.groups_to_draw(2, sampler, env_slots=64) == 8  # every env slot gets an episode
-    sampler.record(("a", 1), [1.0] * 8), sampler.record(("b", 1), [0.0] * 8)
+    sampler.record(("a", 1), [1.0] * 8), sampler.record(("b", 1), [0.0, 1.0] * 4)
+    assert sampler.informative_share() == 0.5  # each task's observed share of mixed groups (a: 0, b: 1)
+    assert auto.groups_to_draw(5, sampler, env_slots=8) == 10
+    for seed in range(2, 6):
+        sampler.record(("b", seed), [0.0] * 8)  # b's share decays: 0.7^4
     assert auto.groups_to_draw(5, sampler, env_slots=8) == 20  # at most 4x when few groups come out mixed
     assert GroupSampling(8, 16, 4, oversample=1.5).groups_to_draw(5, sampler, env_slots=64) == 8
 

@@ -24,6 +24,7 @@ class InitialConditionSampler:
         self.rng = np.random.default_rng(seed)
         self.mastered: dict[str, int] = {}  # "task|seed" -> iteration it was last mastered
         self.success: dict[str, float] = {}  # task -> running estimate of rollout success
+        self.mixed: dict[str, float] = {}  # task -> running share of its groups that came out mixed
         self.iteration = 0
 
     def start_iteration(self, iteration: int) -> None:
@@ -40,10 +41,12 @@ class InitialConditionSampler:
         return w / w.sum()
 
     def informative_share(self) -> float:
-        """The expected share of drawn groups that come out mixed (some of K succeed, some fail), from each task's
-        success estimate (unseen: p = 0.5) and the probability it is drawn with."""
-        p = np.array([self.success.get(t, 0.5) for t in self.task_names])
-        mixed = 1.0 - p**self.k - (1.0 - p) ** self.k
+        """The expected share of drawn groups that come out mixed (some of K succeed, some fail): each task's
+        observed share (unseen: 1 - p^K - (1-p)^K at p = 0.5) weighted by the probability it is drawn with. The
+        observed share, not the binomial one from the task's success rate: outcomes depend on the layout, so a
+        task at 50% success has far fewer mixed groups than K independent coin flips would give (measured)."""
+        unseen = 1.0 - 2 * 0.5**self.k
+        mixed = np.array([self.mixed.get(t, unseen) for t in self.task_names])
         return float(np.dot(self.task_probabilities(), mixed))
 
     def draw(self, n: int, max_tries: int = 100) -> list[tuple[str, int]]:
@@ -63,15 +66,19 @@ class InitialConditionSampler:
         mean = float(np.mean(rewards))
         self.success[ic[0]] = mean if ic[0] not in self.success else (
             self.ema * self.success[ic[0]] + (1 - self.ema) * mean)
+        was_mixed = float(len(set(rewards)) > 1)
+        self.mixed[ic[0]] = was_mixed if ic[0] not in self.mixed else (
+            self.ema * self.mixed[ic[0]] + (1 - self.ema) * was_mixed)
         if self.skip_mastered_for and min(rewards) >= 1.0:
             self.mastered[f"{ic[0]}|{ic[1]}"] = self.iteration
 
     def state_dict(self) -> dict:
         return {"rng": json.dumps(self.rng.bit_generator.state), "mastered": json.dumps(self.mastered),
-                "success": json.dumps(self.success), "iteration": self.iteration}
+                "success": json.dumps(self.success), "mixed": json.dumps(self.mixed), "iteration": self.iteration}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = json.loads(state["rng"])
         self.mastered = json.loads(state["mastered"])
         self.success = json.loads(state["success"])
+        self.mixed = json.loads(state.get("mixed", "{}"))  # checkpoints before rl.oversample have none
         self.iteration = int(state["iteration"])
