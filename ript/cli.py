@@ -138,6 +138,22 @@ def oft_rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
     _run("oft", overrides, run_rl)
 
 
+@app.command("export")
+def export(overrides: Optional[list[str]] = OVERRIDES) -> None:
+    """A task's demonstrations as a LeRobotDataset v3.0 folder: ript export task=... out=<folder>."""
+    from ript.stages.lerobot_io import run_export
+
+    _run("export", overrides, run_export)
+
+
+@app.command("import")
+def import_(overrides: Optional[list[str]] = OVERRIDES) -> None:
+    """A LeRobotDataset v3.0 folder back to HDF5 files: ript import src=<folder> data_dir=<folder>."""
+    from ript.stages.lerobot_io import run_import
+
+    _run("import", overrides, run_import)
+
+
 @app.command("eval")
 def evaluate(overrides: Optional[list[str]] = OVERRIDES) -> None:
     """Evaluate a checkpoint in the simulator (checkpoint=...)."""

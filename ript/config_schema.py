@@ -191,6 +191,19 @@ class CollectJob(Job):
     episodes_per_job: Count
 
 
+class ExportJob(Job):
+    task: Task
+    out: str
+    codec: str
+    crf: Annotated[int, Field(ge=0, le=63)]
+    robot_type: Optional[str]
+
+
+class ImportJob(Job):
+    src: str
+    data_dir: str
+
+
 class Stage0Job(RunJob):
     task: Task
     algo: Algo
@@ -242,7 +255,7 @@ class QuickstartJob(Section):
 
 SCHEMAS: dict[str, type[BaseModel]] = {
     "collect": CollectJob, "stage0": Stage0Job, "stage1": Stage1Job, "finetune": Stage1Job, "rl": RLJob,
-    "oft": OFTJob, "eval": EvalJob, "quickstart": QuickstartJob,
+    "oft": OFTJob, "eval": EvalJob, "quickstart": QuickstartJob, "export": ExportJob, "import": ImportJob,
 }
 
 

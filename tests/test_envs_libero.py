@@ -143,6 +143,21 @@ def test_scripted_expert_collects_a_successful_episode_in_the_official_layout(li
         assert 0.3 < float(np.mean(np.abs(g["actions"][:, :3]))) < 1.0  # the arm really moved
 
 
+def test_lerobot_export_and_import_of_libero_demos(libero_demos, tmp_path):
+    """A LIBERO file in the official layout (its name, robot_states, the problem_info attribute) survives the
+    LeRobot v3.0 round trip: every array exact but the frames (AV1: mean error a few levels of 255)."""
+    pytest.importorskip("pyarrow", reason="the lerobot extra: pip install -e .[lerobot]")
+    from conftest import assert_round_trip
+    from ript.stages.lerobot_io import run_export, run_import
+
+    task = ["task=libero_object_test", f"task.data_dir={libero_demos}", "task.render.image_size=32"]
+    info = run_export(compose("export", task + [f"out={tmp_path / 'lerobot'}"]))
+    assert info["fps"] == 20 and info["total_tasks"] == 1 and "observation.images.agentview_rgb" in info["features"]
+    (path,) = run_import(compose("import", [f"src={tmp_path / 'lerobot'}", f"data_dir={tmp_path / 'back'}"]))
+    assert path.name == f"{TASK}_demo.hdf5"
+    assert_round_trip(libero_demos / path.name, path, mean_image_error=8.0)
+
+
 def test_pipeline_and_rl_iteration_on_libero(libero_demos, tmp_path):
     from ript.stages import rl, stage0, stage1
 

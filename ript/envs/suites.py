@@ -24,6 +24,7 @@ class Suite:
     tasks_per_worker: int | None      # tasks an env slot keeps built (None: every task it meets)
     envs_per_worker: int              # env slots per worker process when workers.envs_per_worker is auto
     initial_conditions: int | None    # distinct initial conditions per task (None: one per layout seed)
+    control_hz: int                   # env steps per simulated second (a dataset's fps)
 
     def task_names(self, task_cfg) -> list[str]:
         """``task.task_names`` if given (checked), else the suite's (or benchmark split's) task list."""
@@ -97,9 +98,10 @@ class LiberoSuite(Suite):
 # one slot per worker, and the runner gives it episodes of that task while any are left.
 SUITES: dict[str, Suite] = {
     "metaworld": MetaWorldSuite("metaworld", horizon=500, standard_episodes=20, tasks_per_worker=None,
-                                envs_per_worker=4, initial_conditions=None),
+                                envs_per_worker=4, initial_conditions=None,
+                                control_hz=80),
     **{name: LiberoSuite(name, horizon=horizon, standard_episodes=LIBERO_INIT_STATES, tasks_per_worker=1,
-                         envs_per_worker=1, initial_conditions=LIBERO_INIT_STATES)
+                         envs_per_worker=1, initial_conditions=LIBERO_INIT_STATES, control_hz=20)
        for name, horizon in SUITE_HORIZONS.items()},
 }
 
