@@ -49,7 +49,12 @@ def task_names(task_cfg: DictConfig) -> list[str]:
 def data_files(task_cfg: DictConfig, names: list[str] | None = None) -> list[Path]:
     names = names or task_names(task_cfg)
     pattern = str(task_cfg.get("file_pattern") or "{name}.hdf5")  # official LIBERO files: {name}_demo.hdf5
-    files = [Path(task_cfg.data_dir) / pattern.format(name=n) for n in names]
+    data_dir = Path(task_cfg.data_dir)
+    if task_cfg.get("format") == "lerobot":  # a LeRobot v3.0 folder: its demos decoded once into HDF5 files
+        from ript.data.lerobot import decoded_folder
+
+        data_dir = decoded_folder(data_dir)
+    files = [data_dir / pattern.format(name=n) for n in names]
     missing = [f for f in files if not f.is_file()]
     if missing:
         raise RiptError(f"dataset file {missing[0]} does not exist; run `ript collect task={task_cfg.name}` first")

@@ -38,6 +38,7 @@ class Task(Section):
     name: str
     suite: str
     data_dir: str
+    format: Literal["hdf5", "lerobot"] = "hdf5"  # lerobot: data_dir is a LeRobotDataset v3.0 folder
     demos_per_task: Count
     max_episode_steps: Optional[Count]  # null: the suite's official horizon
     action_dim: Count

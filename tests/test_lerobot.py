@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from ript.errors import RiptError
 from conftest import assert_one_line_error, assert_round_trip, ript, task_overrides
@@ -55,3 +56,38 @@ def test_export_and_import_refuse_bad_folders_in_one_line(tiny_data, tmp_path):
     (out / "meta" / "info.json").write_text(json.dumps({"codebase_version": "v2.1"}))
     assert_one_line_error(ript("import", f"src={out}", f"data_dir={tmp_path / 'd'}"), "v2.1", "v3.0")
     assert not (tmp_path / "d").exists()
+
+
+def first_scalar(run_dir, tag: str) -> float:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    return events.Scalars(tag)[0].value
+
+
+def test_training_reads_a_lerobot_folder_as_it_reads_the_hdf5_files(tiny_data, stage0_run, tmp_path):
+    """``task.format=lerobot``: stage 0 (actions only, stored exactly) trains to the same weights as from the
+    HDF5 files; stage 1 sees the frames through the codec, so its first loss is close, not equal."""
+    from safetensors.torch import load_file
+
+    from conftest import train_overrides
+    from ript.config import compose
+    from ript.stages import stage0, stage1
+    from ript.stages.lerobot_io import run_export
+
+    folder = tmp_path / "lerobot"
+    run_export(compose("export", task_overrides(tiny_data) + [f"out={folder}"]))
+    runs = {}
+    for name, data, extra in (("hdf5", tiny_data, []), ("lerobot", folder, ["task.format=lerobot"])):
+        stage0.run(compose("stage0", train_overrides(data, tmp_path / f"s0_{name}", 2) + extra))
+        stage1.run(compose("stage1", train_overrides(data, tmp_path / f"s1_{name}", 2) + extra + [
+            f"stage0_checkpoint={stage0_run}"]))
+        runs[name] = load_file(str(tmp_path / f"s0_{name}" / "checkpoints" / "last" / "model.safetensors"))
+    assert all(torch.equal(runs["hdf5"][k], runs["lerobot"][k]) for k in runs["hdf5"])
+    ce = [first_scalar(tmp_path / f"s1_{name}", "train/ce") for name in ("hdf5", "lerobot")]
+    assert abs(ce[0] - ce[1]) < 0.05, ce
+    config = [json.loads((tmp_path / f"s1_{n}" / "checkpoints" / "last" / "config.json").read_text()) for n in
+              ("hdf5", "lerobot")]
+    assert config[0]["metadata"]["env_args"] == config[1]["metadata"]["env_args"]
+    assert len(list(folder.glob(".ript_hdf5-*"))) == 1  # decoded once, reused by stage 1

@@ -17,6 +17,7 @@ older torch than this project's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -306,6 +307,29 @@ def import_lerobot(root: Path, data_dir: Path) -> list[Path]:
         write_demo_file(data_dir / name, demos, files.get(name) or {"instruction": task_of[name]})
         written.append(data_dir / name)
     return written
+
+
+def decoded_folder(root: Path) -> Path:
+    """The HDF5 files of LeRobot folder ``root`` for training (``task.format=lerobot``): imported once into
+    ``<root>/.ript_hdf5-<hash of info.json>/`` (built beside it and renamed into place), then read from there
+    like any collected data; a changed dataset gets a new folder."""
+    info = Path(root) / "meta" / "info.json"
+    if not info.is_file():
+        raise RiptError(f"{info} does not exist; task.format=lerobot needs a LeRobot v3.0 folder as task.data_dir")
+    cache = Path(root) / f".ript_hdf5-{hashlib.sha256(info.read_bytes()).hexdigest()[:12]}"
+    if cache.is_dir():
+        return cache
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        import_lerobot(root, tmp)
+        tmp.rename(cache)
+    except OSError:
+        if not cache.is_dir():  # not another process's finished copy (torchrun ranks decode side by side)
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return cache
 
 
 def _default_hdf5_name(feature: str) -> str:
