@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -110,6 +111,10 @@ def test_eval_writes_results_and_videos(stage1_run, tmp_path):
     png = (out / "success.png").read_bytes()  # the per-task success bars, readable like the other outputs
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000
     assert (out / "success.png").stat().st_mode & 0o777 == (out / "results.json").stat().st_mode & 0o777
+    # each task's first view (its first episode's first frame, both cameras), drawn from the run's own frames
+    assert list(results["first_frames"]) == sorted(TASKS)
+    assert all(f.shape == (32, 64, 3) and f.dtype == np.uint8 and f.std() > 0 for f in results["first_frames"].values())
+    assert (out / "first_frames.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and "first_frames" not in saved
     assert all(t["episodes"] == 2 for t in saved["per_task"].values())
     assert all(e["length"] <= 24 for e in saved["episodes"])
     # the overall rate is the mean of the per-task rates, each counted from its episodes

@@ -13,7 +13,7 @@ from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.policies.build import make_policy
 from ript.utils.logging import log
-from ript.utils.plots import success_bars
+from ript.utils.plots import frames_grid, success_bars
 
 
 def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, episodes_per_task: int | None,
@@ -52,9 +52,11 @@ def results_dir(out_dir: Path, overwrite: bool) -> Path:
 
 
 def write_evaluation(out_dir: Path, results: dict[str, Any], title: str = "") -> None:
-    """An evaluation's files: ``results.json`` and ``success.png`` (per-task success bars)."""
+    """An evaluation's files: ``results.json``, ``success.png`` (per-task success bars) and ``first_frames.png``
+    (each task's first view in its first episode, the cameras side by side)."""
     write_results(out_dir / "results.json", results)
     success_bars(results, out_dir / "success.png", title)
+    frames_grid(results.get("first_frames") or {}, out_dir / "first_frames.png")
 
 
 def make_runner(metadata: dict, task_names: list[str], eval_cfg, workers_cfg) -> EnvRunner:

@@ -131,6 +131,7 @@ class EnvRunner:
         steps = [0] * n
         frames: list[list] = [[] for _ in range(n)]
         episodes: list[dict] = []
+        first_frames: dict[str, np.ndarray] = {}  # task -> the cameras' first view of its episode 0 (a picture)
         policy.reset(n)
         video_keys = [f"{c}_rgb" for c in self.render["cameras"]]
         t0 = time.perf_counter()
@@ -170,6 +171,8 @@ class EnvRunner:
                     policy.observe(s, obs)
                     if running[s].record:
                         frames[s].append(_video_frame(obs, video_keys))
+                    if running[s].index == 0 and running[s].task_name not in first_frames:
+                        first_frames[running[s].task_name] = _video_frame(obs, video_keys)
 
         def lost(failed_workers: list[int]) -> None:
             """Episodes whose worker died or hung: queued again from their seed, or dropped."""
@@ -268,7 +271,8 @@ class EnvRunner:
         out = summarize(episodes, time.perf_counter() - t0, env_steps)
         # where the wall time went: workers' share of n x wall busy in the simulator, the policy's share of wall
         # and how long the first episodes took to start, and the workers' seconds spent building tasks
-        out.update(reruns=reruns, dropped=dropped, cancelled=cancelled, worker_restarts=pool.restarts - restarts_before,
+        out.update(first_frames=dict(sorted(first_frames.items())), reruns=reruns, dropped=dropped,
+                   cancelled=cancelled, worker_restarts=pool.restarts - restarts_before,
                    startup_seconds=startup_s or 0.0, task_build_seconds=build_s,
                    worker_busy_share=(pool.busy_s - busy_before) / max(1e-9, n_workers * out["seconds"]),
                    policy_share=(policy.inference_seconds - inference_before) / max(1e-9, out["seconds"]))
@@ -310,4 +314,5 @@ def success_table(results: dict[str, Any]) -> str:
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
-    atomic_write_text(Path(path), json.dumps(results, indent=2))
+    """The results as JSON, less the first frames (pictures, written as ``first_frames.png``)."""
+    atomic_write_text(Path(path), json.dumps({k: v for k, v in results.items() if k != "first_frames"}, indent=2))

@@ -1,4 +1,5 @@
-"""Pictures of results as PNG files: per-task success of an evaluation, and RL's success curves.
+"""Pictures of results as PNG files: per-task success of an evaluation, each task's first view, and RL's
+success curves.
 
 matplotlib draws off-screen (Agg). It is a dependency of ript, but the offline GPU host runs with a minimal
 set of wheels: there a missing matplotlib costs one warning and the pictures, never the run. Files are
@@ -54,6 +55,27 @@ def success_bars(results: dict[str, Any], path: Path, title: str = "") -> Path |
         ax.set_xlim(0, 100)
         ax.set_xlabel("success (%)")
         ax.set_title(f"{title + ': ' if title else ''}average {average:.1f}% over {len(tasks)} tasks", fontsize=9)
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def frames_grid(frames: dict[str, Any], path: Path, columns: int = 5) -> Path | None:
+    """Images (name -> HxWx3 uint8) in a grid, each titled with its name: what each task's scene looks like."""
+    plt = _pyplot()
+    if plt is None or not frames:
+        return None
+    names = list(frames)
+    cols = min(columns, len(names))
+    rows = -(-len(names) // cols)
+    height, width = next(iter(frames.values())).shape[:2]
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.6 * rows * height / width + 0.4), squeeze=False)
+    try:
+        for ax in axes.flat:
+            ax.axis("off")
+        for ax, name in zip(axes.flat, names):
+            ax.imshow(frames[name])
+            ax.set_title(name if len(name) <= 36 else name[:33] + "...", fontsize=7)
         return _save(fig, path)
     finally:
         plt.close(fig)
