@@ -1,11 +1,14 @@
-"""Speed of the staged pipeline on whatever machine runs it.
+"""Speed of the staged pipeline on whatever machine runs it, in one report.
 
-    python benchmarks/bench.py [--only data,train,sample,sim,collect,eval] [--workers 1,2,4] [--out bench.json]
+    python -m benchmarks.bench [--only data,train,compiled,sample,sim,collect,eval,rl] [--workers 1,2,4]
+                               [--out benchmarks/results/<machine>_bench.json]
 
-Prints: dataset samples/s; stage-0 and stage-1 training samples/s (eager; `benchmarks/train_speed.py` times the
-compiled/CUDA-graph step and its variants with kernel profiles);
-prior sampling latency for a batch of 64 with and without the KV cache; the simulator floor (one physics
-step, one rendered frame); env-steps/s of collection and evaluation against the number of workers.
+Prints: dataset samples/s; stage-0 and stage-1 training samples/s (eager, and on a GPU fp32 / bf16 / the
+compiled CUDA-graph step of `benchmarks/train_speed.py`); prior sampling and policy latency for a batch of 64;
+the simulator floor per core (one physics step, one rendered frame); env-steps/s of collection, evaluation and
+RL rollouts against the number of workers, with the RL iteration's split (rollout, training, policy share);
+then one table of every figure against its floor (the per-core simulator rate times the workers) and the
+issue's targets. Several GPUs: `benchmarks/gpu_scaling.sh` (torchrun) measures stage 1 and RL on 1 and N.
 """
 
 from __future__ import annotations
@@ -131,6 +134,62 @@ def bench_sim(cfg) -> dict:
             "floor_collect_steps_per_s_per_core": 1 / (step + frame * len(render.cameras))}
 
 
+def rollout_floor(sim: dict, cfg) -> float:
+    """Env steps per second one core can simulate in a rollout: a physics step each step, and the cameras'
+    frames only for the observations a decision reads (``frame_stack`` of every ``action_horizon`` steps)."""
+    frames_per_step = len(cfg.task.render.cameras) * int(cfg.algo.frame_stack) / int(cfg.algo.action_horizon)
+    return 1000 / (sim["sim_step_ms"] + frames_per_step * sim["render_frame_ms"])
+
+
+TARGETS = {"stage1 samples/s": 20000, "stage0 samples/s": 50000, "collection env steps/s": 5000,
+           "evaluation env steps/s": 6000, "RL rollout env steps/s": 6000}  # issue 16, on one H100 host
+
+
+def summary(results: dict, cfg) -> str:
+    """One row per figure: measured, floor, measured/floor, target, measured/target."""
+    rows = []
+    compiled = results.get("compiled", {}).get("variants", {})
+    for variant, r in compiled.items():
+        for stage in ("stage0", "stage1"):
+            rows.append((f"{stage} samples/s ({variant})", r[f"{stage}_samples_per_s"], None,
+                         TARGETS[f"{stage} samples/s"]))
+    for stage in ("stage0", "stage1"):
+        if f"{stage}_train_samples_per_s" in results:
+            rows.append((f"{stage} samples/s (eager, autocast)", results[f"{stage}_train_samples_per_s"], None, None))
+    if "policy_b64_ms" in results:
+        rows.append(("policy decision, batch 64 (ms)", results["policy_b64_ms"], None, None))
+    sim = results if "sim_step_ms" in results else None
+    per_core = {"collect": sim and sim["floor_collect_steps_per_s_per_core"], "rollout": sim and rollout_floor(sim, cfg)}
+    measured = {  # label -> (env steps/s by worker count, the per-core floor that applies)
+        "collection env steps/s": (results.get("collect_env_steps_per_s"), per_core["collect"]),
+        "evaluation env steps/s": ({w: r["env_steps_per_second"] for w, r in results.get("eval", {}).items()},
+                                   per_core["rollout"]),
+        "RL rollout env steps/s": ({w: r["env_steps_per_s"] for w, r in results.get("rl", {}).get(
+            "per_workers", {}).items()}, per_core["rollout"]),
+    }
+    for label, (by_workers, floor) in measured.items():
+        if by_workers:
+            w = max(by_workers)
+            rows.append((f"{label}, {w} workers", by_workers[w], floor and w * floor, TARGETS[label]))
+    if "rl" in results:
+        r = results["rl"]["per_workers"][max(results["rl"]["per_workers"])]
+        rows += [("RL iteration: rollout (s)", r["rollout_s"], None, None),
+                 ("RL iteration: training (s)", r["train_s"], None, None),
+                 ("RL iteration: policy share of the rollout", r["inference_share"], None, None)]
+
+    def ratio(a, b):
+        return f"{a / b:.2f}" if b else "-"
+
+    def number(x):
+        return f"{x:.4g}" if x else "-"
+
+    lines = [f"{'figure':<52} {'measured':>10} {'floor':>10} {'/floor':>7} {'target':>8} {'/target':>8}"]
+    for label, value, floor, target in rows:
+        lines.append(f"{label:<52} {number(value):>10} {number(floor):>10} {ratio(value, floor):>7} "
+                     f"{number(target):>8} {ratio(value, target):>8}")
+    return "\n".join(lines)
+
+
 def bench_collect(cfg, workers: list[int], tmp: Path) -> dict:
     from ript.data.collect import collect_demos
 
@@ -163,7 +222,7 @@ def bench_eval(cfg, ds: ChunkDataset, workers: list[int], device: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="data,train,sample,sim,collect,eval")
+    ap.add_argument("--only", default="data,train,compiled,sample,sim,collect,eval,rl")
     ap.add_argument("--workers", default=None, help="comma-separated worker counts (default: 1,2,4,.. up to cores)")
     ap.add_argument("--overrides", nargs="*", default=[], help="hydra overrides for the stage1 config")
     ap.add_argument("--demos", type=int, default=6)
@@ -195,8 +254,20 @@ def main() -> None:
             results.update(bench_collect(cfg, workers, tmp))
         if "eval" in only:
             results.update(bench_eval(cfg, ds.to("cpu"), workers, device))
+    if "compiled" in only and device.startswith("cuda"):
+        from benchmarks.train_speed import bench_variants
+
+        results["compiled"], _ = bench_variants(cfg, ["fp32", "bf16", "bf16+cl+tf32+compile+graphs"], args.batch,
+                                                int(cfg.task.render.image_size), 20)
+    if "rl" in only:
+        from benchmarks.bench_rl import bench_rl
+
+        results["rl"] = bench_rl(cfg, workers, device, groups=8, k=8, horizon=100)
+    report = summary(results, cfg)
+    results["summary"] = report.splitlines()
     text = json.dumps(results, indent=2, default=str)
     print(text)
+    print(report)
     if args.out:
         Path(args.out).write_text(text)
 

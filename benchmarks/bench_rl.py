@@ -40,14 +40,24 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     cfg = compose("stage1", args.overrides)
-    rl_cfg = compose("rl", [f"rl.groups_per_iteration={args.groups}", f"rl.rollouts_per_group={args.k}",
-                            "rl.max_sampling_rounds=1"])
     device = resolve_device(cfg.device)
     cores = os.cpu_count() or 1
     workers = [int(w) for w in args.workers.split(",")] if args.workers else sorted(
         {min(cores, 2**i) for i in range(8) if 2**i <= cores} | {cores})
+    out = bench_rl(cfg, workers, device, args.groups, args.k, args.steps)
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon: int) -> dict:
+    """One RL iteration per worker count (after a warm-up one): rollout and training seconds, env-steps/s."""
+    rl_cfg = compose("rl", [f"rl.groups_per_iteration={groups}", f"rl.rollouts_per_group={k}",
+                            "rl.max_sampling_rounds=1", "rl.oversample=1"])
+    cores = os.cpu_count() or 1
     out: dict = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu x{cores}",
-                 "groups": args.groups, "k": args.k, "horizon": args.steps, "per_workers": {}}
+                 "groups": groups, "k": k, "horizon": horizon, "per_workers": {}}
     with tempfile.TemporaryDirectory() as tmp:
         ds = demo_dataset(cfg, Path(tmp), 2)
         model = make_prior(cfg, ds).to(device)
@@ -57,7 +67,7 @@ def main() -> None:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
         sampling = GroupSampling.from_config(rl_cfg.rl)
         for w in workers:
-            runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), args.steps, 1, num_workers=w,
+            runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), horizon, 1, num_workers=w,
                                episodes_at_once=sampling.most_episodes_per_round(1))
             policy = make_policy(model, settings, device, seed=0)
             policy.record = True
@@ -68,8 +78,8 @@ def main() -> None:
             batch = collect_groups(runner, policy, sampler, sampling, DistInfo())
             t_rollout = time.perf_counter() - t
             runner.close()
-            groups = group_episodes(batch["episodes"], args.k)
-            decisions, _, _ = flatten_groups(groups, "rloo")  # time training on every group, informative or not
+            # time training on every group, informative or not
+            decisions, _, _ = flatten_groups(group_episodes(batch["episodes"], k), "rloo")
             data = learner.collate(decisions, device)
             data["advantages"] = torch.randn(len(decisions), device=device)
             t = time.perf_counter()
@@ -85,10 +95,7 @@ def main() -> None:
     base = out["per_workers"][workers[0]]["env_steps_per_s"] / workers[0]
     for w, r in out["per_workers"].items():
         r["scaling_vs_linear"] = r["env_steps_per_s"] / (base * w)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    return out
 
 
 if __name__ == "__main__":

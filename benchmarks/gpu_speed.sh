@@ -5,6 +5,7 @@
 #   resume   exact resume on the GPU with the fast step on (benchmarks/gpu_resume.sh; needs the chain's data)
 #   resume10 collects 10 demos per task, then exact resume with deterministic kernels and without (short runs)
 #   train    stage-0/1 training speed at batch 512 and 1024
+#   bench    the one-report benchmark (benchmarks/bench.py: every figure against its floor and target)
 #   rl       a short ML45-10 chain (DEMOS per task, stage 0/1 of S0_SHORT/S1_SHORT steps), then RL_SHORT RL
 #            iterations with the old one-for-one draw (rl.oversample=1) and with rl.oversample=auto, same checkpoint
 #   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_speed.sh chain profile resume
@@ -60,12 +61,17 @@ for part in "$@"; do
           rl.task_weighting=informative rl.lr=2e-5 rl.train_prior_only=false rl.micro_batch=256 ${RL_SHORT_EXTRA:-} \
           2>&1 | grep -E "rl iteration|rror"
       done ;;
+    bench)
+      phase "bench"
+      python3 -m benchmarks.bench --workers ${BENCH_WORKERS:-4,16} --out runs/bench.json 2>&1 | grep -v -i warn \
+        | sed -n '/^figure/,$p'
+      cp runs/bench.json "${OUT:-runs}/bench.json" 2>/dev/null || true ;;
     train)
       for b in 512 1024; do
         phase "train_speed batch $b"
         python3 -m benchmarks.train_speed --variants bf16+cl+tf32+compile+graphs --batch "$b" 2>&1 | grep -v -i warn | tail -6
       done ;;
-    *) echo "unknown part $part (chain, profile, resume, resume10, rl, train)" >&2; exit 2 ;;
+    *) echo "unknown part $part (chain, profile, resume, resume10, rl, bench, train)" >&2; exit 2 ;;
   esac
 done
 phase "all done"

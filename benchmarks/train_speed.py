@@ -112,6 +112,30 @@ def make_steps(cfg, data: SyntheticData, batch: int, variant: str, device: str):
     return step0, step1
 
 
+def bench_variants(cfg, variants: list[str], batch: int, image_size: int, steps: int,
+                   with_profile: bool = False) -> tuple[dict, list[str]]:
+    """Stage-0 and stage-1 steps per second on the GPU for each variant (fp32, bf16, compiled, CUDA graphs)."""
+    device = "cuda"
+    data = SyntheticData(2048, image_size, 2, int(cfg.algo.chunk_size), 4, device)
+    results = {"device": torch.cuda.get_device_name(), "batch": batch, "image_size": image_size,
+               "torch": torch.__version__, "variants": {}}
+    tables = []
+    for variant in variants:
+        t0 = time.perf_counter()
+        step0, step1 = make_steps(cfg, data, batch, variant, device)
+        torch.cuda.reset_peak_memory_stats()
+        s0 = timed(step0, steps * 2, 5)
+        s1 = timed(step1, steps, 3)
+        results["variants"][variant] = {"stage0_samples_per_s": batch / s0, "stage0_step_ms": 1000 * s0,
+                                        "stage1_samples_per_s": batch / s1, "stage1_step_ms": 1000 * s1,
+                                        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+                                        "setup_and_timing_s": time.perf_counter() - t0}
+        print(variant, json.dumps(results["variants"][variant]), flush=True)
+        if with_profile:
+            tables += [profile(step0, f"stage0 {variant}"), profile(step1, f"stage1 {variant}")]
+    return results, tables
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="fp32,bf16,fp32+cl+tf32+compile,bf16+cl+tf32+compile+graphs")
@@ -122,25 +146,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--overrides", nargs="*", default=[])
     args = ap.parse_args()
-    device = "cuda"
     cfg = compose("stage1", ["algo=quest", "task.action_dim=4", *args.overrides])
-    data = SyntheticData(2048, args.image_size, 2, int(cfg.algo.chunk_size), 4, device)
-    results = {"device": torch.cuda.get_device_name(), "batch": args.batch, "image_size": args.image_size,
-               "torch": torch.__version__, "variants": {}}
-    tables = []
-    for variant in args.variants.split(","):
-        t0 = time.perf_counter()
-        step0, step1 = make_steps(cfg, data, args.batch, variant, device)
-        torch.cuda.reset_peak_memory_stats()
-        s0 = timed(step0, args.steps * 2, 5)
-        s1 = timed(step1, args.steps, 3)
-        results["variants"][variant] = {"stage0_samples_per_s": args.batch / s0, "stage0_step_ms": 1000 * s0,
-                                        "stage1_samples_per_s": args.batch / s1, "stage1_step_ms": 1000 * s1,
-                                        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-                                        "setup_and_timing_s": time.perf_counter() - t0}
-        print(variant, json.dumps(results["variants"][variant]), flush=True)
-        if args.profile:
-            tables += [profile(step0, f"stage0 {variant}"), profile(step1, f"stage1 {variant}")]
+    results, tables = bench_variants(cfg, args.variants.split(","), args.batch, args.image_size, args.steps,
+                                     args.profile)
     text = json.dumps(results, indent=2)
     print(text)
     for t in tables:
