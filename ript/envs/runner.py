@@ -27,6 +27,7 @@ from ript.policies.base import ChunkingPolicy
 from ript.utils.atomic import atomic_write_text
 from ript.utils.video import write_mp4
 
+
 class StopRule:
     """Ends a run as soon as the episodes seen so far settle what the caller needs (RL's dynamic sampling:
     enough informative groups, in draw order); the episodes still running or waiting are then cancelled. A
