@@ -97,6 +97,11 @@ def merge_demo_files(parts: list[Path], path: Path, attrs: dict[str, Any]) -> li
     return demo_attrs
 
 
+def demo_names(data: h5py.Group) -> list[str]:
+    """A file's ``demo_<i>`` groups in numeric order (demo_10 after demo_9)."""
+    return sorted((n for n in data if n.startswith("demo_")), key=_demo_sort_key)
+
+
 def _demo_sort_key(name: str) -> int:
     try:
         return int(name.split("_", 1)[1])
@@ -163,7 +168,7 @@ def read_demos(
         with h5py.File(path, "r") as f:
             if "data" not in f:
                 raise RiptError(f"{path}: no 'data' group; not a robomimic/LIBERO demonstration file")
-            names = sorted((n for n in f["data"] if n.startswith("demo_")), key=_demo_sort_key)
+            names = demo_names(f["data"])
             if not names:
                 raise RiptError(f"{path}: 'data' holds no demo_<i> groups")
             names = names[:max_demos]

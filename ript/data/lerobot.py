@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import h5py
 import numpy as np
 
-from ript.data.hdf5 import Demo, instruction_from_attrs, read_file_attrs, write_demo_file
+from ript.data.hdf5 import Demo, demo_names, instruction_from_attrs, read_file_attrs, write_demo_file
 from ript.errors import RiptError
 from ript.utils.atomic import atomic_write_text
 
@@ -81,8 +81,7 @@ def _jsonable(value: Any) -> Any:
 
 def _demos(path: Path) -> Iterator[tuple[dict[str, np.ndarray], dict[str, Any]]]:
     with h5py.File(path, "r") as f:
-        names = sorted((n for n in f["data"] if n.startswith("demo_")), key=lambda n: int(n.split("_")[1]))
-        for name in names:
+        for name in demo_names(f["data"]):
             g = f["data"][name]
             yield _read_demo(g), {k: _jsonable(v) for k, v in g.attrs.items()}
 
