@@ -8,6 +8,7 @@
 #   bench    the one-report benchmark (benchmarks/bench.py: every figure against its floor and target)
 #   rl       a short ML45-10 chain (DEMOS per task, stage 0/1 of S0_SHORT/S1_SHORT steps), then RL_SHORT RL
 #            iterations with the old one-for-one draw (rl.oversample=1) and with rl.oversample=auto, same checkpoint
+#            (OVERSAMPLES="auto" runs only the second)
 #   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_speed.sh chain profile resume
 #   bash benchmarks/gpu_background.sh poll 560 runs/metaworld_ml45_10     # back to back until CHAIN_EXIT
 # The MiniLM text model is not on the GPU host: carry data/metaworld/lang_cache.safetensors (made on a CPU
@@ -54,7 +55,7 @@ for part in "$@"; do
       phase "rl: stage1"
       python3 -m ript.cli stage1 $T run_dir=$R/stage1 stage0_checkpoint=$R/stage0 train.steps=${S1_SHORT:-1500} \
         train.val_every=${S1_SHORT:-1500} progress=false ${S1_SHORT_EXTRA:-} 2>&1 | grep -E "val|done" | tail -2
-      for over in 1 auto; do
+      for over in ${OVERSAMPLES:-1 auto}; do
         phase "rl: rl.oversample=$over"
         python3 -m ript.cli rl checkpoint=$R/stage1 run_dir=$R/rl_$over rl.iterations=${RL_SHORT:-3} \
           rl.num_workers=16 eval.every=0 rl.stop_after_minutes=${RL_SHORT_MIN:-1.5} rl.oversample=$over \
