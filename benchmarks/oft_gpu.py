@@ -80,7 +80,7 @@ def main() -> None:
     for idx in torch.arange(n, device="cuda").split(b):
         opt.zero_grad()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            lp = learner.log_probs(data, idx)
+            lp = learner.score(data, idx).log_probs
         (-(lp.float().mean())).backward()
         opt.step()
     torch.cuda.synchronize()

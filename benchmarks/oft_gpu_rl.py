@@ -117,7 +117,7 @@ def main() -> None:
     res["rescore_s"] = time.perf_counter() - t
     order = torch.randperm(len(decisions), generator=torch.Generator().manual_seed(0)).to(a.device)
     with torch.no_grad(), training.autocast(a.device, cfg.amp):
-        shuffled = torch.cat([learner.log_probs(data, i).float() for i in order.split(int(cfg.rl.micro_batch))])
+        shuffled = torch.cat([learner.score(data, i).log_probs.float() for i in order.split(int(cfg.rl.micro_batch))])
     step0 = torch.empty_like(shuffled)
     step0[order] = shuffled
     for name, old in (("recorded", data["old_log_probs"].float()), ("rescored", rescored)):

@@ -136,10 +136,21 @@ class Algo(Section):
     sampling: Sampling
 
 
+class Critic(Section):
+    hidden: Count
+    detach_input: bool
+    lr: Rate
+    value_coef: Scale
+    value_clip: Optional[Rate]
+    loss: Literal["huber", "mse"]
+    huber_delta: Rate
+    warmup_iterations: Size
+
+
 class RL(Section):
     iterations: Count
     groups_per_iteration: Count
-    rollouts_per_group: Annotated[int, Field(ge=2)]  # a group of one has no leave-one-out baseline
+    rollouts_per_group: Count
     max_sampling_rounds: Count
     oversample: Union[Literal["auto"], Annotated[float, Field(ge=1, allow_inf_nan=False)]]
     skip_mastered_for: Size
@@ -147,8 +158,16 @@ class RL(Section):
     task_weighting: Literal["uniform", "informative"]
     task_weighting_floor: Fraction
     advantage: str
+    reward: Literal["sparse", "dense"]
+    reward_scale: Rate
+    gamma: Fraction
+    gae_lambda: Fraction
+    normalize_advantages: bool
     clip_low: Annotated[float, Field(gt=0, lt=1)]
     clip_high: Rate
+    clip_ratio_c: Optional[Annotated[float, Field(gt=1, allow_inf_nan=False)]]  # dual clip needs c > 1
+    entropy_coef: Scale
+    critic: Critic
     epochs: Count
     minibatches: Count
     lr: Rate
@@ -164,12 +183,15 @@ class RL(Section):
 
     @field_validator("advantage")
     @classmethod
-    def registered(cls, name: str) -> str:
+    def registered(cls, name: str, info) -> str:
         from ript.registry import ADVANTAGES
         from ript.rl import advantages  # noqa: F401  (registers the estimators)
 
         if name not in ADVANTAGES.names():
             raise ValueError(f"expected one of {', '.join(ADVANTAGES.names())}")
+        k = info.data.get("rollouts_per_group")
+        if ADVANTAGES.get(name).needs_mixed_groups and k is not None and k < 2:
+            raise ValueError(f"{name} compares the rollouts of a group: rl.rollouts_per_group={k} needs to be >= 2")
         return name
 
 

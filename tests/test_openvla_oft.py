@@ -186,7 +186,7 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     assert len(decisions) == 4  # 16 steps / 8-step chunks x 2 episodes
     data = learner.collate(decisions, "cpu")
     with torch.no_grad():
-        again = learner.log_probs(data, torch.arange(len(decisions)))
+        again = learner.score(data, torch.arange(len(decisions))).log_probs
     torch.testing.assert_close(again, data["old_log_probs"], atol=1e-4, rtol=1e-4)
 
     # the rank's device is chosen before the (7B) model is built on it: record the order of the real calls

@@ -9,6 +9,7 @@ from conftest import TASKS
 from ript.envs.runner import EnvRunner
 from ript.envs.worker_env import EpisodeSpec
 from ript.policies.base import ChunkingPolicy
+from ript.rl.learners import Scored
 
 RENDER = {"cameras": ["corner"], "image_size": 32, "quality": "low"}
 
@@ -93,6 +94,7 @@ class GaussianLearner:
 
     def __init__(self, model: torch.nn.Module, std: float):
         self.model, self.weights, self.std = model, model, std
+        self.critic = None
         self.params = list(model.parameters())
 
     def collate(self, decisions: list[dict], device: str) -> dict:
@@ -100,9 +102,10 @@ class GaussianLearner:
                 "actions": torch.stack([d["actions"] for d in decisions]),
                 "old_log_probs": torch.stack([d["log_probs"] for d in decisions])}
 
-    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+    def score(self, data: dict, idx: torch.Tensor) -> Scored:
         mean = self.model.mean[data["task_ids"][idx]]
-        return torch.distributions.Normal(mean, self.std).log_prob(data["actions"][idx]).flatten(1)
+        dist = torch.distributions.Normal(mean, self.std)
+        return Scored(dist.log_prob(data["actions"][idx]).flatten(1), dist.entropy().flatten(1).mean(-1), None)
 
     def write_extra(self, folder) -> None:
         (folder / "gaussian.txt").write_text(f"std {self.std}\n")
@@ -117,6 +120,7 @@ def gaussian_model() -> torch.nn.Module:
 def test_a_third_policy_runs_an_rl_iteration(tmp_path):
     from ript.config import compose
     from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
+    from ript.rl.advantages import build_estimator
     from ript.rl.rollout import flatten_groups, group_episodes
     from ript.rl.update import ppo_update, rescore
     from ript.utils.checkpoint import load_weights
@@ -141,7 +145,7 @@ def test_a_third_policy_runs_an_rl_iteration(tmp_path):
         groups = group_episodes(runner.run(policy, specs=specs)["episodes"], 2)
     finally:
         runner.close()
-    decisions, _, _ = flatten_groups(groups, "rloo")
+    decisions, _ = flatten_groups(groups, build_estimator(cfg.rl))
     data = learner.collate(decisions, "cpu")
     torch.testing.assert_close(rescore(learner, data, cfg, "cpu"), data["old_log_probs"])
     data["advantages"] = torch.linspace(-1, 1, len(decisions))

@@ -130,6 +130,7 @@ class EnvRunner:
         built = self.slot_tasks
         running: list[EpisodeSpec | None] = [None] * n
         steps = [0] * n
+        rewards: list[list[float]] = [[] for _ in range(n)]  # each decision's chunk reward (the suite's own)
         frames: list[list] = [[] for _ in range(n)]
         episodes: list[dict] = []
         first_frames: dict[str, np.ndarray] = {}  # task -> the cameras' first view of its episode 0 (a picture)
@@ -157,7 +158,7 @@ class EnvRunner:
                              len(pending) - 1)
                     running[s] = pending.pop(j)
                     assigned[s] = (running[s],)
-                    steps[s] = 0
+                    steps[s], rewards[s] = 0, []
                     frames[s] = []
             results, failed = pool.call("begin", per_worker(assigned))
             lost(failed)
@@ -199,6 +200,7 @@ class EnvRunner:
                              "success": bool(success), "length": steps[s]})
             if policy.record:
                 episodes[-1]["decisions"] = policy.take_record(s)
+                episodes[-1]["chunk_rewards"] = rewards[s]
             if spec.record and video_dir is not None:
                 tag = "success" if success else "failure"
                 write_mp4(Path(video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", frames[s])
@@ -232,19 +234,26 @@ class EnvRunner:
             results, failed = pool.receive(in_flight[g])
             in_flight[g] = None
             lost(failed)
+            ended = []
             for w, answers in enumerate(results):
-                for j, rendered, taken, done, success in answers or ():
+                for j, rendered, taken, reward, done, success in answers or ():
                     s = w * per + j
                     steps[s] += taken
                     env_steps += taken
+                    rewards[s].append(reward)
                     for t, obs in rendered:
                         obs = shared[w].get(obs)
-                        if t >= len(chunks[s]) - keep:
+                        # an episode cut by the time limit: its last frames are the state a critic bootstraps from
+                        if t >= len(chunks[s]) - keep or (done and not success):
                             policy.observe(s, obs)
                         if running[s].record:
                             frames[s].append(_video_frame(obs, video_keys))
                     if done:
-                        finish(s, success)
+                        ended.append((s, success))
+            if policy.record:
+                policy.bootstrap([s for s, success in ended if not success])
+            for s, success in ended:
+                finish(s, success)
 
         while any(s is not None for s in running) or pending or any(f is not None for f in in_flight):
             for g, group in enumerate(members):

@@ -25,6 +25,7 @@ class Suite:
     envs_per_worker: int              # env slots per worker process when workers.envs_per_worker is auto
     initial_conditions: int | None    # distinct initial conditions per task (None: one per layout seed)
     control_hz: int                   # env steps per simulated second (a dataset's fps)
+    shaped_reward: bool               # the env's step reward is shaped (dense RL rewards), not only success
 
     def task_names(self, task_cfg) -> list[str]:
         """``task.task_names`` if given (checked), else the suite's (or benchmark split's) task list."""
@@ -99,9 +100,10 @@ class LiberoSuite(Suite):
 SUITES: dict[str, Suite] = {
     "metaworld": MetaWorldSuite("metaworld", horizon=500, standard_episodes=20, tasks_per_worker=None,
                                 envs_per_worker=4, initial_conditions=None,
-                                control_hz=80),
+                                control_hz=80, shaped_reward=True),
     **{name: LiberoSuite(name, horizon=horizon, standard_episodes=LIBERO_INIT_STATES, tasks_per_worker=1,
-                         envs_per_worker=1, initial_conditions=LIBERO_INIT_STATES, control_hz=20)
+                         envs_per_worker=1, initial_conditions=LIBERO_INIT_STATES, control_hz=20,
+                         shaped_reward=False)
        for name, horizon in SUITE_HORIZONS.items()},
 }
 

@@ -118,23 +118,26 @@ class TaskEnv:
                 self.tasks.pop(next(iter(self.tasks))).close()  # least recently used
             task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps)
         self.tasks[spec.task_name] = self.current = task
+        self.steps = 0
         built_s = time.perf_counter() - t0
         return self.current.reset(spec.seed, render=True), built_s
 
     def advance_chunk(self, chunk: np.ndarray, keep_last: int, record: bool):
         """Run the whole action chunk (stopping at the episode's end). Renders only the last ``keep_last``
-        steps (the policy's next frame stack), or every step of a recorded episode; returns
-        ([(step, obs), ...] rendered, steps taken, done, success)."""
-        rendered, done, success, n = [], False, False, len(chunk)
+        steps (the policy's next frame stack) and the last ``keep_last`` before the time limit (a critic's view
+        of where a cut episode ended), or every step of a recorded episode; returns ([(step, obs), ...]
+        rendered, steps taken, the chunk's summed reward, done, success)."""
+        rendered, done, success, n, reward = [], False, False, len(chunk), 0.0
         for t, action in enumerate(chunk):
-            render = record or t >= n - keep_last
-            obs, _, done, info = self.current.step(action, render=render)
-            success = info["success"]
+            self.steps += 1
+            render = record or t >= n - keep_last or self.steps > self.max_steps - keep_last
+            obs, r, done, info = self.current.step(action, render=render)
+            success, reward = info["success"], reward + r
             if render:
                 rendered.append((t, obs))
             if done:
                 break
-        return rendered, t + 1, done, success
+        return rendered, t + 1, reward, done, success
 
     def close(self) -> None:
         for task in self.tasks.values():
@@ -159,13 +162,13 @@ class WorkerEnvs:
         return out
 
     def advance(self, moves: list[tuple[int, np.ndarray, int, bool]]) -> list[tuple[int, list, int, bool, bool]]:
-        """Run each listed slot's chunk: [(slot, chunk, keep_last, record)] -> [(slot, rendered, taken, done,
-        success)], the rendered frames' images in the shared block where they fit."""
+        """Run each listed slot's chunk: [(slot, chunk, keep_last, record)] -> [(slot, rendered, taken, reward,
+        done, success)], the rendered frames' images in the shared block where they fit."""
         out = []
         for j, chunk, keep_last, record in moves:
-            rendered, taken, done, success = self.envs[j].advance_chunk(chunk, keep_last, record)
-            out.append((j, [(t, self.frames.put(j, r, obs)) for r, (t, obs) in enumerate(rendered)], taken, done,
-                        success))
+            rendered, taken, reward, done, success = self.envs[j].advance_chunk(chunk, keep_last, record)
+            out.append((j, [(t, self.frames.put(j, r, obs)) for r, (t, obs) in enumerate(rendered)], taken, reward,
+                        done, success))
         return out
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ class ChunkingPolicy(ABC):
         self.generator = torch.Generator(device=self.device).manual_seed(seed)  # one draw per run; checkpointed by RL
         self.obs_keys = obs_keys              # observation keys kept (None: all)
         self.record = False                   # keep what RL needs of every decision
+        self.critic: torch.nn.Module | None = None  # a value head RL attaches: decisions then record "value"
         self.inference_seconds = 0.0          # time spent in plan(), for the rollout's timing metrics
         self.reset(0)
 
@@ -80,6 +81,13 @@ class ChunkingPolicy(ABC):
         """The decisions of env i's episode so far (empty unless ``record``), handed over and cleared."""
         out, self.records[i] = self.records[i], []
         return out
+
+    def bootstrap(self, envs: list[int]) -> None:
+        """These envs' episodes were cut by the time limit (their frame stacks hold the last observations): with
+        a critic, record its value of that state as the last decision's ``bootstrap_value``, so the return can
+        go on past the cut. Without one nothing is needed."""
+        if self.critic is not None:
+            raise NotImplementedError(f"{type(self).__name__} has a critic but does not bootstrap its values")
 
     @abstractmethod
     def start_task(self, i: int, task_name: str) -> None:

@@ -49,36 +49,56 @@ class ChunkPolicy(ChunkingPolicy):
         self.task_ids[i] = self.model.task_index(task_name)
 
     def _infer(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, noise: torch.Tensor | None = None):
-        """Observations -> (context, tokens, log-probs, action chunks); no host synchronisation inside."""
+        """Observations -> (context, tokens, log-probs, action chunks, values); no host synchronisation inside.
+        Values are the critic's (zeros without one)."""
         model = self.model
         # autocast's weight-cast cache must stay off for CUDA-graph capture
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False):
             context = model.context(obs, task_ids)
             tokens, log_probs = model.sample(context, noise=noise, **self.sample_kwargs)
             chunks = model.autoencoder.action_normalizer.unnormalize(model.autoencoder.decode_indices(tokens).float())
-        return context.float(), tokens, log_probs, chunks[:, : self.action_horizon].float()
+        context = context.float()
+        values = context.new_zeros(len(context)) if self.critic is None else self.critic(context)
+        return context, tokens, log_probs, chunks[:, : self.action_horizon].float(), values.float()
 
-    @torch.no_grad()
-    def plan(self, envs: list[int]) -> np.ndarray:
+    def _inputs(self, envs: list[int]) -> tuple[dict, dict]:
+        """(host observations, device inputs) of these envs' frame stacks and tasks."""
         host_obs = {
             k: torch.from_numpy(np.stack([np.stack([f[k] for f in self.history[i]]) for i in envs]))
             for k in self.obs_keys
         }
-        inputs = {"obs": {k: v.to(self.device) for k, v in host_obs.items()},
-                  "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
+        return host_obs, {"obs": {k: v.to(self.device) for k, v in host_obs.items()},
+                          "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
+
+    @torch.no_grad()
+    def bootstrap(self, envs: list[int]) -> None:
+        if self.critic is None or not envs:
+            return
+        _, inputs = self._inputs(envs)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+            context = self.model.context(inputs["obs"], inputs["task_ids"])
+        values = self.critic(context.float()).float()
+        for j, i in enumerate(envs):
+            self.records[i][-1]["bootstrap_value"] = values[j].clone()
+
+    @torch.no_grad()
+    def plan(self, envs: list[int]) -> np.ndarray:
+        host_obs, inputs = self._inputs(envs)
         if not self.sample_kwargs["greedy"]:
             inputs["noise"] = self.env_draws(envs, lambda g: self.model.sampling_noise(1, self.device, g)[0])
         graphed = self._graph_for(len(self.history), inputs) if self.cuda_graph and not self.model.training else None
         if graphed is not None:
-            context, tokens, log_probs, chunks = graphed(inputs)
+            context, tokens, log_probs, chunks, values = graphed(inputs)
         else:
-            context, tokens, log_probs, chunks = self._infer(**inputs)
+            context, tokens, log_probs, chunks, values = self._infer(**inputs)
         if self.record:
             # what RL training needs, so it recomputes only the prior: context, sampled tokens, old log-probs
             # (cloned: a graph's outputs are overwritten by its next replay)
             for j, i in enumerate(envs):
                 record = {"context": context[j].clone(), "tokens": tokens[j].clone(),
                           "log_probs": log_probs[j].clone()}
+                if self.critic is not None:
+                    record["value"] = values[j].clone()
                 if self.record_obs:  # kept on the host: a few hundred MB per iteration at 128 px
                     record.update(obs={k: v[j] for k, v in host_obs.items()}, task_id=self.task_ids[i])
                 self.records[i].append(record)

@@ -1,27 +1,39 @@
 """Learners: what the RL loop needs from a policy family, behind one protocol, so the loop is written once.
 
-A learner lists the parameters RL trains, the module whose state checkpoints hold (``weights``), collates the
-recorded decisions of a batch of rollouts, and recomputes their log-probs under the current parameters.
+A learner lists the parameters RL trains, the module whose state checkpoints hold (``weights``), its value
+head if it has one (``critic``), collates the recorded decisions of a batch of rollouts, and scores them under
+the current parameters: log-probs, entropy and (with a critic) values.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from ript.policies.chunk_policy import ChunkPolicy
-from ript.rl.objective import token_log_probs
+from ript.rl.critic import ContextValueHead
+from ript.rl.objective import token_scores
+
+
+@dataclass
+class Scored:
+    """A batch of recorded decisions scored by the current parameters."""
+    log_probs: torch.Tensor          # (N, T): per token / action dimension
+    entropy: torch.Tensor            # (N,): the distribution's mean entropy per token / action dimension
+    values: torch.Tensor | None      # (N,): the critic's, when the learner has one
 
 
 class Learner(Protocol):
     model: torch.nn.Module       # the policy's model (train/eval mode is switched around the update)
-    params: list[torch.nn.Parameter]
+    params: list[torch.nn.Parameter]  # the policy's trainable parameters (the critic's are apart)
     weights: torch.nn.Module     # what RL checkpoints hold
+    critic: torch.nn.Module | None  # the value head (advantage=gae), saved as critic.safetensors
 
     def collate(self, decisions: list[dict], device: str) -> dict: ...
-    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor: ...
+    def score(self, data: dict, idx: torch.Tensor) -> Scored: ...
     def write_extra(self, folder: Path) -> None: ...  # further files every RL checkpoint carries
 
 
@@ -41,14 +53,17 @@ class ChunkLearner:
     on what was cached at sampling time: the contexts when only the prior trains, else the observations
     (so the gradient reaches the observation encoders)."""
 
-    def __init__(self, model, settings: dict, prior_only: bool):
+    def __init__(self, model, settings: dict, prior_only: bool, critic_cfg=None):
         self.model, self.settings = model, settings
         self.params = trainable_parameters(model, prior_only)
         self.weights = model  # what checkpoints hold
         self.encodes = not prior_only
+        self.critic = None if critic_cfg is None else ContextValueHead(
+            model.pos_emb.shape[-1], int(critic_cfg.hidden), bool(critic_cfg.detach_input)).to(model.pos_emb.device)
 
     def attach(self, policy: ChunkPolicy) -> None:
         policy.record_obs = self.encodes
+        policy.critic = self.critic
 
     def write_extra(self, folder: Path) -> None:
         """Nothing beyond the weights: a chunk-policy checkpoint is complete as it is."""
@@ -63,13 +78,14 @@ class ChunkLearner:
             data["context"] = torch.stack([d["context"] for d in decisions]).to(device)
         return data
 
-    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+    def score(self, data: dict, idx: torch.Tensor) -> Scored:
         if self.encodes:
             context = self.model.context({k: v[idx] for k, v in data["obs"].items()}, data["task_ids"][idx])
         else:
             context = data["context"][idx]
-        return token_log_probs(self.model, context, data["tokens"][idx], float(self.settings["temperature"]),
-                               self.settings.get("top_k"))
+        log_probs, entropy = token_scores(self.model, context, data["tokens"][idx],
+                                          float(self.settings["temperature"]), self.settings.get("top_k"))
+        return Scored(log_probs, entropy, None if self.critic is None else self.critic(context))
 
 
 class TrainableWeights(torch.nn.Module):
@@ -106,6 +122,7 @@ class OFTLearner:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.weights = TrainableWeights(model)
         self.policy = None  # the OFTPolicy whose forward scores the decisions
+        self.critic = None  # OFT's attention-pooling value head is not wired in yet: advantage=gae is refused
 
     def write_extra(self, folder: Path) -> None:
         """The LoRA adapter and heads in peft's own format, so every RL checkpoint can be evaluated."""
@@ -120,7 +137,7 @@ class OFTLearner:
                 "actions": torch.stack([d["actions"] for d in decisions]).to(device),
                 "old_log_probs": torch.stack([d["log_probs"] for d in decisions]).to(device)}
 
-    def log_probs(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+    def score(self, data: dict, idx: torch.Tensor) -> Scored:
         from ript.models.openvla_oft.model import laplace_log_prob
 
         rows = idx.cpu()
@@ -130,4 +147,6 @@ class OFTLearner:
         self.model.language_model.train(self.grad_checkpointing)
         out = self.policy.forward(inputs)
         self.model.language_model.eval()
-        return laplace_log_prob(data["actions"][idx], out["mean"], out["scale"]).flatten(1)
+        log_probs = laplace_log_prob(data["actions"][idx], out["mean"], out["scale"]).flatten(1)
+        entropy = (1 + torch.log(2 * out["scale"].float())).flatten(1).mean(-1)  # a Laplace's, per action dim
+        return Scored(log_probs, entropy, None)

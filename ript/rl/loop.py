@@ -15,13 +15,16 @@ from ript.config import to_dict
 from ript.envs.evaluation import runner_from_metadata
 from ript.envs.seeds import rank_seed
 from ript.envs.suites import get_suite
+from ript.errors import RiptError
 from ript.model_loader import check_and_load
 from ript.policies.base import ChunkingPolicy
+from ript.rl.advantages import build_estimator, normalize_over_ranks
+from ript.rl.critic import load_critic, write_learner_files
 from ript.rl.learners import Learner
 from ript.rl.history import RolloutHistory
 from ript.rl.rollout import GroupSampling, collect_groups, flatten_groups
 from ript.rl.sampler import InitialConditionSampler
-from ript.rl.update import ppo_update, rescore
+from ript.rl.update import make_optimizer, metric_names, ppo_update, rescore
 from ript.utils import distributed as ddist
 from ript.utils import training
 from ript.utils.checkpoint import load_weights, rank_state, restore_training_state, save_checkpoint, training_state
@@ -77,17 +80,21 @@ def train_loop(run: RLRun) -> str:
     cfg, info, device, learner, policy = run.cfg, run.info, run.device, run.learner, run.policy
     names, metadata, ckpt_config, run_dir, resume_from = (run.task_names, run.metadata, run.ckpt_config, run.run_dir,
                                                           run.resume_from)
-    params = learner.params
-    opt = torch.optim.AdamW(params, lr=float(cfg.rl.lr), weight_decay=float(cfg.rl.weight_decay),
-                            fused=device.startswith("cuda"))
-    warm = max(1, int(cfg.rl.warmup_iterations))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: min(1.0, (it + 1) / warm))
+    estimator = build_estimator(cfg.rl)
+    if estimator.uses_critic and learner.critic is None:
+        raise RiptError(f"rl.advantage={cfg.rl.advantage} needs a critic, which {type(learner).__name__} does not "
+                        f"have yet; use rloo or grpo")
+    if cfg.rl.reward == "dense" and not get_suite(str(metadata.get("suite"))).shaped_reward:
+        raise RiptError(f"rl.reward=dense: suite {metadata.get('suite')} has no shaped reward; use rl.reward=sparse")
+    opt, sched = make_optimizer(learner, cfg, device)
     sampling = GroupSampling.from_config(cfg.rl)
     sampler = make_sampler(cfg, names, str(metadata.get("suite")), info, sampling.k)
     policy.record = True  # the contract's switch: keep what the update needs of every decision
     start_iter, run_id = 0, None
     if resume_from is not None:
         check_and_load(learner.weights, load_weights(resume_from), str(resume_from))
+        if learner.critic is not None:
+            load_critic(learner.critic, resume_from)
         start_iter, run_id, streams = restore_training_state(resume_from, opt, sched, info.rank, info.world_size)
         sampler.load_state_dict(streams["sampler"])
         policy.generator.set_state(streams["policy_rng"])
@@ -104,7 +111,7 @@ def train_loop(run: RLRun) -> str:
         if info.is_main:
             state = training_state(opt, sched, iteration, logger.run_id, ranks)
             save_checkpoint(run_dir, iteration, learner.weights, ckpt_config, state, keep_last=cfg.keep_last,
-                            write_extra=learner.write_extra)
+                            write_extra=lambda folder: write_learner_files(learner, folder))
         ddist.barrier(info)
 
     def maybe_evaluate(iteration: int) -> None:
@@ -125,19 +132,28 @@ def train_loop(run: RLRun) -> str:
             batch = collect_groups(runner, policy, sampler, sampling, info, videos)
             t_rollout = time.perf_counter() - t0
             t1 = time.perf_counter()  # time/train covers collating and rescoring the decisions too
-            flat = flatten_groups(batch["kept"], str(cfg.rl.advantage))
+            flat = flatten_groups(batch["kept"], estimator, str(cfg.rl.reward), float(cfg.rl.reward_scale))
+            targets = None if flat is None else flat[1]
+            advantages = None if targets is None else targets.advantages
+            if cfg.rl.normalize_advantages:  # every rank takes part, one with nothing kept too
+                advantages = normalize_over_ranks(advantages, info)
             data = None
             if flat is not None:
                 data = learner.collate(flat[0], device)
-                data.update(advantages=flat[1].to(device), group_advantages=flat[2])
+                data["advantages"] = advantages.to(device)
+                if estimator.uses_critic:
+                    data["old_values"] = torch.stack([d["value"] for d in flat[0]]).float().to(device)
+                    data["returns"] = targets.returns.to(device)
                 if cfg.rl.get("recompute_old_log_probs"):
                     data["old_log_probs"] = rescore(learner, data, cfg, device)
             stats = ppo_update(learner, opt, sched, data, cfg, info, it, device)
             t_train = time.perf_counter() - t1
             eps = batch["episodes"]
             local = [len(eps), sum(e["success"] for e in eps), sum(e["length"] for e in eps),
-                     0 if data is None else float((data["group_advantages"] != 0).float().sum()),
-                     policy.inference_seconds - inference_before, batch["env_steps"]]
+                     0 if targets is None else float((targets.episode_advantages != 0).float().sum()),
+                     policy.inference_seconds - inference_before, batch["env_steps"],
+                     0 if targets is None else len(targets.episode_returns),
+                     0 if targets is None else float(targets.episode_returns.sum())]
             total = ddist.all_sum(local, info)
             if batch["capped"] and info.is_main:
                 log.warning("rl iteration %d: only %d of %d groups were informative after %d sampling rounds; "
@@ -152,7 +168,8 @@ def train_loop(run: RLRun) -> str:
                 "rollout/sampling_rounds": batch["rounds"],
                 "rollout/dropped_episodes": batch["dropped"],
                 "rollout/cancelled_episodes": batch["cancelled"],
-                **{f"train/{k}": v for k, v in stats.items() if k != "sync"},
+                "rollout/returns_mean": total[7] / max(1, total[6]),  # the kept episodes' summed rewards
+                **metric_names(stats),
                 "time/rollout": t_rollout, "time/train": t_train, "time/sync": batch["sync"] + stats["sync"],
                 "time/inference_share": total[4] / max(1e-9, t_rollout * info.world_size),
                 "time/env_steps_per_s": total[5] / max(1e-9, t_rollout),  # cancelled episodes' steps too

@@ -1,4 +1,4 @@
-"""PPO's clipped objective on the prior's token log-probs, scored under the sampling distribution."""
+"""PPO's clipped objective on the policy's log-probs, scored under the sampling distribution."""
 
 from __future__ import annotations
 
@@ -7,25 +7,42 @@ import torch
 from ript.models.prior import SkillPrior, processed_log_probs
 
 
+def token_scores(model: SkillPrior, context: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                 top_k: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs (N, T) of ``tokens`` given cached contexts, with the temperature and top-k used to sample,
+    and each decision's mean entropy per token (N,) of that distribution."""
+    log_p = processed_log_probs(model.logits(context, model.tokens_in(tokens)), temperature, top_k)
+    p = log_p.exp()
+    entropy = -(p * log_p.masked_fill(p == 0, 0.0)).sum(-1).mean(-1)  # top-k's excluded tokens add nothing
+    return log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), entropy
+
+
 def token_log_probs(model: SkillPrior, context: torch.Tensor, tokens: torch.Tensor, temperature: float,
                     top_k: int | None) -> torch.Tensor:
-    """Log-probs of ``tokens`` (N, T) given cached contexts, with the temperature and top-k used to sample."""
-    logits = model.logits(context, model.tokens_in(tokens))
-    return processed_log_probs(logits, temperature, top_k).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return token_scores(model, context, tokens, temperature, top_k)[0]
 
 
 def ppo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-             clip_low: float, clip_high: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Token-mean clipped surrogate. log-probs (N, T); advantages (N,), shared by a decision's tokens."""
+             clip_low: float, clip_high: float, clip_ratio_c: float | None = None
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Token-mean clipped surrogate. log-probs (N, T); advantages (N,), shared by a decision's tokens. With
+    ``clip_ratio_c`` (dual clip), a negative advantage's loss is at most ``clip_ratio_c * |A|``, so one very
+    unlikely sampled token cannot dominate the batch."""
     log_ratio = new_log_probs - old_log_probs
     ratio = log_ratio.exp()
     adv = advantages.unsqueeze(-1).expand_as(ratio)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
+    dual_clipped = torch.zeros_like(ratio, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        floor = clip_ratio_c * adv
+        dual_clipped = (adv < 0) & (surrogate < floor)
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, floor), surrogate)
     loss = -surrogate.mean()
     with torch.no_grad():
         finite = torch.isfinite(log_ratio)
         stats = {
             "clip_fraction": ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float().mean(),
+            "dual_clip_fraction": dual_clipped.float().mean(),
             # k3 estimator of KL(old || new), over tokens still inside the new top-k
             "approx_kl": ((ratio - 1) - log_ratio)[finite].mean() if finite.any() else ratio.new_zeros(()),
             "ratio_mean": ratio.mean(),

@@ -17,7 +17,7 @@ from ript.envs.runner import EnvRunner, StopRule
 from ript.envs.worker_env import EpisodeSpec
 from ript.policies.base import ChunkingPolicy
 from ript.registry import ADVANTAGES
-from ript.rl import advantages as _advantages  # noqa: F401  (registers the estimators)
+from ript.rl.advantages import Estimator, Targets
 from ript.rl.sampler import InitialConditionSampler
 from ript.utils import distributed as ddist
 
@@ -35,12 +35,17 @@ class GroupSampling:
     groups: int
     max_rounds: int
     oversample: float | None
+    mixed_only: bool = True  # keep only groups whose rollouts differ in outcome (critic-free estimators)
 
     @classmethod
     def from_config(cls, rl_cfg) -> GroupSampling:
         over = None if rl_cfg.oversample == "auto" else float(rl_cfg.oversample)
         return cls(int(rl_cfg.rollouts_per_group), int(rl_cfg.groups_per_iteration), int(rl_cfg.max_sampling_rounds),
-                   over)
+                   over, ADVANTAGES.get(str(rl_cfg.advantage)).needs_mixed_groups)
+
+    def keeps(self, outcomes: list[bool]) -> bool:
+        """Whether a complete group with these outcomes is kept for the update."""
+        return not self.mixed_only or len(set(outcomes)) > 1
 
     def local_groups(self, world_size: int) -> int:
         """Informative groups each rank keeps (B over all ranks)."""
@@ -58,6 +63,8 @@ class GroupSampling:
         run on slots that would idle, and those not needed are cancelled (``InformativePrefix``)."""
         if need == 0:
             return 0
+        if not self.mixed_only:
+            return need  # every complete group is kept
         if self.oversample is not None:
             return math.ceil(need * self.oversample)
         factor = min(MAX_AUTO_OVERSAMPLE, 1.0 / max(sampler.informative_share(), 1e-9))
@@ -68,8 +75,8 @@ class InformativePrefix(StopRule):
     """Satisfied once the first groups in draw order have all ended and hold ``need`` informative (mixed) ones;
     only those groups count, so which groups are kept depends on the draw and the outcomes, not on timing."""
 
-    def __init__(self, n_groups: int, k: int, need: int):
-        self.k, self.need = k, need
+    def __init__(self, n_groups: int, k: int, need: int, mixed_only: bool = True):
+        self.k, self.need, self.mixed_only = k, need, mixed_only
         self.ended = [0] * n_groups        # episodes ended per group (finished or lost)
         self.outcomes: list[set[bool]] = [set() for _ in range(n_groups)]
         self.lost = [False] * n_groups     # a group that lost a rollout is left out whole
@@ -89,7 +96,7 @@ class InformativePrefix(StopRule):
     def satisfied(self) -> bool:
         while self.settled < len(self.ended) and self.informative < self.need and self.ended[self.settled] == self.k:
             g = self.settled
-            self.informative += int(not self.lost[g] and len(self.outcomes[g]) > 1)
+            self.informative += int(not self.lost[g] and (len(self.outcomes[g]) > 1 or not self.mixed_only))
             self.settled += 1
         return self.informative >= self.need
 
@@ -111,7 +118,7 @@ def collect_groups(runner: EnvRunner, policy: ChunkingPolicy, sampler: InitialCo
         specs = [EpisodeSpec(task, seed, g * k + j) for g, (task, seed) in enumerate(ics) for j in range(k)]
         if specs and video_dir is not None and rounds == 0:
             specs[0] = dataclasses.replace(specs[0], record=True)  # recording changes what is saved, not the episode
-        prefix = InformativePrefix(len(ics), k, need)
+        prefix = InformativePrefix(len(ics), k, need, sampling.mixed_only)
         results = runner.run(policy, video_dir=video_dir, specs=specs, stop=prefix) if specs else \
             {"episodes": [], "dropped": 0, "cancelled": 0, "env_steps": 0}
         prefix.satisfied()  # a round that ran to the end: every group counts
@@ -123,7 +130,7 @@ def collect_groups(runner: EnvRunner, policy: ChunkingPolicy, sampler: InitialCo
             rewards = [float(e["success"]) for e in group]
             sampler.record((group[0]["task"], group[0]["seed"]), rewards)
             episodes.extend(group)
-            if len(set(rewards)) > 1:
+            if sampling.keeps([e["success"] for e in group]):
                 kept.append(group)
         rounds += 1
         t = time.perf_counter()
@@ -152,15 +159,26 @@ def group_episodes(episodes: list[dict], k: int) -> list[list[dict]]:
     return out
 
 
-def flatten_groups(kept: list[list[dict]], estimator: str) -> tuple[list[dict], torch.Tensor, torch.Tensor] | None:
-    """The kept groups' decisions in order, each decision's advantage, and the (groups, K) advantages."""
+def decision_rewards(episode: dict, kind: str, scale: float) -> torch.Tensor:
+    """One reward per decision of a recorded episode: sparse, 1 on the decision whose chunk succeeded; dense,
+    the suite's reward summed over each executed chunk. Times ``scale``."""
+    n = len(episode["decisions"])
+    if kind == "dense":
+        rewards = torch.tensor(episode["chunk_rewards"], dtype=torch.float32)
+        if len(rewards) != n:
+            raise RuntimeError(f"episode {episode['episode']} of {episode['task']}: {len(rewards)} chunk rewards "
+                               f"for {n} decisions")
+    else:
+        rewards = torch.zeros(n)
+        rewards[-1] = float(episode["success"])
+    return rewards * scale
+
+
+def flatten_groups(kept: list[list[dict]], estimator: Estimator, reward: str = "sparse", reward_scale: float = 1.0
+                   ) -> tuple[list[dict], Targets] | None:
+    """The kept groups' decisions in order, with the estimator's advantages (and critic targets)."""
     if not kept:
         return None
-    rewards = torch.tensor([[float(e["success"]) for e in g] for g in kept])
-    adv = ADVANTAGES.get(estimator)(rewards)
-    decisions, per_decision = [], []
-    for g, group in enumerate(kept):
-        for j, e in enumerate(group):
-            decisions.extend(e["decisions"])
-            per_decision.extend([adv[g, j]] * len(e["decisions"]))
-    return decisions, torch.stack(per_decision).float(), adv
+    rewards = [decision_rewards(e, reward, reward_scale) for g in kept for e in g]
+    decisions = [d for g in kept for e in g for d in e["decisions"]]
+    return decisions, estimator.targets(kept, rewards)

@@ -1,5 +1,6 @@
 """The PPO update, written once for every policy family: epochs of minibatches (micro-batches accumulate),
-gradients averaged over ranks, the learner supplying the log-probs."""
+gradients averaged over ranks, the learner scoring the decisions; with a critic, its value loss beside the
+policy's, each part clipped and stepped in its own parameter group."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import time
 
 import torch
 
+from ript.rl.critic import explained_variance, value_loss
 from ript.rl.objective import ppo_loss
 from ript.utils import distributed as ddist
 from ript.utils import training
+
+# the update's metrics, RLinf's names; summed over micro-batches weighted by their share, averaged over updates
+ACTOR_STATS = ("policy_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean", "entropy")
+CRITIC_STATS = ("value_loss", "value_clip_fraction")
 
 
 @torch.no_grad()
@@ -25,18 +31,39 @@ def rescore(learner, data: dict, cfg, device: str) -> torch.Tensor:
     out = []
     for idx in torch.arange(n, device=device).split(size):
         with training.autocast(device, cfg.amp):
-            out.append(learner.log_probs(data, idx).float())
+            out.append(learner.score(data, idx).log_probs.float())
     return torch.cat(out)
+
+
+def make_optimizer(learner, cfg, device: str):
+    """AdamW over the policy's parameters and, apart, the critic's (own learning rate, no weight decay), and a
+    schedule per group: the policy warms up after ``rl.critic.warmup_iterations`` critic-only iterations."""
+    rl = cfg.rl
+    groups = [{"params": learner.params, "lr": float(rl.lr), "weight_decay": float(rl.weight_decay)}]
+    warm = max(1, int(rl.warmup_iterations))
+    lambdas = [lambda it: min(1.0, (it + 1) / warm)]
+    if learner.critic is not None:
+        groups.append({"params": list(learner.critic.parameters()), "lr": float(rl.critic.lr), "weight_decay": 0.0})
+        critic_only = int(rl.critic.warmup_iterations)
+        lambdas = [lambda it: 0.0 if it < critic_only else min(1.0, (it + 1 - critic_only) / warm),
+                   lambda it: min(1.0, (it + 1) / warm)]
+    opt = torch.optim.AdamW(groups, fused=device.startswith("cuda"))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambdas)
 
 
 def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str) -> dict:
     rl = cfg.rl
-    params = learner.params
-    stats: dict[str, float] = {"loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0,
-                               "ratio_max": 0.0, "grad_norm": 0.0}
+    critic = learner.critic
+    critic_params = [] if critic is None else list(critic.parameters())
+    stats = dict.fromkeys(ACTOR_STATS + ("grad_norm", "ratio_max"), 0.0)
+    if critic is not None:
+        stats.update(dict.fromkeys(CRITIC_STATS + ("critic_grad_norm",), 0.0))
+        stats["explained_variance"] = float("nan") if data is None else \
+            explained_variance(data["old_values"], data["returns"])
     n_updates, sync = 0, 0.0
     n = 0 if data is None else len(data["old_log_probs"])
     micro = int(rl.micro_batch or 0) or None  # decisions per forward/backward; gradients accumulate
+    clip_c = None if rl.clip_ratio_c is None else float(rl.clip_ratio_c)
     gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + iteration)
     learner.model.eval()  # no dropout: the recomputed log-probs must be those recorded at sampling time
     for _ in range(int(rl.epochs)):
@@ -47,27 +74,53 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
             for part in (torch.split(chunk, micro) if micro and len(chunk) else [chunk] if len(chunk) else []):
                 idx, weight = part.to(device), len(part) / len(chunk)  # token means weighted to the minibatch's
                 with training.autocast(device, cfg.amp):
-                    new_lp = learner.log_probs(data, idx)
-                loss, s = ppo_loss(new_lp.float(), data["old_log_probs"][idx], data["advantages"][idx],
-                                   float(rl.clip_low), float(rl.clip_high))
+                    scored = learner.score(data, idx)
+                loss, s = ppo_loss(scored.log_probs.float(), data["old_log_probs"][idx], data["advantages"][idx],
+                                   float(rl.clip_low), float(rl.clip_high), clip_c)
+                s["policy_loss"], s["entropy"] = loss.detach(), scored.entropy.float().mean().detach()
+                loss = loss - float(rl.entropy_coef) * scored.entropy.float().mean()
+                if critic is not None:
+                    v_loss, vs = value_loss(scored.values.float(), data["old_values"][idx], data["returns"][idx],
+                                            None if rl.critic.value_clip is None else float(rl.critic.value_clip),
+                                            str(rl.critic.loss), float(rl.critic.huber_delta))
+                    s.update(vs, value_loss=v_loss.detach())
+                    loss = loss + float(rl.critic.value_coef) * v_loss
                 (loss * weight).backward()
                 for key, v in s.items():
                     stats[key] = max(stats[key], float(v)) if key == "ratio_max" else stats[key] + float(v) * weight
-                stats["loss"] += loss.item() * weight
             t = time.perf_counter()
-            ddist.average_gradients(params, info)
+            ddist.average_gradients(learner.params + critic_params, info)
             sync += time.perf_counter() - t
-            norm = float(torch.nn.utils.clip_grad_norm_(params, float(rl.grad_clip)))
-            if not (math.isfinite(norm) and math.isfinite(stats["loss"])):
+            norm = float(torch.nn.utils.clip_grad_norm_(learner.params, float(rl.grad_clip)))
+            critic_norm = float(torch.nn.utils.clip_grad_norm_(critic_params, float(rl.grad_clip))) \
+                if critic_params else 0.0
+            if not (math.isfinite(norm) and math.isfinite(critic_norm) and math.isfinite(stats["policy_loss"])):
                 raise training.NonFiniteLoss(
-                    f"non-finite PPO loss or gradient (norm {norm}) in iteration {iteration + 1}; no update applied, "
-                    f"checkpoints/last is the last good checkpoint; lower rl.lr")
+                    f"non-finite PPO loss or gradient (norm {norm}, critic {critic_norm}) in iteration "
+                    f"{iteration + 1}; no update applied, checkpoints/last is the last good checkpoint; lower rl.lr")
             stats["grad_norm"] += norm
+            if critic is not None:
+                stats["critic_grad_norm"] += critic_norm
             opt.step()
             n_updates += 1
     sched.step()
-    for key in ("loss", "clip_fraction", "approx_kl", "ratio_mean"):
-        stats[key] /= max(1, n_updates)
-    stats["grad_norm"] /= max(1, n_updates)
+    for key in stats:
+        if key not in ("ratio_max", "explained_variance"):
+            stats[key] /= max(1, n_updates)
     stats["sync"] = sync
     return stats
+
+
+def metric_names(stats: dict) -> dict:
+    """The update's stats under RLinf's metric names (actor/..., critic/...)."""
+    out = {}
+    for key, v in stats.items():
+        if key == "sync":
+            continue
+        if key in CRITIC_STATS or key == "explained_variance":
+            out[f"critic/{key}"] = v
+        elif key == "critic_grad_norm":
+            out["critic/grad_norm"] = v
+        else:
+            out[f"actor/{key}"] = v
+    return out

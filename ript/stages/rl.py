@@ -1,14 +1,19 @@
-"""``ript rl``: RL fine-tuning of a chunk policy from sparse success rewards: leave-one-out PPO (RIPT) with
-dynamic sampling (``ript/rl/``: rollouts, the update, the loop), on a stage-1, finetune or RL checkpoint.
+"""``ript rl``: RL fine-tuning of a chunk policy: leave-one-out PPO from sparse success rewards (RIPT) with
+dynamic sampling, or PPO with a learned critic (GAE, sparse or dense rewards) (``ript/rl/``: rollouts, the
+update, the loop), on a stage-1, finetune or RL checkpoint.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from ript.envs.evaluation import evaluate_during_training, make_runner
 from ript.envs.seeds import rank_seed
 from ript.errors import RiptError
 from ript.model_loader import load_model
 from ript.policies.build import make_policy, sampling_settings
+from ript.rl.advantages import build_estimator
+from ript.rl.critic import CRITIC_FILE, load_critic
 from ript.rl.learners import ChunkLearner
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 from ript.utils.checkpoint import checkpoint_config
@@ -24,7 +29,10 @@ def run(cfg) -> str:
     for name in names:
         model.task_index(name)
     settings = sampling_settings(base["metadata"], dict(cfg.sampling), base["cfg"])
-    learner = ChunkLearner(model, settings, bool(cfg.rl.train_prior_only))
+    critic_cfg = cfg.rl.critic if build_estimator(cfg.rl).uses_critic else None
+    learner = ChunkLearner(model, settings, bool(cfg.rl.train_prior_only), critic_cfg)
+    if learner.critic is not None and (Path(base["checkpoint_dir"]) / CRITIC_FILE).is_file():
+        load_critic(learner.critic, base["checkpoint_dir"])  # an RL checkpoint's critic carries on
     policy = make_policy(model, settings, device, rank_seed(int(cfg.seed), info.rank), bool(cfg.cuda_graph))
     learner.attach(policy)
     metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"], "sampling": settings}
