@@ -179,6 +179,7 @@ class RL(Section):
     max_episode_steps: Optional[Count]
     num_workers: Workers
     stop_after_minutes: Optional[Scale]  # 0: stop after the first step
+    max_env_steps: Optional[Count]
     video_every: Size  # iterations between recorded rollouts (0: none)
 
     @field_validator("advantage")

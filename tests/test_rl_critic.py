@@ -168,13 +168,15 @@ def test_ppo_gae_iteration_on_metaworld_with_dense_rewards_and_exact_resume(stag
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
     assert json.loads((full / "rl_history.json").read_text()) == json.loads((part / "rl_history.json").read_text())
 
-    # a critic-free run's checkpoint cannot be resumed as a PPO-GAE run: one line naming the missing file
+    # an env-step budget ends a run after the iteration that reaches it
     plain = tmp_path / "plain"
-    rl.run(compose("rl", rl_overrides(stage1_run, plain, 1)))
+    rl.run(compose("rl", rl_overrides(stage1_run, plain, 3) + ["rl.max_env_steps=1"]))
+    assert json.loads((plain / "checkpoints" / "last" / "config.json").read_text())["step"] == 1
+    # a critic-free run's checkpoint cannot be resumed as a PPO-GAE run: one line naming the missing file
     with pytest.raises(RiptError, match=f"{CRITIC_FILE}: missing"):
-        rl.run(compose("rl", rl_overrides(stage1_run, plain, 2) + gae_overrides +
+        rl.run(compose("rl", rl_overrides(stage1_run, plain, 3) + gae_overrides +
                        ["resume=true", "resume_allow_changes=[rl.advantage,rl.reward,rl.reward_scale,rl.critic.lr,"
-                        "rl.clip_ratio_c,rl.entropy_coef,rl.normalize_advantages,rl.iterations]"]))
+                        "rl.clip_ratio_c,rl.entropy_coef,rl.normalize_advantages,rl.max_env_steps]"]))
 
 
 def test_a_fresh_value_head_predicts_zero():

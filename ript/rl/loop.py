@@ -90,7 +90,7 @@ def train_loop(run: RLRun) -> str:
     sampling = GroupSampling.from_config(cfg.rl)
     sampler = make_sampler(cfg, names, str(metadata.get("suite")), info, sampling.k)
     policy.record = True  # the contract's switch: keep what the update needs of every decision
-    start_iter, run_id = 0, None
+    start_iter, run_id, env_steps_done = 0, None, 0  # env steps of the counted episodes, over all ranks
     if resume_from is not None:
         check_and_load(learner.weights, load_weights(resume_from), str(resume_from))
         if learner.critic is not None:
@@ -98,6 +98,7 @@ def train_loop(run: RLRun) -> str:
         start_iter, run_id, streams = restore_training_state(resume_from, opt, sched, info.rank, info.world_size)
         sampler.load_state_dict(streams["sampler"])
         policy.generator.set_state(streams["policy_rng"])
+        env_steps_done = int(streams.get("env_steps", 0))
         log.info("rl: resumed from %s at iteration %d", resume_from, start_iter)
     logger = MetricLogger(run_dir, to_dict(cfg), run_id, enabled=info.is_main)
     history = RolloutHistory(run_dir, start_iter) if info.is_main else None
@@ -106,7 +107,8 @@ def train_loop(run: RLRun) -> str:
                                   episodes_at_once=sampling.most_episodes_per_round(info.world_size))
 
     def save(iteration: int) -> None:
-        mine = rank_state(sampler=sampler.state_dict(), policy_rng=policy.generator.get_state())
+        mine = rank_state(sampler=sampler.state_dict(), policy_rng=policy.generator.get_state(),
+                          env_steps=env_steps_done)
         ranks = ddist.gather_objects(mine, info)
         if info.is_main:
             state = training_state(opt, sched, iteration, logger.run_id, ranks)
@@ -178,6 +180,8 @@ def train_loop(run: RLRun) -> str:
                 task_eps = [e for e in eps if e["task"] == task]
                 if task_eps:
                     metrics[f"rollout/success/{task}"] = sum(e["success"] for e in task_eps) / len(task_eps)
+            env_steps_done += int(total[2])
+            metrics["rollout/env_steps_total"] = env_steps_done
             logger.log(metrics, it + 1)
             if videos is not None:
                 logger.log_videos(sorted(videos.glob("*.mp4")), "rollout/video", it + 1)
@@ -191,8 +195,15 @@ def train_loop(run: RLRun) -> str:
                          stats["clip_fraction"], stats["approx_kl"], t_rollout, metrics["time/env_steps_per_s"],
                          t_train)
             save(it + 1)
-            if cfg.eval.every and ((it + 1) % int(cfg.eval.every) == 0 or it + 1 == int(cfg.rl.iterations)):
+            budget = cfg.rl.max_env_steps
+            spent = budget is not None and env_steps_done >= int(budget)  # the same total on every rank
+            if cfg.eval.every and ((it + 1) % int(cfg.eval.every) == 0 or it + 1 == int(cfg.rl.iterations) or spent):
                 maybe_evaluate(it + 1)
+            if spent:
+                if info.is_main:
+                    log.info("rl: %d env steps after iteration %d reach rl.max_env_steps=%d; done", env_steps_done,
+                             it + 1, int(budget))
+                break
             # every rank stops together, on rank 0's clock
             if ddist.all_sum([float(info.is_main and training.out_of_time(t_start, cfg.rl.stop_after_minutes))],
                              info)[0] > 0:
