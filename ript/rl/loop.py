@@ -194,6 +194,9 @@ def train_loop(run: RLRun) -> str:
                          int(total[0]), batch["cancelled"],
                          stats["clip_fraction"], stats["approx_kl"], t_rollout, metrics["time/env_steps_per_s"],
                          t_train)
+                if learner.critic is not None:
+                    log.info("rl iteration %d critic: value loss %.4f, explained variance %.3f, returns %.3f",
+                             it + 1, stats["value_loss"], stats["explained_variance"], metrics["rollout/returns_mean"])
             save(it + 1)
             budget = cfg.rl.max_env_steps
             spent = budget is not None and env_steps_done >= int(budget)  # the same total on every rank
