@@ -67,7 +67,7 @@ def main() -> None:
     add_lora(model, cfg.lora)
     model.add_scale_head(256, 0.1).to("cuda", torch.float32)
     learner = OFTLearner(model, grad_checkpointing=True, train_action_head=False)
-    learner.policy = policy
+    learner.attach(policy)
     res["trainable_m"] = sum(p.numel() for p in learner.params) / 1e6
     n = 8 * b  # 8 envs x 8 decisions
     data = {"images": inputs["images"].cpu().repeat(8, 1, 1, 1, 1), "proprio": inputs["proprio"].repeat(8, 1),

@@ -76,7 +76,7 @@ def main() -> None:
     p = next(model.action_head.parameters())
     model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
     learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing) and cuda, False)
-    learner.policy = policy
+    learner.attach(policy)
     res["trainable_m"] = sum(q.numel() for q in learner.params) / 1e6
     policy.record = True
 

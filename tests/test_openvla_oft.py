@@ -172,7 +172,7 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     add_lora(model, cfg.lora)
     model.add_scale_head(16, 0.5)
     learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False)
-    learner.policy = policy
+    learner.attach(policy)
     from ript.envs.runner import EnvRunner
     from ript.envs.worker_env import EpisodeSpec
 
@@ -237,3 +237,54 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     assert not torch.allclose(got["mean"], base_mean, atol=1e-3)  # the adapter was applied
     with pytest.raises(RiptError, match="was trained on"):
         oft.build(compose("oft", [*overrides[1:], f"adapter={moved}", f"checkpoint={tmp_path}"]), "cpu", 0, False)
+
+
+def test_oft_critic_values_and_bootstraps_are_recorded_as_recomputed(tmp_path):
+    """PPO-GAE on OFT: the attention-pooling value head over the action positions' hidden states records each
+    decision's value and, for episodes cut by the time limit (12 steps = 8 + 4 of a chunk), the value of the
+    last observation; the training forward gives the same values; one PPO-GAE update trains the critic in
+    its own parameter group (its learning rate apart from LoRA's)."""
+    from ript.envs.runner import EnvRunner
+    from ript.envs.worker_env import EpisodeSpec
+    from ript.models.openvla_oft.lora import add_lora
+    from ript.rl.advantages import GAE
+    from ript.rl.learners import OFTLearner
+    from ript.rl.rollout import flatten_groups
+    from ript.rl.update import make_optimizer, ppo_update
+    from ript.stages import oft
+    from ript.utils.distributed import DistInfo
+
+    ckpt = write_tiny(tmp_path / "mw", unnorm_key="metaworld", action_dim=4, proprio_dim=4)
+    cfg = compose("oft", [f"checkpoint={ckpt}", "task=metaworld_ml45", "task.task_names=[reach-v3]",
+                          "task.render.image_size=32", "task.render.cameras=[corner]", "oft.image_keys=[corner_rgb]",
+                          "oft.proprio_keys=[robot_states]", "oft.gripper=none", "oft.center_crop=false",
+                          "rl.advantage=gae", "rl.rollouts_per_group=1", "rl.reward=dense", "rl.epochs=1",
+                          "rl.minibatches=1", "rl.critic.lr=1e-3", "rl.critic.hidden=16", "device=cpu"])
+    model, policy, metadata, names = oft.build(cfg, "cpu", 0, sample=True)
+    add_lora(model, cfg.lora)
+    model.add_scale_head(16, 0.5)
+    learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False, critic_cfg=cfg.rl.critic)
+    torch.nn.init.normal_(learner.critic.mlp[-1].weight, std=0.5)  # a fresh head predicts 0 everywhere
+    learner.attach(policy)
+    policy.record = True
+    runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], 12, episodes_per_task=1, num_workers=1)
+    try:
+        eps = runner.run(policy, specs=[EpisodeSpec("reach-v3", 3 * 10**9 + j, j) for j in range(2)])["episodes"]
+    finally:
+        runner.close()
+    assert all(not e["success"] and len(e["decisions"]) == 2 for e in eps)
+    assert all("bootstrap_value" in e["decisions"][-1] for e in eps)
+    decisions, targets = flatten_groups([[e] for e in eps], GAE(cfg.rl), "dense", 1.0)
+    data = learner.collate(decisions, "cpu")
+    data.update(advantages=targets.advantages, returns=targets.returns,
+                old_values=torch.stack([d["value"] for d in decisions]))
+    with torch.no_grad():
+        scored = learner.score(data, torch.arange(len(decisions)))
+    torch.testing.assert_close(scored.values, data["old_values"], atol=1e-4, rtol=1e-4)
+    assert data["old_values"].abs().min() > 0  # the head is live, not a constant 0
+    opt, sched = make_optimizer(learner, cfg, "cpu")
+    assert [g["lr"] for g in opt.param_groups] == [pytest.approx(float(cfg.rl.lr)), pytest.approx(1e-3)]
+    before = [p.detach().clone() for p in learner.critic.parameters()]
+    stats = ppo_update(learner, opt, sched, data, cfg, DistInfo(), 0, "cpu")
+    assert stats["value_loss"] > 0 and stats["critic_grad_norm"] > 0
+    assert any(not torch.equal(a, p) for a, p in zip(before, learner.critic.parameters()))

@@ -152,13 +152,24 @@ class OFTPolicy(ChunkingPolicy):
             log_probs = laplace_log_prob(actions, mean, out["scale"]).flatten(1)
         else:
             actions = mean
+        values = None if self.critic is None else self.critic(out["hidden"])
         if self.record:
             for j, i in enumerate(envs):
                 self.records[i].append({"images": inputs["images"][j].cpu(),
                                         "proprio": None if inputs["proprio"] is None else inputs["proprio"][j],
                                         "prompt": inputs["prompts"][j], "actions": actions[j].float().cpu(),
                                         "log_probs": log_probs[j].float().cpu() if self.sample else None})
+                if values is not None:
+                    self.records[i][-1]["value"] = values[j].float().cpu()
         return self.to_env(actions.float().cpu().numpy())
+
+    @torch.no_grad()
+    def bootstrap(self, envs: list[int]) -> None:
+        if self.critic is None or not envs:
+            return
+        values = self.critic(self.forward(self.inputs(envs))["hidden"])
+        for j, i in enumerate(envs):
+            self.records[i][-1]["bootstrap_value"] = values[j].float().cpu()
 
     def to_env(self, normalized: np.ndarray) -> np.ndarray:
         a = self.actions.unnormalize(np.clip(normalized, -1, 1))

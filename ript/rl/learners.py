@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from ript.policies.chunk_policy import ChunkPolicy
-from ript.rl.critic import ContextValueHead
+from ript.rl.critic import AttentionPoolValueHead, ContextValueHead
 from ript.rl.objective import token_scores
 
 
@@ -109,7 +109,7 @@ class TrainableWeights(torch.nn.Module):
 
 
 class OFTLearner:
-    def __init__(self, model, grad_checkpointing: bool, train_action_head: bool):
+    def __init__(self, model, grad_checkpointing: bool, train_action_head: bool, critic_cfg=None):
         model.requires_grad_(False)
         for name, p in model.named_parameters():
             if "lora_" in name or name.startswith("scale_head."):
@@ -121,8 +121,15 @@ class OFTLearner:
             model.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.weights = TrainableWeights(model)
-        self.policy = None  # the OFTPolicy whose forward scores the decisions
-        self.critic = None  # OFT's attention-pooling value head is not wired in yet: advantage=gae is refused
+        self.policy = None  # the OFTPolicy whose forward scores the decisions (attach)
+        # the value head pools the action positions' final hidden states (fp32, outside the LoRA'd model)
+        self.critic = None if critic_cfg is None else AttentionPoolValueHead(
+            model.cfg.llm_dim, int(critic_cfg.hidden), detach_input=bool(critic_cfg.detach_input)).to(
+            next(model.action_head.parameters()).device)
+
+    def attach(self, policy) -> None:
+        self.policy = policy
+        policy.critic = self.critic
 
     def write_extra(self, folder: Path) -> None:
         """The LoRA adapter and heads in peft's own format, so every RL checkpoint can be evaluated."""
@@ -149,4 +156,4 @@ class OFTLearner:
         self.model.language_model.eval()
         log_probs = laplace_log_prob(data["actions"][idx], out["mean"], out["scale"]).flatten(1)
         entropy = (1 + torch.log(2 * out["scale"].float())).flatten(1).mean(-1)  # a Laplace's, per action dim
-        return Scored(log_probs, entropy, None)
+        return Scored(log_probs, entropy, None if self.critic is None else self.critic(out["hidden"]))

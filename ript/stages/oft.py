@@ -25,6 +25,7 @@ from ript.models.openvla_oft import model_kwargs
 from ript.models.openvla_oft.lora import add_lora
 from ript.models.openvla_oft.official import dataset_statistics, pick_statistics
 from ript.policies.oft_policy import OFTPolicy
+from ript.rl.advantages import build_estimator
 from ript.rl.learners import OFTLearner
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 from ript.registry import MODELS
@@ -93,8 +94,9 @@ def run_rl(cfg) -> str:
     add_lora(model, cfg.lora)
     p = next(model.action_head.parameters())
     model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
-    learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing), bool(cfg.oft.train_action_head))
-    learner.policy = policy
+    critic_cfg = cfg.rl.critic if build_estimator(cfg.rl).uses_critic else None
+    learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing), bool(cfg.oft.train_action_head), critic_cfg)
+    learner.attach(policy)
     ckpt_config = checkpoint_config("rl", "openvla_oft", model_kwargs(cfg), cfg, metadata, weights_format="adapter")
     eval_runner = make_runner(metadata, names, cfg.eval, cfg.workers) if info.is_main and cfg.eval.every else None
 

@@ -230,7 +230,7 @@ class OpenVLAOFT(nn.Module):
 
     def forward(self, images, proprio, text_ids, text_valid, **kw) -> dict[str, torch.Tensor]:
         hidden = self.action_hidden(images, proprio, text_ids, text_valid, **kw)
-        out = {"mean": self.action_head(hidden).float()}
+        out = {"mean": self.action_head(hidden).float(), "hidden": hidden}  # hidden: what a value head reads
         if self.scale_head is not None:
             out["scale"] = self.scale_head(hidden)
         return out
