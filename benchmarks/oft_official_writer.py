@@ -139,8 +139,10 @@ PROMPT_WORDS = "in: what action should the robot take to out: pick up place put 
 def write_official_checkpoint(folder: str | Path, config: dict, unnorm_key: str, seed: int = 0,
                               device: str = "cpu", dtype: torch.dtype = torch.float32, step: int = 150000,
                               shard_bytes: int = 5 * 2**30, words: list[str] | None = None,
-                              chunk_size: int = 8, action_dim: int = 7, proprio_dim: int | None = 8) -> Path:
-    """Random weights in the official folder layout; returns the folder."""
+                              chunk_size: int = 8, action_dim: int = 7, proprio_dim: int | None = 8,
+                              oft_components: bool = True) -> Path:
+    """Random weights in the official folder layout; returns the folder. ``oft_components=False`` writes the
+    original OpenVLA's layout (``openvla/openvla-7b``): no OFT head files, statistics only in config.json."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -168,12 +170,13 @@ def write_official_checkpoint(folder: str | Path, config: dict, unnorm_key: str,
         del tensors
     if len(shards) > 1:
         atomic_write_text(folder / "model.safetensors.index.json", json.dumps({"metadata": {}, "weight_map": weight_map}))
-    for stem, keys in (("action_head", head), ("proprio_projector", proprio)):
+    for stem, keys in (("action_head", head), ("proprio_projector", proprio)) if oft_components else ():
         if keys:  # saved from DDP-wrapped modules, as OFT's finetune.py does
             state = {f"module.{k}": _random(k, s, gen, device, dtype).cpu() for k, s in keys.items()}
             torch.save(state, folder / f"{stem}--{step}_checkpoint.pt")
     stats = {unnorm_key: libero_statistics(action_dim, proprio_dim or 8)}
-    atomic_write_text(folder / "dataset_statistics.json", json.dumps(stats, indent=2))
+    if oft_components:
+        atomic_write_text(folder / "dataset_statistics.json", json.dumps(stats, indent=2))
     atomic_write_text(folder / "config.json", json.dumps({**config, "norm_stats": stats}, indent=2))
     write_tokenizer(folder, PROMPT_WORDS + (words or []))
     return folder

@@ -125,7 +125,7 @@ class OFTLearner:
         # the value head pools the action positions' final hidden states (fp32, outside the LoRA'd model)
         self.critic = None if critic_cfg is None else AttentionPoolValueHead(
             model.cfg.llm_dim, int(critic_cfg.hidden), detach_input=bool(critic_cfg.detach_input)).to(
-            next(model.action_head.parameters()).device)
+            next(model.projector.parameters()).device)
 
     def attach(self, policy) -> None:
         self.policy = policy
@@ -157,3 +157,25 @@ class OFTLearner:
         log_probs = laplace_log_prob(data["actions"][idx], out["mean"], out["scale"]).flatten(1)
         entropy = (1 + torch.log(2 * out["scale"].float())).flatten(1).mean(-1)  # a Laplace's, per action dim
         return Scored(log_probs, entropy, None if self.critic is None else self.critic(out["hidden"]))
+
+
+class OpenVLALearner(OFTLearner):
+    """The original OpenVLA: LoRA on the decoder, a Categorical policy over each action dimension's bins,
+    rescored teacher-forced in one forward; the value head reads the hidden state predicting the first bin."""
+
+    def __init__(self, model, grad_checkpointing: bool, critic_cfg=None):
+        super().__init__(model, grad_checkpointing, train_action_head=False, critic_cfg=critic_cfg)
+
+    def score(self, data: dict, idx: torch.Tensor) -> Scored:
+        from ript.policies.openvla_policy import state_hidden
+
+        rows = idx.cpu()
+        inputs = {"images": data["images"][rows], "prompts": [data["prompts"][i] for i in rows.tolist()]}
+        bins = data["actions"][idx]
+        self.model.language_model.train(self.grad_checkpointing)
+        logits, hidden = self.policy.score_forward(inputs, bins)
+        self.model.language_model.eval()
+        log_p = self.policy.bin_log_probs(logits)
+        entropy = -(log_p.exp() * log_p).sum(-1).mean(-1)
+        values = None if self.critic is None else self.critic(state_hidden(hidden))
+        return Scored(log_p.gather(-1, bins.unsqueeze(-1)).squeeze(-1), entropy, values)

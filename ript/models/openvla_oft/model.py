@@ -138,7 +138,10 @@ class ScaleHead(ActionHead):
         return F.softplus(super().forward(hidden).float()) + self.min_scale
 
 
-class OpenVLAOFT(nn.Module):
+class PrismaticBackbone(nn.Module):
+    """What OpenVLA and OpenVLA-OFT share: the fused DINOv2 + SigLIP towers, the projector, the Llama decoder
+    (and OFT's proprio projector when the config has one)."""
+
     def __init__(self, cfg: OFTConfig):
         super().__init__()
         from transformers import LlamaModel
@@ -149,17 +152,7 @@ class OpenVLAOFT(nn.Module):
         self.projector = Projector(cfg.vision_dim, cfg.llm_dim)
         self.language_model = LlamaModel(cfg.llama_config())
         self.proprio_projector = ProprioProjector(cfg.proprio_dim, cfg.llm_dim) if cfg.proprio_dim else None
-        self.action_head = ActionHead(cfg.llm_dim, cfg.action_dim, cfg.head_hidden_dim or cfg.llm_dim, cfg.head_blocks)
-        self.scale_head: ScaleHead | None = None
-
-    @property
-    def action_tokens(self) -> int:
-        return self.cfg.chunk_size * self.cfg.action_dim
-
-    def add_scale_head(self, hidden: int = 256, init_scale: float = 0.1) -> ScaleHead:
-        p = next(self.action_head.parameters())
-        self.scale_head = ScaleHead(self.cfg.llm_dim, self.cfg.action_dim, hidden, init_scale).to(p.device)
-        return self.scale_head
+        self.scale_head: ScaleHead | None = None  # OFT's RL adds one; adapters save it when present
 
     def visual_tokens(self, images: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
         """images uint8 (B, num_images, 3, S, S), proprio normalised (B, P) -> (B, patches [+1], D)."""
@@ -172,6 +165,21 @@ class OpenVLAOFT(nn.Module):
                 raise ValueError("this checkpoint has a proprio projector: proprio input is required")
             tokens = torch.cat([tokens, self.proprio_projector(proprio.to(tokens.dtype)).unsqueeze(1)], dim=1)
         return tokens
+
+
+class OpenVLAOFT(PrismaticBackbone):
+    def __init__(self, cfg: OFTConfig):
+        super().__init__(cfg)
+        self.action_head = ActionHead(cfg.llm_dim, cfg.action_dim, cfg.head_hidden_dim or cfg.llm_dim, cfg.head_blocks)
+
+    @property
+    def action_tokens(self) -> int:
+        return self.cfg.chunk_size * self.cfg.action_dim
+
+    def add_scale_head(self, hidden: int = 256, init_scale: float = 0.1) -> ScaleHead:
+        p = next(self.action_head.parameters())
+        self.scale_head = ScaleHead(self.cfg.llm_dim, self.cfg.action_dim, hidden, init_scale).to(p.device)
+        return self.scale_head
 
     def sequence(self, images, proprio, text_ids, text_valid):
         """Embeddings, validity and position ids of the whole sequence. ``text_ids`` (B, T) start with BOS and

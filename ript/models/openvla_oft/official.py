@@ -146,7 +146,6 @@ def load_official(folder: str | Path, device: str | torch.device = "cpu", dtype:
     import time
 
     from accelerate import init_empty_weights
-    from safetensors import SafetensorError, safe_open
 
     t0 = time.perf_counter()
     folder = Path(folder)
@@ -163,33 +162,8 @@ def load_official(folder: str | Path, device: str | torch.device = "cpu", dtype:
     cfg.proprio_dim = extras["proprio_projector."]["fc1.weight"].shape[1] if proprio_file is not None else None
     with init_empty_weights(include_buffers=False):
         model = OpenVLAOFT(cfg)
-    targets = key_map(model)
     own = dict(model.named_parameters())
-    filled: set[str] = set()
-    unused = 0
-
-    def put(key: str, tensor: torch.Tensor, where: str) -> None:
-        nonlocal unused
-        if key not in targets:
-            if unused_by_design(key, cfg):
-                unused += 1
-                return
-            raise RiptError(f"{where}: unexpected key {key!r} (not part of an OpenVLA-OFT checkpoint)")
-        for name, fn in targets[key]:
-            value = fn(tensor)
-            if tuple(value.shape) != tuple(own[name].shape):
-                raise RiptError(f"{where}: key {key!r} has shape {tuple(tensor.shape)}, which does not fit "
-                                f"{name} {tuple(own[name].shape)} of the model config.json describes")
-            _set_param(model, name, value.to(device=device, dtype=dtype).contiguous())
-            filled.add(name)
-
-    for f in _weight_files(folder):
-        try:
-            with safe_open(str(f), framework="pt", device=str(device)) as st:
-                for key in st.keys():
-                    put(_aliases(key), st.get_tensor(key), str(f))
-        except SafetensorError as e:
-            raise RiptError(f"{f}: not a readable safetensors file ({e})") from None
+    filled, unused = fill_from_files(model, folder, key_map(model), cfg, device, dtype, "an OpenVLA-OFT")
     for prefix, state in extras.items():
         file = head_file if prefix == "action_head." else proprio_file
         for key, tensor in state.items():
@@ -208,6 +182,38 @@ def load_official(folder: str | Path, device: str | torch.device = "cpu", dtype:
     stats = dataset_statistics(folder)
     return model.eval(), {"seconds": time.perf_counter() - t0, "unused_keys": unused, "statistics": stats,
                           "config": cfg}
+
+
+def fill_from_files(model: torch.nn.Module, folder: Path, targets: dict[str, list[Target]], cfg: OFTConfig, device,
+                    dtype: torch.dtype, kind: str) -> tuple[set[str], int]:
+    """Fill the parameters ``targets`` maps the folder's safetensors keys to; returns (filled names, count of
+    official keys left out by design). A key neither mapped nor left out by design is refused."""
+    from safetensors import SafetensorError, safe_open
+
+    own = dict(model.named_parameters())
+    filled: set[str] = set()
+    unused = 0
+    for f in _weight_files(folder):
+        try:
+            with safe_open(str(f), framework="pt", device=str(device)) as st:
+                for key in st.keys():
+                    official = _aliases(key)
+                    if official not in targets:
+                        if unused_by_design(official, cfg):
+                            unused += 1
+                            continue
+                        raise RiptError(f"{f}: unexpected key {official!r} (not part of {kind} checkpoint)")
+                    tensor = st.get_tensor(key)
+                    for name, fn in targets[official]:
+                        value = fn(tensor)
+                        if tuple(value.shape) != tuple(own[name].shape):
+                            raise RiptError(f"{f}: key {official!r} has shape {tuple(tensor.shape)}, which does not "
+                                            f"fit {name} {tuple(own[name].shape)} of the model config.json describes")
+                        _set_param(model, name, value.to(device=device, dtype=dtype).contiguous())
+                        filled.add(name)
+        except SafetensorError as e:
+            raise RiptError(f"{f}: not a readable safetensors file ({e})") from None
+    return filled, unused
 
 
 def dataset_statistics(folder: Path) -> dict:
