@@ -3,6 +3,7 @@ MetaWorld with a Categorical policy over action bins, rescored and updated by PP
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,28 @@ def test_sampled_bins_are_scored_as_recorded_and_ppo_gae_updates_lora_and_critic
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=0.05) and stats["value_loss"] > 0
     assert any(not torch.equal(a, p) for a, p in zip(lora, learner.params))
     assert any(not torch.equal(a, p) for a, p in zip(critic, learner.critic.parameters()))
+
+
+def test_oft_commands_run_an_openvla_folder_rl_and_evaluate_its_adapter(tiny_openvla, tmp_path):
+    """`ript oft-rl` on an openvla-7b-layout folder: PPO-GAE with the critic, one iteration; the RL checkpoint
+    (a LoRA adapter beside a pointer to the folder) evaluates through `ript oft-eval adapter=...`."""
+    from ript.stages import oft
+
+    common = [f"checkpoint={tiny_openvla}", "task=metaworld_ml45", "task.task_names=[reach-v3]",
+              "task.render.image_size=32", "task.render.cameras=[corner]", "oft.image_keys=[corner_rgb]",
+              "oft.proprio_keys=[]", "oft.gripper=none", "oft.center_crop=false", "device=cpu"]
+    run = oft.run_rl(compose("oft", common + [
+        "rl.advantage=gae", "rl.reward=dense", "rl.reward_scale=0.1", "rl.groups_per_iteration=2",
+        "rl.rollouts_per_group=1", "rl.max_episode_steps=4", "rl.num_workers=1", "rl.minibatches=1",
+        "rl.critic.hidden=16", "rl.iterations=1", f"run_dir={tmp_path / 'run'}", "oft.gradient_checkpointing=false"]))
+    last = Path(run) / "checkpoints" / "last"
+    assert (last / "adapter" / "adapter_model.safetensors").is_file() and (last / "critic.safetensors").is_file()
+    config = json.loads((last / "config.json").read_text())
+    assert config["model_name"] == "openvla" and config["weights_format"] == "adapter"
+    results = oft.run_eval(compose("oft", common[1:] + [f"adapter={run}", "eval.episodes_per_task=1",
+                                                        "eval.num_workers=1", "eval.max_episode_steps=3",
+                                                        "eval.n_videos=0", f"out_dir={tmp_path / 'eval'}"]))
+    assert results["episodes"][0]["length"] == 3
+
+    with pytest.raises(RiptError, match="takes 1 images; oft.image_keys names 2"):
+        oft.build(compose("oft", [*common, "oft.image_keys=[corner_rgb,gripperPOV_rgb]"]), "cpu", 0, False)

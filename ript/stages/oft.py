@@ -1,5 +1,6 @@
-"""OpenVLA-OFT: evaluate an official checkpoint folder on our runners, and RL-fine-tune it with LoRA and a
-Laplace scale head through the RL stage's loop (same dynamic sampling, PPO, metrics, checkpoints, resume).
+"""OpenVLA-OFT and the original OpenVLA: evaluate an official checkpoint folder on our runners, and RL-fine-tune
+it with LoRA through the RL stage's loop (same dynamic sampling, PPO, metrics, checkpoints, resume): OFT with a
+Laplace scale head, OpenVLA as a Categorical policy over its action bins. The folder tells which it is.
 
     ript oft-eval checkpoint=<official folder> task=libero_spatial
     ript oft-rl checkpoint=<official folder> task=libero_spatial run_dir=runs/oft_rl
@@ -24,9 +25,11 @@ from ript.model_loader import load_model
 from ript.models.openvla_oft import model_kwargs
 from ript.models.openvla_oft.lora import add_lora
 from ript.models.openvla_oft.official import dataset_statistics, pick_statistics
+from ript.models.openvla.model import OpenVLA
 from ript.policies.oft_policy import OFTPolicy
+from ript.policies.openvla_policy import OpenVLAPolicy
 from ript.rl.advantages import build_estimator
-from ript.rl.learners import OFTLearner
+from ript.rl.learners import OFTLearner, OpenVLALearner
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 from ript.registry import MODELS
 from ript.utils.checkpoint import checkpoint_config, read_checkpoint_config, resolve_checkpoint_dir
@@ -37,11 +40,11 @@ def load(cfg, device: str) -> tuple[torch.nn.Module, Path]:
     """(model, official folder): the official folder's (``checkpoint=``), or an RL checkpoint's (``adapter=``: its base folder,
     recorded in the checkpoint, with its LoRA adapter and heads merged) through the model loader."""
     if not cfg.adapter:
-        kwargs = model_kwargs(cfg)
-        return MODELS.build("openvla_oft", device=device, **kwargs), Path(kwargs["base_checkpoint"])
+        name, kwargs = model_kwargs(cfg)
+        return MODELS.build(name, device=device, **kwargs), Path(kwargs["base_checkpoint"])
     config = read_checkpoint_config(resolve_checkpoint_dir(cfg.adapter))
-    if config.get("model_name") != "openvla_oft":
-        raise RiptError(f"adapter={cfg.adapter}: a checkpoint of {config.get('model_name')!r}, not an OpenVLA-OFT RL "
+    if config.get("model_name") not in ("openvla_oft", "openvla"):
+        raise RiptError(f"adapter={cfg.adapter}: a checkpoint of {config.get('model_name')!r}, not an OpenVLA(-OFT) RL "
                         f"run (evaluate it with `ript eval`)")
     model, ckpt = load_model(cfg.adapter, expect_stage="rl", device=device)
     base = ckpt["model_kwargs"]["base_checkpoint"]
@@ -64,9 +67,15 @@ def build(cfg, device: str, seed: int, sample: bool):
     metadata = {"suite": cfg.task.suite, "task_names": names,
                 "env_args": {"render": to_dict(cfg.task.render), "max_episode_steps": task_horizon(cfg.task)},
                 "base_checkpoint": str(folder.resolve())}
-    policy = OFTPolicy(model, tokenizer, stats, get_suite(str(cfg.task.suite)).instructions(names), list(cfg.oft.image_keys),
-                       list(cfg.oft.proprio_keys), device, cfg.oft.action_horizon, bool(cfg.oft.center_crop),
-                       str(cfg.oft.gripper), sample=sample, seed=seed, amp=device.startswith("cuda"))
+    instructions = get_suite(str(cfg.task.suite)).instructions(names)
+    if isinstance(model, OpenVLA):  # the original OpenVLA: one image, one action of discrete tokens per decision
+        policy = OpenVLAPolicy(model, tokenizer, stats, instructions, list(cfg.oft.image_keys), device,
+                               bool(cfg.oft.center_crop), str(cfg.oft.gripper), sample=sample, seed=seed,
+                               amp=device.startswith("cuda"), temperature=float(cfg.oft.temperature))
+    else:
+        policy = OFTPolicy(model, tokenizer, stats, instructions, list(cfg.oft.image_keys), list(cfg.oft.proprio_keys),
+                           device, cfg.oft.action_horizon, bool(cfg.oft.center_crop), str(cfg.oft.gripper),
+                           sample=sample, seed=seed, amp=device.startswith("cuda"))
     return model, policy, metadata, names
 
 
@@ -92,12 +101,16 @@ def run_rl(cfg) -> str:
     model, policy, metadata, names = build(cfg, device, rank_seed(int(cfg.seed), info.rank), sample=True)
     run_dir, resume_from = prepare_run(cfg, info)
     add_lora(model, cfg.lora)
-    p = next(model.action_head.parameters())
-    model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
     critic_cfg = cfg.rl.critic if build_estimator(cfg.rl).uses_critic else None
-    learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing), bool(cfg.oft.train_action_head), critic_cfg)
+    if isinstance(model, OpenVLA):  # a Categorical policy over the bins: no scale head
+        learner = OpenVLALearner(model, bool(cfg.oft.gradient_checkpointing), critic_cfg)
+    else:
+        p = next(model.action_head.parameters())
+        model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
+        learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing), bool(cfg.oft.train_action_head), critic_cfg)
     learner.attach(policy)
-    ckpt_config = checkpoint_config("rl", "openvla_oft", model_kwargs(cfg), cfg, metadata, weights_format="adapter")
+    name, kwargs = model_kwargs(cfg)
+    ckpt_config = checkpoint_config("rl", name, kwargs, cfg, metadata, weights_format="adapter")
     eval_runner = make_runner(metadata, names, cfg.eval, cfg.workers) if info.is_main and cfg.eval.every else None
 
     def evaluate(iteration: int, logger) -> None:

@@ -15,15 +15,31 @@ from ript.utils.logging import log
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
-def model_kwargs(cfg) -> dict:
-    """What ``openvla_oft`` needs to rebuild the model an ``oft`` config describes."""
+def model_family(folder: str | Path) -> str:
+    """``openvla_oft`` for a folder with OFT's action head file, ``openvla`` for the original (discrete-token)
+    OpenVLA, whose LM head decodes ``n_action_bins`` bins per action dimension."""
+    folder = Path(folder)
+    if any(folder.glob("action_head--*checkpoint.pt")):
+        return "openvla_oft"
+    config = folder / "config.json"
+    if config.is_file() and '"n_action_bins"' in config.read_text():
+        return "openvla"
+    raise RiptError(f"{folder}: neither an OpenVLA-OFT folder (action_head--*checkpoint.pt) nor an OpenVLA one "
+                    f"(config.json with n_action_bins)")
+
+
+def model_kwargs(cfg) -> tuple[str, dict]:
+    """(model name, what it needs to rebuild the model an ``oft`` config describes)."""
     if not cfg.checkpoint:
-        raise RiptError("checkpoint=<official OpenVLA-OFT folder> is required")
+        raise RiptError("checkpoint=<official OpenVLA-OFT or OpenVLA folder> is required")
     if str(cfg.oft.dtype) not in DTYPES:
         raise RiptError(f"oft.dtype must be one of {', '.join(DTYPES)}, not {cfg.oft.dtype!r}")
-    return {"base_checkpoint": str(Path(cfg.checkpoint).resolve()), "dtype": str(cfg.oft.dtype),
-            "chunk_size": int(cfg.oft.chunk_size), "attention": str(cfg.oft.attention),
-            "num_images": len(cfg.oft.image_keys)}
+    folder = Path(cfg.checkpoint).resolve()
+    if model_family(folder) == "openvla":
+        return "openvla", {"base_checkpoint": str(folder), "dtype": str(cfg.oft.dtype)}
+    return "openvla_oft", {"base_checkpoint": str(folder), "dtype": str(cfg.oft.dtype),
+                           "chunk_size": int(cfg.oft.chunk_size), "attention": str(cfg.oft.attention),
+                           "num_images": len(cfg.oft.image_keys)}
 
 
 @MODELS.register("openvla_oft")

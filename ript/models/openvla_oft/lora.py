@@ -43,7 +43,7 @@ def load_adapter(model, folder: str | Path, merge: bool = False) -> None:
     if merge:
         model.language_model = model.language_model.merge_and_unload()
     heads = load_file(str(folder / "heads.safetensors")) if (folder / "heads.safetensors").is_file() else {}
-    p = next(model.action_head.parameters())
+    p = next(model.projector.parameters())
     scale = {k.removeprefix("scale_head."): v for k, v in heads.items() if k.startswith("scale_head.")}
     if scale:
         head = model.add_scale_head(scale["model.fc1.weight"].shape[0])
