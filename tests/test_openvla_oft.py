@@ -249,8 +249,7 @@ def test_oft_critic_values_and_bootstraps_are_recorded_as_recomputed(tmp_path):
     from ript.models.openvla_oft.lora import add_lora
     from ript.rl.advantages import GAE
     from ript.rl.learners import OFTLearner
-    from ript.rl.rollout import flatten_groups
-    from ript.rl.update import make_optimizer, ppo_update
+    from ript.rl.update import make_optimizer, ppo_update, update_batch
     from ript.stages import oft
     from ript.utils.distributed import DistInfo
 
@@ -274,12 +273,9 @@ def test_oft_critic_values_and_bootstraps_are_recorded_as_recomputed(tmp_path):
         runner.close()
     assert all(not e["success"] and len(e["decisions"]) == 2 for e in eps)
     assert all("bootstrap_value" in e["decisions"][-1] for e in eps)
-    decisions, targets = flatten_groups([[e] for e in eps], GAE(cfg.rl), "dense", 1.0)
-    data = learner.collate(decisions, "cpu")
-    data.update(advantages=targets.advantages, returns=targets.returns,
-                old_values=torch.stack([d["value"] for d in decisions]))
+    data, _ = update_batch(learner, [[e] for e in eps], GAE(cfg.rl), cfg, "cpu", DistInfo())
     with torch.no_grad():
-        scored = learner.score(data, torch.arange(len(decisions)))
+        scored = learner.score(data, torch.arange(len(data["old_values"])))
     torch.testing.assert_close(scored.values, data["old_values"], atol=1e-4, rtol=1e-4)
     assert data["old_values"].abs().min() > 0  # the head is live, not a constant 0
     opt, sched = make_optimizer(learner, cfg, "cpu")

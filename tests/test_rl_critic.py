@@ -18,8 +18,8 @@ from ript.rl.advantages import GAE, gae
 from ript.rl.critic import CRITIC_FILE, ContextValueHead, value_loss
 from ript.rl.learners import ChunkLearner
 from ript.rl.objective import ppo_loss
-from ript.rl.rollout import decision_rewards, flatten_groups
-from ript.rl.update import make_optimizer, ppo_update
+from ript.rl.rollout import decision_rewards
+from ript.rl.update import make_optimizer, ppo_update, update_batch
 from ript.stages import rl
 from ript.utils import distributed as ddist
 
@@ -132,15 +132,13 @@ def test_recorded_values_equal_recomputed_ones_and_the_value_loss_falls_on_a_fix
     cfg = compose("rl", [f"checkpoint={stage1_run}", "rl.advantage=gae", "rl.reward=dense", "rl.reward_scale=0.1",
                          "rl.rollouts_per_group=1", "rl.lr=1e-9", "rl.critic.lr=1e-4", "rl.epochs=4",
                          "rl.minibatches=1", "amp=false"])
-    decisions, targets = flatten_groups([[e] for e in episodes], GAE(cfg.rl), "dense", 0.1)
-    data = learner.collate(decisions, "cpu")
-    data.update(advantages=targets.advantages, returns=targets.returns,
-                old_values=torch.stack([d["value"] for d in decisions]))
+    data, _ = update_batch(learner, [[e] for e in episodes], GAE(cfg.rl), cfg, "cpu", ddist.DistInfo())
+    torch.testing.assert_close(data["old_values"], torch.stack([d["value"] for e in episodes for d in e["decisions"]]))
     with torch.no_grad():
-        scored = learner.score(data, torch.arange(len(decisions)))
+        scored = learner.score(data, torch.arange(len(data["old_values"])))
     torch.testing.assert_close(scored.values, data["old_values"])
     torch.testing.assert_close(scored.log_probs, data["old_log_probs"], atol=1e-5, rtol=1e-5)
-    assert scored.entropy.shape == (len(decisions),) and (scored.entropy > 0).all()
+    assert scored.entropy.shape == data["old_values"].shape and (scored.entropy > 0).all()
 
     opt, sched = make_optimizer(learner, cfg, "cpu")
     losses = [ppo_update(learner, opt, sched, data, cfg, ddist.DistInfo(), it, "cpu")["value_loss"]

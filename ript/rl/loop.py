@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 
 from ript.config import to_dict
 from ript.envs.evaluation import runner_from_metadata
@@ -18,13 +17,13 @@ from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.model_loader import check_and_load
 from ript.policies.base import ChunkingPolicy
-from ript.rl.advantages import build_estimator, normalize_over_ranks
+from ript.rl.advantages import build_estimator
 from ript.rl.critic import load_critic, write_learner_files
 from ript.rl.learners import Learner
 from ript.rl.history import RolloutHistory
-from ript.rl.rollout import GroupSampling, collect_groups, flatten_groups
+from ript.rl.rollout import GroupSampling, collect_groups
 from ript.rl.sampler import InitialConditionSampler
-from ript.rl.update import make_optimizer, metric_names, ppo_update, rescore
+from ript.rl.update import make_optimizer, metric_names, ppo_update, update_batch
 from ript.utils import distributed as ddist
 from ript.utils import training
 from ript.utils.checkpoint import load_weights, rank_state, restore_training_state, save_checkpoint, training_state
@@ -134,20 +133,7 @@ def train_loop(run: RLRun) -> str:
             batch = collect_groups(runner, policy, sampler, sampling, info, videos)
             t_rollout = time.perf_counter() - t0
             t1 = time.perf_counter()  # time/train covers collating and rescoring the decisions too
-            flat = flatten_groups(batch["kept"], estimator, str(cfg.rl.reward), float(cfg.rl.reward_scale))
-            targets = None if flat is None else flat[1]
-            advantages = None if targets is None else targets.advantages
-            if cfg.rl.normalize_advantages:  # every rank takes part, one with nothing kept too
-                advantages = normalize_over_ranks(advantages, info)
-            data = None
-            if flat is not None:
-                data = learner.collate(flat[0], device)
-                data["advantages"] = advantages.to(device)
-                if estimator.uses_critic:
-                    data["old_values"] = torch.stack([d["value"] for d in flat[0]]).float().to(device)
-                    data["returns"] = targets.returns.to(device)
-                if cfg.rl.get("recompute_old_log_probs"):
-                    data["old_log_probs"] = rescore(learner, data, cfg, device)
+            data, targets = update_batch(learner, batch["kept"], estimator, cfg, device, info)
             stats = ppo_update(learner, opt, sched, data, cfg, info, it, device)
             t_train = time.perf_counter() - t1
             eps = batch["episodes"]

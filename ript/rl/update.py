@@ -9,8 +9,10 @@ import time
 
 import torch
 
+from ript.rl.advantages import normalize_over_ranks
 from ript.rl.critic import explained_variance, value_loss
 from ript.rl.objective import ppo_loss
+from ript.rl.rollout import flatten_groups
 from ript.utils import distributed as ddist
 from ript.utils import training
 
@@ -33,6 +35,27 @@ def rescore(learner, data: dict, cfg, device: str) -> torch.Tensor:
         with training.autocast(device, cfg.amp):
             out.append(learner.score(data, idx).log_probs.float())
     return torch.cat(out)
+
+
+def update_batch(learner, kept: list[list[dict]], estimator, cfg, device: str, info) -> tuple[dict | None, object]:
+    """(what PPO trains on, the estimator's targets) for an iteration's kept groups: the decisions collated by
+    the learner, their advantages (normalised over ranks with ``rl.normalize_advantages``: every rank calls
+    this, one with nothing kept too) and, with a critic, the recorded values and the returns."""
+    flat = flatten_groups(kept, estimator, str(cfg.rl.reward), float(cfg.rl.reward_scale))
+    targets = None if flat is None else flat[1]
+    advantages = None if targets is None else targets.advantages
+    if cfg.rl.normalize_advantages:
+        advantages = normalize_over_ranks(advantages, info)
+    if flat is None:
+        return None, None
+    data = learner.collate(flat[0], device)
+    data["advantages"] = advantages.to(device)
+    if estimator.uses_critic:
+        data["old_values"] = torch.stack([d["value"] for d in flat[0]]).float().to(device)
+        data["returns"] = targets.returns.to(device)
+    if cfg.rl.get("recompute_old_log_probs"):
+        data["old_log_probs"] = rescore(learner, data, cfg, device)
+    return data, targets
 
 
 def make_optimizer(learner, cfg, device: str):
