@@ -161,6 +161,8 @@ def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
         ("collect", "noise=-0.1", ("noise",)), ("eval", "episodes_per_task=-1", ("episodes_per_task=-1",)),
         ("eval", "episodes_per_task=0", ("episodes_per_task=0",)), ("rl", "rl.iterations=0", ("rl.iterations=0",)),
         ("rl", "rl.rollouts_per_group=0", ("rl.rollouts_per_group",)), ("rl", "rl.advantage=ppo2", ("rl.advantage",)),
+        ("rl", "rl.reward=shaped", ("rl.reward",)), ("rl", "rl.critic.lr=0", ("rl.critic.lr",)),
+        ("rl", "rl.clip_ratio_c=0.5", ("rl.clip_ratio_c",)),
     ]:
         run = m.path("value")
         extra = [f"checkpoint={s1}"] if job in ("eval", "rl") else []
@@ -285,6 +287,7 @@ def main() -> None:
         print(f"| {r['case']} | {r['exit']} | {r['first_line'].replace('|', '/')} | {mark} |")
     print(f"\n{len(m.rows) - len(bad)} of {len(m.rows)} cases OK in {time.perf_counter() - t0:.0f} s")
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(m.rows, indent=2))
     sys.exit(1 if bad else 0)
 

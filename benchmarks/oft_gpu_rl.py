@@ -1,12 +1,15 @@
-"""One RL iteration of OpenVLA-OFT at full 7B size on MetaWorld: real rollouts through the env runner, then
-the RL stage's PPO update over every recorded decision. Random weights in the official layout, written
-here for a MetaWorld-shaped head (4-d actions, 4-d proprio, one camera); none is shipped.
+"""One RL iteration of OpenVLA-OFT (or the original OpenVLA) at full 7B size on MetaWorld: real rollouts
+through the env runner, then the RL stage's PPO update over every recorded decision. Random weights in the
+official layout, written here for a MetaWorld-shaped head (4-d actions, 4-d proprio for OFT, one camera);
+none is shipped.
 
     python -m benchmarks.oft_gpu_rl --folder /tmp/oft7b_mw --groups 4 --k 8 --steps 96 [--out results.json]
+    python -m benchmarks.oft_gpu_rl --model openvla --advantage gae --folder /tmp/openvla7b_mw --steps 24
 
 With random weights the rewards carry no signal and dynamic sampling would keep no group, so the update
-runs on all groups with their leave-one-out advantages, or a fixed +-1 pattern when every reward is equal:
-its time and memory do not depend on the advantage values.
+runs on all groups: with ``--advantage rloo`` their leave-one-out advantages, or a fixed +-1 pattern when every
+reward is equal; with ``gae`` PPO with the value head on MetaWorld's dense reward (the critic's parameter group
+and its forward included). Time and memory do not depend on the advantage values.
 """
 
 from __future__ import annotations
@@ -24,12 +27,11 @@ from ript.envs.runner import EnvRunner
 from ript.envs.worker_env import EpisodeSpec
 from ript.envs.seeds import rl_layout_seed
 from benchmarks.oft_official_writer import LLAMA2_7B, official_config, write_official_checkpoint
-from ript.registry import ADVANTAGES
-from ript.rl import advantages  # noqa: F401  (registers the estimators)
 from ript.models.openvla_oft.lora import add_lora
-from ript.rl.learners import OFTLearner
+from ript.rl.advantages import GAE, rloo
+from ript.rl.learners import OFTLearner, OpenVLALearner
 from ript.rl.rollout import group_episodes
-from ript.rl.update import ppo_update, rescore
+from ript.rl.update import make_optimizer, ppo_update, rescore, update_batch
 from ript.stages import oft
 from ript.utils import training
 from ript.utils.distributed import DistInfo
@@ -46,11 +48,14 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="a tiny checkpoint instead of 7B (to check the script)")
+    ap.add_argument("--model", choices=("oft", "openvla"), default="oft")
+    ap.add_argument("--advantage", choices=("rloo", "gae"), default="rloo")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     cuda = a.device.startswith("cuda")
     res: dict = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "groups": a.groups, "k": a.k,
-                 "max_episode_steps": a.steps}
+                 "max_episode_steps": a.steps, "model": a.model, "advantage": a.advantage}
+    discrete = a.model == "openvla"
     if not (a.folder / "config.json").is_file():
         t = time.perf_counter()
         if a.tiny:
@@ -59,25 +64,39 @@ def main() -> None:
             config = official_config(TINY_TEXT, image_size=28, vision_overrides=TINY_VISION)
         else:
             config = official_config(LLAMA2_7B)
+        if discrete and a.tiny:
+            config["n_action_bins"] = 16
+        # OpenVLA's action tokens are the tokenizer's last ids: the stand-in tokenizer needs enough of them
+        filler = [f"w{i}" for i in range(300)] if discrete and not a.tiny else []
         write_official_checkpoint(a.folder, config, "metaworld", device=a.device,
-                                  dtype=torch.bfloat16 if cuda else torch.float32, action_dim=4, proprio_dim=4,
-                                  words="reach the goal press button".split())
+                                  dtype=torch.bfloat16 if cuda else torch.float32, action_dim=4,
+                                  proprio_dim=None if discrete else 4, oft_components=not discrete,
+                                  words="reach the goal press button".split() + filler)
         res["write_s"] = time.perf_counter() - t
     cfg = compose("oft", [f"checkpoint={a.folder}", "task=metaworld_ml45", f"task.task_names=[{','.join(TASKS)}]",
                           "task.render.cameras=[corner]", "oft.image_keys=[corner_rgb]",
-                          "oft.proprio_keys=[robot_states]", "oft.gripper=none", "oft.center_crop=false",
-                          f"rl.rollouts_per_group={a.k}", f"device={a.device}"])
+                          f"oft.proprio_keys=[{'' if discrete else 'robot_states'}]", "oft.gripper=none",
+                          "oft.center_crop=false", f"rl.rollouts_per_group={a.k}", f"device={a.device}",
+                          f"rl.advantage={a.advantage}", "rl.reward_scale=0.01",
+                          f"rl.reward={'dense' if a.advantage == 'gae' else 'sparse'}",
+                          "rl.recompute_old_log_probs=false"])  # rescored below, after measuring the gap
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     model, policy, metadata, names = oft.build(cfg, a.device, 0, sample=True)
     res["load_s"] = time.perf_counter() - t
     add_lora(model, cfg.lora)
-    p = next(model.action_head.parameters())
-    model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
-    learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing) and cuda, False)
+    critic_cfg = cfg.rl.critic if a.advantage == "gae" else None
+    if discrete:
+        learner = OpenVLALearner(model, bool(cfg.oft.gradient_checkpointing) and cuda, critic_cfg)
+    else:
+        p = next(model.action_head.parameters())
+        model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
+        learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing) and cuda, False, critic_cfg)
     learner.attach(policy)
     res["trainable_m"] = sum(q.numel() for q in learner.params) / 1e6
+    if learner.critic is not None:
+        res["critic_m"] = sum(q.numel() for q in learner.critic.parameters()) / 1e6
     policy.record = True
 
     runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], a.steps, episodes_per_task=1,
@@ -98,17 +117,17 @@ def main() -> None:
     res["inference_share"] = policy.inference_seconds / res["rollout_s"]
     res["rollout_success"] = sum(e["success"] for e in eps) / len(eps)
     groups = group_episodes(eps, a.k)
-    rewards = torch.tensor([[float(e["success"]) for e in g] for g in groups])
-    adv = ADVANTAGES.get("rloo")(rewards)
-    if not adv.any():
-        adv = torch.tensor([1.0, -1.0]).repeat(a.k // 2 + 1)[: a.k].expand_as(adv)
-    decisions, per_decision = [], []
-    for g, group in enumerate(groups):
-        for j, e in enumerate(group):
-            decisions.extend(e["decisions"])
-            per_decision.extend([float(adv[g, j])] * len(e["decisions"]))
-    data = learner.collate(decisions, a.device)
-    data["advantages"] = torch.tensor(per_decision, device=a.device)
+    decisions = [d for g in groups for e in g for d in e["decisions"]]
+    if a.advantage == "gae":
+        data, _ = update_batch(learner, groups, GAE(cfg.rl), cfg, a.device, DistInfo())
+    else:
+        adv = rloo(torch.tensor([[float(e["success"]) for e in g] for g in groups]))
+        if not adv.any():
+            adv = torch.tensor([1.0, -1.0]).repeat(a.k // 2 + 1)[: a.k].expand_as(adv)
+        per_decision = [float(adv[g, j]) for g, group in enumerate(groups) for j, e in enumerate(group)
+                        for _ in e["decisions"]]
+        data = learner.collate(decisions, a.device)
+        data["advantages"] = torch.tensor(per_decision, device=a.device)
     res["decisions"] = len(decisions)
     # step 0, before any update: the log-probs PPO's first minibatch computes (shuffled micro-batches) against
     # those recorded while sampling, and against those rescored by the training forward (rl.recompute_old_log_probs)
@@ -125,8 +144,7 @@ def main() -> None:
         res[f"step0_gap_{name}"] = {"max": float(gap.max()), "mean": float(gap.mean()),
                                     "outside_clip": float((gap > math.log1p(float(cfg.rl.clip_high))).float().mean())}
     data["old_log_probs"] = rescored
-    opt = torch.optim.AdamW(learner.params, lr=float(cfg.rl.lr), fused=cuda)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
+    opt, sched = make_optimizer(learner, cfg, a.device)
     if cuda:
         torch.cuda.synchronize()
         res["rollout_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
