@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-
 from ript.config import to_dict
 from ript.envs.evaluation import runner_from_metadata
 from ript.envs.seeds import rank_seed
