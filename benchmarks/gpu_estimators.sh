@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Issue 18's comparison: RLOO vs GRPO vs PPO-GAE (sparse) vs PPO-GAE (dense) from one stage-1 checkpoint, at
-# equal env steps (rl.max_env_steps), on ten harder ML45 tasks where the prior leaves headroom. The four RL
-# runs share the host at once (WORKERS env workers each), then each final checkpoint is evaluated.
+# equal env steps (rl.max_env_steps), on ten harder ML45 tasks where the prior leaves headroom. The RL runs
+# share the host PARALLEL at a time (WORKERS env workers each), then each final checkpoint is evaluated.
+# (Session 13: four at once trained 57-76 s per iteration on the shared GPU, against 6-8 s for one alone.)
 #   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_estimators.sh
 #   bash benchmarks/gpu_background.sh poll 560 runs/est          # back to back until CHAIN_EXIT
 # Knobs: DEMOS (per task, 20), S0/S1 (training steps, 1000/1200), BUDGET (env steps per RL run, 300000),
-# EVAL_EPS (episodes per task, 10), HORIZON (RL episode limit, 250), WORKERS (per RL run, 4), ONLY (labels);
+# EVAL_EPS (episodes per task, 10), HORIZON (RL episode limit, 250), PARALLEL (RL runs at once, 2), WORKERS (per
+# RL run, 16 / PARALLEL), B (groups per iteration, 16), ONLY (labels);
 # R (runs folder), TASK_EXTRA / TRAIN_EXTRA (more overrides: a CPU dry run at 32 px with algo=quest_small).
 set -uo pipefail
 ript() { python3 -m ript.cli "$@"; }
@@ -25,8 +27,10 @@ phase stage1
 phase "eval stage 1"
 ript eval checkpoint=$R/stage1 out_dir=$R/eval_stage1 overwrite=true $EVAL 2>&1 | quiet | grep -E "average|env steps/s"
 
-COMMON="checkpoint=$R/stage1 rl.iterations=1000 rl.max_env_steps=${BUDGET:-300000} rl.num_workers=${WORKERS:-4}
-  rl.max_episode_steps=${HORIZON:-250} rl.groups_per_iteration=8 rl.rollouts_per_group=8 rl.oversample=1
+PARALLEL=${PARALLEL:-2}
+COMMON="checkpoint=$R/stage1 rl.iterations=1000 rl.max_env_steps=${BUDGET:-300000}
+  rl.num_workers=${WORKERS:-$((16 / PARALLEL))} rl.max_episode_steps=${HORIZON:-250}
+  rl.groups_per_iteration=${B:-16} rl.rollouts_per_group=8 rl.oversample=1
   rl.max_sampling_rounds=3 rl.train_prior_only=false rl.micro_batch=256 rl.lr=2e-5 eval.every=0"
 declare -A VARIANT=(
   [rloo]="rl.advantage=rloo"
@@ -35,10 +39,12 @@ declare -A VARIANT=(
   [gae_dense]="rl.advantage=gae rl.reward=dense rl.reward_scale=0.01 rl.normalize_advantages=true"
 )
 LABELS=${ONLY:-rloo grpo gae_sparse gae_dense}
-phase "rl: $LABELS, at once"
+phase "rl: $LABELS, $PARALLEL at a time"
+n=0
 for v in $LABELS; do
   rm -rf $R/rl_$v
   ript rl $COMMON run_dir=$R/rl_$v ${VARIANT[$v]} >$R/rl_$v.log 2>&1 &
+  n=$((n + 1)); [ $((n % PARALLEL)) -eq 0 ] && wait
 done
 wait
 for v in $LABELS; do echo "-- $v"; grep -E "rl iteration|rror|done" $R/rl_$v.log | tail -5; done

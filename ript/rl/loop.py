@@ -133,6 +133,7 @@ def train_loop(run: RLRun) -> str:
             t_rollout = time.perf_counter() - t0
             t1 = time.perf_counter()  # time/train covers collating and rescoring the decisions too
             data, targets = update_batch(learner, batch["kept"], estimator, cfg, device, info)
+            t_prepare = time.perf_counter() - t1  # collating (observations to the device), advantages, rescoring
             stats = ppo_update(learner, opt, sched, data, cfg, info, it, device)
             t_train = time.perf_counter() - t1
             eps = batch["episodes"]
@@ -157,7 +158,8 @@ def train_loop(run: RLRun) -> str:
                 "rollout/cancelled_episodes": batch["cancelled"],
                 "rollout/returns_mean": total[7] / max(1, total[6]),  # the kept episodes' summed rewards
                 **metric_names(stats),
-                "time/rollout": t_rollout, "time/train": t_train, "time/sync": batch["sync"] + stats["sync"],
+                "time/rollout": t_rollout, "time/train": t_train, "time/train_prepare": t_prepare,
+                "time/sync": batch["sync"] + stats["sync"],
                 "time/inference_share": total[4] / max(1e-9, t_rollout * info.world_size),
                 "time/env_steps_per_s": total[5] / max(1e-9, t_rollout),  # cancelled episodes' steps too
             }
@@ -174,11 +176,12 @@ def train_loop(run: RLRun) -> str:
                 history.add(it + 1, int(total[0]), int(total[1]), int(total[2]))
             if info.is_main:
                 log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d rounds, %d episodes, %d "
-                         "cancelled), clip %.3f, kl %.4f, %.1f s rollout (%.0f env steps/s) + %.1f s train", it + 1,
+                         "cancelled), clip %.3f, kl %.4f, %.1f s rollout (%.0f env steps/s) + %.1f s train (%.1f s of it "
+                         "preparing the batch)", it + 1,
                          cfg.rl.iterations, 100 * metrics["rollout/success_rate"], batch["total_kept"], batch["rounds"],
                          int(total[0]), batch["cancelled"],
                          stats["clip_fraction"], stats["approx_kl"], t_rollout, metrics["time/env_steps_per_s"],
-                         t_train)
+                         t_train, t_prepare)
                 if learner.critic is not None:
                     log.info("rl iteration %d critic: value loss %.4f, explained variance %.3f, returns %.3f",
                              it + 1, stats["value_loss"], stats["explained_variance"], metrics["rollout/returns_mean"])
