@@ -211,6 +211,12 @@ def test_rl_iteration_checkpoint_and_exact_resume(stage1_run, tmp_path):
     full = tmp_path / "full"
     rl.run(compose("rl", rl_overrides(stage1_run, full, 2) + ["rl.video_every=1"]))  # recording changes nothing
     assert [len(list((full / "videos" / f"iter{i:05d}").glob("*.mp4"))) for i in (1, 2)] == [1, 1]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(full / "tb"))
+    events.Reload()
+    gifs = events.Images("rollout/video/0")  # each iteration's rollout video, playable in TensorBoard
+    assert [g.step for g in gifs] == [1, 2] and all(g.encoded_image_string.startswith(b"GIF89a") for g in gifs)
     config = json.loads((full / "checkpoints" / "last" / "config.json").read_text())
     assert config["stage"] == "rl" and config["step"] == 2
     state = torch.load(full / "checkpoints" / "last" / "training_state.pt", weights_only=True)

@@ -67,8 +67,19 @@ class MetricLogger:
             self._wandb.log(dict(metrics), step=step)
 
     def log_videos(self, paths: list[Path], tag: str, step: int) -> None:
-        """mp4 files to W&B (TensorBoard's video panel needs moviepy, which ript does not install: the files
-        stay in the run folder)."""
+        """mp4 files to W&B, and to TensorBoard as animated GIFs in its image panel (its video helper needs
+        moviepy, which ript does not install); the mp4s stay in the run folder."""
+        if self._tb is not None and paths:
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            from ript.utils.video import mp4_to_gif
+
+            for i, path in enumerate(paths):
+                gif, height, width = mp4_to_gif(path)
+                image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
+                # the writer's own file writer, as its add_image and add_video use
+                self._tb._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=f"{tag}/{i}", image=image)]),
+                                                        step)
         if self._wandb is not None and paths:
             import wandb
 

@@ -33,3 +33,20 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 30) -> bool:
         writer.release()
     os.replace(tmp, path)
     return True
+
+
+def mp4_to_gif(path: Path, max_frames: int = 120, fps: int = 15) -> tuple[bytes, int, int]:
+    """An mp4 as an animated GIF (what TensorBoard's image panel plays, with no moviepy), keeping every k-th frame
+    so at most ``max_frames`` remain. Returns (GIF bytes, height, width)."""
+    import io
+
+    import imageio
+    import imageio_ffmpeg  # noqa: F401  (imageio's ffmpeg plugin)
+    from PIL import Image
+
+    frames = imageio.mimread(str(path), format="FFMPEG", memtest=False)
+    step = max(1, -(-len(frames) // max_frames))
+    images = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames[::step]]
+    buf = io.BytesIO()
+    images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=max(20, 1000 // fps), loop=0)
+    return buf.getvalue(), images[0].height, images[0].width
