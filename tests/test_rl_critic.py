@@ -177,6 +177,13 @@ def test_ppo_gae_iteration_on_metaworld_with_dense_rewards_and_exact_resume(stag
                         "rl.clip_ratio_c,rl.entropy_coef,rl.normalize_advantages,rl.max_env_steps]"]))
 
 
-def test_a_fresh_value_head_predicts_zero():
+def test_a_fresh_value_head_predicts_zero_and_detaches_its_input_on_request():
     head = ContextValueHead(dim=16, hidden=8)
     assert torch.equal(head(torch.randn(3, 5, 16)), torch.zeros(3))
+    for detach in (True, False):
+        head = ContextValueHead(dim=16, hidden=8, detach_input=detach)
+        torch.nn.init.normal_(head.mlp[-1].weight)
+        context = torch.randn(3, 5, 16, requires_grad=True)
+        head(context).sum().backward()
+        # detached: the value loss trains the head only; else its gradient reaches the policy's encoders too
+        assert (context.grad is None) == detach and (detach or context.grad.abs().sum() > 0)
