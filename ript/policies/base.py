@@ -82,12 +82,20 @@ class ChunkingPolicy(ABC):
         out, self.records[i] = self.records[i], []
         return out
 
+    @torch.no_grad()
     def bootstrap(self, envs: list[int]) -> None:
         """These envs' episodes were cut by the time limit (their frame stacks hold the last observations): with
         a critic, record its value of that state as the last decision's ``bootstrap_value``, so the return can
         go on past the cut. Without one nothing is needed."""
-        if self.critic is not None:
-            raise NotImplementedError(f"{type(self).__name__} has a critic but does not bootstrap its values")
+        if self.critic is None or not envs:
+            return
+        values = self.state_values(envs)
+        for j, i in enumerate(envs):
+            self.records[i][-1]["bootstrap_value"] = values[j].float().cpu()
+
+    def state_values(self, envs: list[int]) -> torch.Tensor:
+        """The critic's values (len(envs),) of these envs' current frame stacks; families with a critic fill it in."""
+        raise NotImplementedError(f"{type(self).__name__} has a critic but does not compute state values")
 
     @abstractmethod
     def start_task(self, i: int, task_name: str) -> None:

@@ -70,16 +70,11 @@ class ChunkPolicy(ChunkingPolicy):
         return host_obs, {"obs": {k: v.to(self.device) for k, v in host_obs.items()},
                           "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
 
-    @torch.no_grad()
-    def bootstrap(self, envs: list[int]) -> None:
-        if self.critic is None or not envs:
-            return
+    def state_values(self, envs: list[int]) -> torch.Tensor:
         _, inputs = self._inputs(envs)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
             context = self.model.context(inputs["obs"], inputs["task_ids"])
-        values = self.critic(context.float()).float()
-        for j, i in enumerate(envs):
-            self.records[i][-1]["bootstrap_value"] = values[j].clone()
+        return self.critic(context.float())
 
     @torch.no_grad()
     def plan(self, envs: list[int]) -> np.ndarray:

@@ -163,13 +163,8 @@ class OFTPolicy(ChunkingPolicy):
                     self.records[i][-1]["value"] = values[j].float().cpu()
         return self.to_env(actions.float().cpu().numpy())
 
-    @torch.no_grad()
-    def bootstrap(self, envs: list[int]) -> None:
-        if self.critic is None or not envs:
-            return
-        values = self.critic(self.forward(self.inputs(envs))["hidden"])
-        for j, i in enumerate(envs):
-            self.records[i][-1]["bootstrap_value"] = values[j].float().cpu()
+    def state_values(self, envs: list[int]) -> torch.Tensor:
+        return self.critic(self.forward(self.inputs(envs))["hidden"])
 
     def to_env(self, normalized: np.ndarray) -> np.ndarray:
         a = self.actions.unnormalize(np.clip(normalized, -1, 1))

@@ -92,11 +92,6 @@ class OpenVLAPolicy(OFTPolicy):
         normalized = self.centers[bins.clamp(max=len(self.centers) - 1).cpu().numpy()]
         return self.to_env(normalized[:, None, :])  # (envs, 1 step, D)
 
-    @torch.no_grad()
-    def bootstrap(self, envs: list[int]) -> None:
-        if self.critic is None or not envs:
-            return
+    def state_values(self, envs: list[int]) -> torch.Tensor:
         _, _, hidden = self._decode(self.inputs(envs), None, dims=1)  # the prompt's pass alone
-        values = self.critic(state_hidden(hidden))
-        for j, i in enumerate(envs):
-            self.records[i][-1]["bootstrap_value"] = values[j].float().cpu()
+        return self.critic(state_hidden(hidden))
