@@ -11,12 +11,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from ript.errors import RiptError
 from ript.model_loader import check_and_load
+from ript.utils.checkpoint import host_state, load_weights
 
 CRITIC_FILE = "critic.safetensors"
 
@@ -94,8 +94,7 @@ def write_learner_files(learner, folder: Path) -> None:
     """What an RL checkpoint holds beside the weights: the learner's own files and the critic."""
     learner.write_extra(folder)
     if learner.critic is not None:
-        state = {k: v.detach().contiguous().cpu() for k, v in learner.critic.state_dict().items()}
-        save_file(state, str(folder / CRITIC_FILE))
+        save_file(host_state(learner.critic), str(folder / CRITIC_FILE))
 
 
 def load_critic(critic: nn.Module, ckpt_dir: Path) -> None:
@@ -104,8 +103,4 @@ def load_critic(critic: nn.Module, ckpt_dir: Path) -> None:
     if not path.is_file():
         raise RiptError(f"{path}: missing; this checkpoint was saved without a critic (resume it with the "
                         f"rl.advantage it was trained with)")
-    try:
-        state = load_file(str(path))
-    except (OSError, SafetensorError) as e:
-        raise RiptError(f"{path}: cannot read the critic ({e})") from None
-    check_and_load(critic, state, str(path))
+    check_and_load(critic, load_weights(ckpt_dir, CRITIC_FILE), str(path))

@@ -51,6 +51,11 @@ def remove_partial_checkpoints(run_dir: Path) -> None:
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
+def host_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A module's state as contiguous host tensors, as safetensors files take them."""
+    return {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+
+
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -64,7 +69,7 @@ def save_checkpoint(
     steps (None or 0: all) and always the one ``last`` points to. Returns the checkpoint dir."""
     if keep_last is not None and keep_last < 0:
         raise RiptError(f"keep_last={keep_last}: must be 0 (keep every checkpoint) or a positive count")
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    state = host_state(model)
     bad = first_non_finite(state)
     if bad is not None:
         raise RiptError(f"refusing to write checkpoint {step}: weight {bad!r} has NaN or inf values "
@@ -128,8 +133,9 @@ def read_checkpoint_config(ckpt_dir: Path) -> dict[str, Any]:
         raise RiptError(f"cannot read {path}: {e}") from None
 
 
-def load_weights(ckpt_dir: Path) -> dict[str, torch.Tensor]:
-    path = Path(ckpt_dir) / WEIGHTS
+def load_weights(ckpt_dir: Path, name: str = WEIGHTS) -> dict[str, torch.Tensor]:
+    """A checkpoint's safetensors file (the model's weights, or another module's, e.g. RL's critic), checked."""
+    path = Path(ckpt_dir) / name
     try:
         state = load_file(str(path))
     except (OSError, SafetensorError) as e:

@@ -12,7 +12,7 @@ import torch
 from ript.errors import RiptError
 from ript.models.openvla.model import OpenVLA
 from ript.models.openvla_oft.config import OFTConfig
-from ript.models.openvla_oft.official import dataset_statistics, fill_from_files, key_map
+from ript.models.openvla_oft.official import dataset_statistics, fill_from_files, key_map, require_all_filled
 
 
 def load_official_openvla(folder: str | Path, device: str | torch.device = "cpu",
@@ -30,9 +30,7 @@ def load_official_openvla(folder: str | Path, device: str | torch.device = "cpu"
         model = OpenVLA(cfg)
     targets = {**key_map(model), "language_model.lm_head.weight": [("lm_head.weight", lambda t: t)]}
     filled, unused = fill_from_files(model, folder, targets, cfg, device, dtype, "an OpenVLA")
-    missing = sorted(set(dict(model.named_parameters())) - filled)
-    if missing:
-        raise RiptError(f"{folder}: checkpoint lacks {len(missing)} weights of the model, e.g. {missing[0]!r}")
+    require_all_filled(model, filled, folder)
     model.to(device)
     return model.eval(), {"seconds": time.perf_counter() - t0, "unused_keys": unused,
                           "statistics": dataset_statistics(folder), "config": cfg}

@@ -175,9 +175,7 @@ def load_official(folder: str | Path, device: str | torch.device = "cpu", dtype:
                                 f"{tuple(own[name].shape)} (config.json's LLM width, or oft.chunk_size?)")
             _set_param(model, name, tensor.to(device=device, dtype=dtype).contiguous())
             filled.add(name)
-    missing = sorted(set(own) - filled)
-    if missing:
-        raise RiptError(f"{folder}: checkpoint lacks {len(missing)} weights of the model, e.g. {missing[0]!r}")
+    require_all_filled(model, filled, folder)
     model.to(device)  # the buffers (normalisation constants, rotary frequencies)
     stats = dataset_statistics(folder)
     return model.eval(), {"seconds": time.perf_counter() - t0, "unused_keys": unused, "statistics": stats,
@@ -214,6 +212,12 @@ def fill_from_files(model: torch.nn.Module, folder: Path, targets: dict[str, lis
         except SafetensorError as e:
             raise RiptError(f"{f}: not a readable safetensors file ({e})") from None
     return filled, unused
+
+
+def require_all_filled(model: torch.nn.Module, filled: set[str], folder: Path) -> None:
+    missing = sorted(set(dict(model.named_parameters())) - filled)
+    if missing:
+        raise RiptError(f"{folder}: checkpoint lacks {len(missing)} weights of the model, e.g. {missing[0]!r}")
 
 
 def dataset_statistics(folder: Path) -> dict:
