@@ -124,7 +124,7 @@ def rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 @app.command("oft-eval")
 def oft_eval(overrides: Optional[list[str]] = OVERRIDES) -> None:
-    """Evaluate an official OpenVLA-OFT checkpoint folder (checkpoint=..., task=libero_*), optionally with an RL adapter."""
+    """Evaluate an official OpenVLA-OFT or OpenVLA checkpoint folder (checkpoint=..., task=libero_*), optionally with an RL adapter."""
     from ript.stages.oft import run_eval
 
     _run("oft", overrides, run_eval)
@@ -132,7 +132,7 @@ def oft_eval(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 @app.command("oft-rl")
 def oft_rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
-    """RL fine-tuning of an OpenVLA-OFT checkpoint with LoRA and a Laplace head (checkpoint=..., task=...)."""
+    """RL fine-tuning with LoRA of an OpenVLA-OFT checkpoint (Laplace head) or an OpenVLA one (its action bins)."""
     from ript.stages.oft import run_rl
 
     _run("oft", overrides, run_rl)

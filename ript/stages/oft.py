@@ -33,7 +33,7 @@ from ript.rl.learners import OFTLearner, OpenVLALearner
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 from ript.registry import MODELS
 from ript.utils.checkpoint import checkpoint_config, read_checkpoint_config, resolve_checkpoint_dir
-from ript.utils.logging import setup_console_logging
+from ript.utils.logging import log, setup_console_logging
 
 
 def load(cfg, device: str) -> tuple[torch.nn.Module, Path]:
@@ -41,6 +41,8 @@ def load(cfg, device: str) -> tuple[torch.nn.Module, Path]:
     recorded in the checkpoint, with its LoRA adapter and heads merged) through the model loader."""
     if not cfg.adapter:
         name, kwargs = model_kwargs(cfg)
+        log.info("oft: %s holds %s", kwargs["base_checkpoint"], "an OpenVLA-OFT checkpoint (OFT's action head file)"
+                 if name == "openvla_oft" else "an original OpenVLA checkpoint (no OFT action head file)")
         return MODELS.build(name, device=device, **kwargs), Path(kwargs["base_checkpoint"])
     config = read_checkpoint_config(resolve_checkpoint_dir(cfg.adapter))
     if config.get("model_name") not in ("openvla_oft", "openvla"):
