@@ -2,8 +2,9 @@
 # Runs a long phase chain on a leased GPU host in the background, so that it outlives the 10-minute command
 # limit, and polls it from later calls (each within 30 s of the last, or the idle machine is given back).
 #   bash benchmarks/gpu_background.sh start <preamble> <pipeline script> <phase>...   (env vars pass through)
-#   bash benchmarks/gpu_background.sh poll <seconds> <run dir>
-# poll waits until the chain ends or <seconds> pass, then copies the log and the evaluation results to $OUT.
+#   bash benchmarks/gpu_background.sh poll <seconds> <run dir> [<results dir>]
+# poll waits until the chain ends or <seconds> pass, then copies the log, the evaluation results and whatever
+# the chain has written to <results dir> so far to $OUT.
 set -uo pipefail
 LOG=/tmp/gpu_chain.log
 case "${1:-}" in
@@ -13,13 +14,14 @@ case "${1:-}" in
       >"$LOG" 2>&1 </dev/null &
     echo "started: $*" ;;
   poll)
-    limit=$2 run=$3
+    limit=$2 run=$3 results=${4:-}
     # a fresh machine (the last one was given back) has no chain: say so now, not after <seconds> of waiting
     [ -f "$LOG" ] || { echo "no chain on this machine ($LOG is missing): start it again" >&2; exit 3; }
     while [ "$SECONDS" -lt "$limit" ] && ! grep -q CHAIN_EXIT "$LOG"; do sleep 5; done
     # the progress bars are carriage-return lines: keep the last state of each
     tr '\r' '\n' <"$LOG" | grep -v -E '^\s*(collect|rollout|eval):\s+[0-9]+%' >"$OUT/chain.log"
     for d in eval eval_rl; do [ -f "$run/$d/results.json" ] && cp "$run/$d/results.json" "$OUT/$d.json"; done
+    [ -n "$results" ] && [ -d "$results" ] && cp -r "$results" "$OUT/results"
     tail -25 "$OUT/chain.log" ;;
-  *) echo "usage: $0 start <preamble> <script> <phase>... | poll <seconds> <run dir>" >&2; exit 2 ;;
+  *) echo "usage: $0 start <preamble> <script> <phase>... | poll <seconds> <run dir> [<results dir>]" >&2; exit 2 ;;
 esac

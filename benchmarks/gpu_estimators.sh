@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_background.sh poll 560 runs/est          # back to back until CHAIN_EXIT
 # Knobs: DEMOS (per task, 20), S0/S1 (training steps, 1000/1200), BUDGET (env steps per RL run, 300000),
 # EVAL_EPS (episodes per task, 10), HORIZON (RL episode limit, 250), PARALLEL (RL runs at once, 2), WORKERS (per
-# RL run, 16 / PARALLEL), B (groups per iteration, 16), ONLY (labels);
+# RL run, 16 / PARALLEL), B (groups per iteration, 16), ONLY (labels), RL_EXTRA (more RL overrides);
 # R (runs folder), TASK_EXTRA / TRAIN_EXTRA (more overrides: a CPU dry run at 32 px with algo=quest_small).
 set -uo pipefail
 ript() { python3 -m ript.cli "$@"; }
@@ -26,12 +26,18 @@ phase stage1
   train.val_every=${S1:-1200} train.compile=false progress=false ${TRAIN_EXTRA:-} 2>&1 | grep -E "val|done" | tail -2
 phase "eval stage 1"
 ript eval checkpoint=$R/stage1 out_dir=$R/eval_stage1 overwrite=true $EVAL 2>&1 | quiet | grep -E "average|env steps/s"
+O=${OUT:-runs}
+mkdir -p $O
+cp $R/eval_stage1/results.json $O/eval_stage1.json 2>/dev/null
+# what has finished so far, in $O (a lease that ends early still leaves the finished runs' histories and logs)
+keep() { for v in $LABELS; do cp $R/rl_$v/rl_history.json $O/rl_history_$v.json 2>/dev/null
+  cp $R/rl_$v.log $O/ 2>/dev/null; cp $R/rl_$v/eval_final/results.json $O/eval_final_$v.json 2>/dev/null; done; }
 
 PARALLEL=${PARALLEL:-2}
 COMMON="checkpoint=$R/stage1 rl.iterations=1000 rl.max_env_steps=${BUDGET:-300000}
   rl.num_workers=${WORKERS:-$((16 / PARALLEL))} rl.max_episode_steps=${HORIZON:-250}
   rl.groups_per_iteration=${B:-16} rl.rollouts_per_group=8 rl.oversample=1
-  rl.max_sampling_rounds=3 rl.train_prior_only=false rl.micro_batch=256 rl.lr=2e-5 eval.every=0"
+  rl.max_sampling_rounds=3 rl.train_prior_only=false rl.micro_batch=256 rl.lr=2e-5 eval.every=0 ${RL_EXTRA:-}"
 declare -A VARIANT=(
   [rloo]="rl.advantage=rloo"
   [grpo]="rl.advantage=grpo"
@@ -44,16 +50,16 @@ n=0
 for v in $LABELS; do
   rm -rf $R/rl_$v
   ript rl $COMMON run_dir=$R/rl_$v ${VARIANT[$v]} >$R/rl_$v.log 2>&1 &
-  n=$((n + 1)); [ $((n % PARALLEL)) -eq 0 ] && wait
+  n=$((n + 1)); [ $((n % PARALLEL)) -eq 0 ] && { wait; keep; }
 done
-wait
+wait; keep
 for v in $LABELS; do echo "-- $v"; grep -E "rl iteration|rror|done" $R/rl_$v.log | tail -5; done
 phase "eval the RL runs"
 for v in $LABELS; do
   ript eval checkpoint=$R/rl_$v out_dir=$R/rl_$v/eval_final overwrite=true $EVAL 2>&1 | quiet | grep -E "average"
+  keep
 done
 phase report
 args=""; for v in $LABELS; do args="$args $v=$R/rl_$v"; done
-python3 -m benchmarks.compare_estimators --start $R/eval_stage1/results.json $args --out ${OUT:-runs}/estimators
-for v in $LABELS; do cp $R/rl_$v/rl_history.json ${OUT:-runs}/rl_history_$v.json 2>/dev/null; cp $R/rl_$v.log ${OUT:-runs}/ 2>/dev/null; done
+python3 -m benchmarks.compare_estimators --start $R/eval_stage1/results.json $args --out $O/estimators
 phase "all done"

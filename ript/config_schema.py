@@ -175,6 +175,9 @@ class RL(Section):
     warmup_iterations: Size
     grad_clip: Rate
     micro_batch: Optional[Count] = None
+    compile: Auto
+    tf32: bool
+    channels_last: bool
     recompute_old_log_probs: bool
     max_episode_steps: Optional[Count]
     num_workers: Workers

@@ -184,15 +184,19 @@ def test_encoders_train_from_recorded_observations_and_micro_batches_add_up(stag
     encoder = "image_encoders.corner_rgb.proj.weight"
     before = {k: v.clone() for k, v in model.state_dict().items()}
     updated = []
-    for micro in ("null", "2"):
+    # the compiled path's static shapes: every micro-batch padded to 3 rows, the padding cut off again
+    padded = ChunkLearner(model, settings, prior_only=False, static_batch=3)
+    for micro, scorer in (("null", learner), ("2", learner), ("2", padded)):
         model.load_state_dict(before)
         cfg = compose("rl", [f"checkpoint={stage1_run}", "rl.epochs=1", "rl.minibatches=1", "rl.lr=1e-3",
                              f"rl.micro_batch={micro}", "amp=false"])
-        opt = torch.optim.SGD(learner.params, lr=1.0)  # the update is the gradient: sums compare directly
+        opt = torch.optim.SGD(scorer.params, lr=1.0)  # the update is the gradient: sums compare directly
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
-        stats = ppo_update(learner, opt, sched, data, cfg, ddist.DistInfo(), 0, "cpu")
+        stats = ppo_update(scorer, opt, sched, data, cfg, ddist.DistInfo(), 0, "cpu")
         updated.append(({k: v.clone() for k, v in model.state_dict().items()}, stats))
-    (full, s_full), (micro, s_micro) = updated
+    (full, s_full), (micro, s_micro), (pad, s_pad) = updated
+    assert max((pad[k] - micro[k]).abs().max().item() for k in full) < 1e-6
+    assert abs(s_pad["policy_loss"] - s_micro["policy_loss"]) < 1e-7
     assert not torch.equal(full[encoder], before[encoder])  # the gradient reached the image encoder
     frozen = [k for k in full if k.startswith("autoencoder.")]
     assert frozen and all(torch.equal(full[k], before[k]) for k in frozen)  # the decoder stays stage 0's

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+from omegaconf import OmegaConf
 
 from ript.policies.chunk_policy import ChunkPolicy
 from ript.rl.critic import AttentionPoolValueHead, ContextValueHead
 from ript.rl.objective import token_scores
+from ript.utils import training
 
 
 @dataclass
@@ -53,13 +55,21 @@ class ChunkLearner:
     on what was cached at sampling time: the contexts when only the prior trains, else the observations
     (so the gradient reaches the observation encoders)."""
 
-    def __init__(self, model, settings: dict, prior_only: bool, critic_cfg=None):
+    def __init__(self, model, settings: dict, prior_only: bool, critic_cfg=None, static_batch: int | None = None,
+                 compile_scoring: bool = False):
         self.model, self.settings = model, settings
         self.params = trainable_parameters(model, prior_only)
         self.weights = model  # what checkpoints hold
         self.encodes = not prior_only
         self.critic = None if critic_cfg is None else ContextValueHead(
             model.pos_emb.shape[-1], int(critic_cfg.hidden), bool(critic_cfg.detach_input)).to(model.pos_emb.device)
+        # compiled scoring (``rl.compile``): every micro-batch padded to ``static_batch`` rows, so the compiled
+        # forward and backward see one shape and replay as CUDA graphs (the eager step is launch-bound)
+        self.static_batch = static_batch
+        self._scores = self._score_rows
+        if static_batch is not None and compile_scoring:
+            self._scores = training.CompiledLoss(self._score_rows, OmegaConf.create(
+                {"compile": True, "deterministic": False, "cuda_graphs": True}), str(model.pos_emb.device))
 
     def attach(self, policy: ChunkPolicy) -> None:
         policy.record_obs = self.encodes
@@ -78,14 +88,24 @@ class ChunkLearner:
             data["context"] = torch.stack([d["context"] for d in decisions]).to(device)
         return data
 
+    def _score_rows(self, inputs: dict, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        context = self.model.context(inputs["obs"], inputs["task_ids"]) if self.encodes else inputs["context"]
+        log_probs, entropy = token_scores(self.model, context, tokens, float(self.settings["temperature"]),
+                                          self.settings.get("top_k"))
+        return log_probs, entropy, entropy if self.critic is None else self.critic(context)
+
     def score(self, data: dict, idx: torch.Tensor) -> Scored:
+        n, scores = len(idx), self._score_rows
+        if self.static_batch is not None and n <= self.static_batch:
+            idx = torch.cat([idx, idx[-1:].expand(self.static_batch - n)])  # padding rows are cut off below
+            scores = self._scores
+            torch.compiler.cudagraph_mark_step_begin()  # micro-batches accumulate: each call is a new step
         if self.encodes:
-            context = self.model.context({k: v[idx] for k, v in data["obs"].items()}, data["task_ids"][idx])
+            inputs = {"obs": {k: v[idx] for k, v in data["obs"].items()}, "task_ids": data["task_ids"][idx]}
         else:
-            context = data["context"][idx]
-        log_probs, entropy = token_scores(self.model, context, data["tokens"][idx],
-                                          float(self.settings["temperature"]), self.settings.get("top_k"))
-        return Scored(log_probs, entropy, None if self.critic is None else self.critic(context))
+            inputs = {"context": data["context"][idx]}
+        log_probs, entropy, values = (x[:n] for x in scores(inputs, data["tokens"][idx]))
+        return Scored(log_probs, entropy, None if self.critic is None else values)
 
 
 class TrainableWeights(torch.nn.Module):

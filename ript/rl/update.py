@@ -109,15 +109,19 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
                     s.update(vs, value_loss=v_loss.detach())
                     loss = loss + float(rl.critic.value_coef) * v_loss
                 (loss * weight).backward()
-                for key, v in s.items():
-                    stats[key] = max(stats[key], float(v)) if key == "ratio_max" else stats[key] + float(v) * weight
+                for key, v in s.items():  # on the device: no host synchronisation per micro-batch
+                    stats[key] = torch.maximum(torch.as_tensor(stats[key], device=v.device), v.detach()) \
+                        if key == "ratio_max" else stats[key] + v.detach() * weight
             t = time.perf_counter()
             ddist.average_gradients(learner.params + critic_params, info)
             sync += time.perf_counter() - t
-            norm = float(torch.nn.utils.clip_grad_norm_(learner.params, float(rl.grad_clip)))
-            critic_norm = float(torch.nn.utils.clip_grad_norm_(critic_params, float(rl.grad_clip))) \
-                if critic_params else 0.0
-            if not (math.isfinite(norm) and math.isfinite(critic_norm) and math.isfinite(stats["policy_loss"])):
+            norms = torch.stack([torch.nn.utils.clip_grad_norm_(group, float(rl.grad_clip)).float()
+                                 for group in (learner.params, critic_params) if group])
+            # one host synchronisation per optimiser step: the norms and the loss so far, checked together
+            checked = torch.cat([norms, torch.as_tensor(stats["policy_loss"], device=norms.device).reshape(1)])
+            values = checked.tolist()
+            norm, critic_norm = values[0], values[1] if critic_params else 0.0
+            if not all(math.isfinite(v) for v in values):
                 raise training.NonFiniteLoss(
                     f"non-finite PPO loss or gradient (norm {norm}, critic {critic_norm}) in iteration "
                     f"{iteration + 1}; no update applied, checkpoints/last is the last good checkpoint; lower rl.lr")
@@ -127,6 +131,7 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
             opt.step()
             n_updates += 1
     sched.step()
+    stats = {key: float(v) for key, v in stats.items()}
     for key in stats:
         if key not in ("ratio_max", "explained_variance"):
             stats[key] /= max(1, n_updates)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from ript.envs.evaluation import evaluate_during_training, make_runner
 from ript.envs.seeds import rank_seed
 from ript.errors import RiptError
@@ -16,6 +18,7 @@ from ript.rl.advantages import build_estimator
 from ript.rl.critic import CRITIC_FILE, load_critic
 from ript.rl.learners import ChunkLearner
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
+from ript.utils import training
 from ript.utils.checkpoint import checkpoint_config
 
 
@@ -30,7 +33,12 @@ def run(cfg) -> str:
         model.task_index(name)
     settings = sampling_settings(base["metadata"], dict(cfg.sampling), base["cfg"])
     critic_cfg = cfg.rl.critic if build_estimator(cfg.rl).uses_critic else None
-    learner = ChunkLearner(model, settings, bool(cfg.rl.train_prior_only), critic_cfg)
+    training.fast_math(device, OmegaConf.create({"tf32": cfg.rl.tf32, "cudnn_benchmark": False,
+                                                 "deterministic": False}))
+    training.prepare_model(model, device, cfg.rl)  # channels-last for the rollouts' and the update's convolutions
+    compiled = bool(cfg.rl.micro_batch) and training.compile_wanted(cfg.rl.compile, device)
+    learner = ChunkLearner(model, settings, bool(cfg.rl.train_prior_only), critic_cfg,
+                           static_batch=int(cfg.rl.micro_batch) if compiled else None, compile_scoring=compiled)
     if learner.critic is not None and (Path(base["checkpoint_dir"]) / CRITIC_FILE).is_file():
         load_critic(learner.critic, base["checkpoint_dir"])  # an RL checkpoint's critic carries on
     policy = make_policy(model, settings, device, rank_seed(int(cfg.seed), info.rank), bool(cfg.cuda_graph))

@@ -62,6 +62,14 @@ def prepare_model(model: torch.nn.Module, device: str, train_cfg) -> torch.nn.Mo
     return model
 
 
+def compile_wanted(setting: str | bool, device: str, deterministic: bool = False) -> bool:
+    """``compile: auto`` means on CUDA, unless the run must be deterministic: two compiled stage-1 runs on an
+    H100 differed in the last bits (NOTES)."""
+    if setting == "auto":
+        return device.startswith("cuda") and not deterministic
+    return bool(setting)
+
+
 class CompiledLoss:
     """``fn`` through ``torch.compile`` (``train.compile``: auto = on CUDA unless ``train.deterministic``), with
     a clean fallback: if compiling fails on the first calls (no Triton, an unsupported op), say so once and run
@@ -69,9 +77,7 @@ class CompiledLoss:
 
     def __init__(self, fn: Callable, train_cfg, device: str):
         cuda = device.startswith("cuda")
-        # deterministic runs step eagerly: two compiled stage-1 runs on an H100 differed in the last bits (NOTES)
-        auto = cuda and not train_cfg.deterministic
-        enabled = auto if train_cfg.compile == "auto" else bool(train_cfg.compile)
+        enabled = compile_wanted(train_cfg.compile, device, bool(train_cfg.deterministic))
         # CUDA graphs replay the compiled forward and backward without a launch per kernel
         mode = "reduce-overhead" if cuda and train_cfg.cuda_graphs else None
         self.fn, self.compiled, self.proven = fn, torch.compile(fn, mode=mode) if enabled else None, False
