@@ -20,5 +20,7 @@ for model in oft openvla; do
   rm -rf /tmp/${model}7b_mw
 done
 phase "estimators"
-PARALLEL=1 WORKERS=16 OUT=$RES/estimators bash benchmarks/gpu_estimators.sh
+# each RL run stops at BUDGET env steps or after RL_MINUTES, whichever comes first (the lease is 30 minutes)
+PARALLEL=1 WORKERS=16 BUDGET=${BUDGET:-200000} RL_EXTRA="rl.stop_after_minutes=${RL_MINUTES:-3.2}" \
+  OUT=$RES/estimators bash benchmarks/gpu_estimators.sh
 phase "session chain done"
