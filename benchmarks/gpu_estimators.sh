@@ -37,7 +37,7 @@ PARALLEL=${PARALLEL:-2}
 COMMON="checkpoint=$R/stage1 rl.iterations=1000 rl.max_env_steps=${BUDGET:-300000}
   rl.num_workers=${WORKERS:-$((16 / PARALLEL))} rl.max_episode_steps=${HORIZON:-250}
   rl.groups_per_iteration=${B:-16} rl.rollouts_per_group=8 rl.oversample=1
-  rl.max_sampling_rounds=3 rl.train_prior_only=false rl.micro_batch=256 rl.lr=2e-5 eval.every=0 ${RL_EXTRA:-}"
+  rl.max_sampling_rounds=3 rl.train_prior_only=false rl.micro_batch=256 rl.lr=2e-5 eval.every=0 rl.compile=${RL_COMPILE:-false} ${RL_EXTRA:-}"
 declare -A VARIANT=(
   [rloo]="rl.advantage=rloo"
   [grpo]="rl.advantage=grpo"
