@@ -31,7 +31,7 @@ from ript.models.openvla_oft.lora import add_lora
 from ript.rl.advantages import GAE, rloo
 from ript.rl.learners import OFTLearner, OpenVLALearner
 from ript.rl.rollout import group_episodes
-from ript.rl.update import make_optimizer, ppo_update, rescore, update_batch
+from ript.rl.update import epoch_orders, make_optimizer, minibatches, ppo_update, rescore, update_batch
 from ript.stages import oft
 from ript.utils import training
 from ript.utils.distributed import DistInfo
@@ -129,17 +129,21 @@ def main() -> None:
         data = learner.collate(decisions, a.device)
         data["advantages"] = torch.tensor(per_decision, device=a.device)
     res["decisions"] = len(decisions)
-    # step 0, before any update: the log-probs PPO's first minibatch computes (shuffled micro-batches) against
-    # those recorded while sampling, and against those rescored by the training forward (rl.recompute_old_log_probs)
+    # step 0, before any update: the log-probs PPO's first epoch computes (its shuffled micro-batches) against
+    # those recorded while sampling, those rescored in order, and those rescored in the first epoch's micro-batches
+    # (what rl.recompute_old_log_probs does)
+    order = epoch_orders(len(decisions), cfg, 0)[0]  # the first epoch's, as ppo_update below draws it
+    in_order = rescore(learner, data, cfg, a.device)
     t = time.perf_counter()
-    rescored = rescore(learner, data, cfg, a.device)
+    rescored = rescore(learner, data, cfg, a.device, order)
     res["rescore_s"] = time.perf_counter() - t
-    order = torch.randperm(len(decisions), generator=torch.Generator().manual_seed(0)).to(a.device)
+    step0 = torch.empty_like(rescored)
     with torch.no_grad(), training.autocast(a.device, cfg.amp):
-        shuffled = torch.cat([learner.score(data, i).log_probs.float() for i in order.split(int(cfg.rl.micro_batch))])
-    step0 = torch.empty_like(shuffled)
-    step0[order] = shuffled
-    for name, old in (("recorded", data["old_log_probs"].float()), ("rescored", rescored)):
+        for _, parts in minibatches(order, int(cfg.rl.minibatches), int(cfg.rl.micro_batch)):
+            for part in parts:
+                step0[part.to(a.device)] = learner.score(data, part.to(a.device)).log_probs.float()
+    for name, old in (("recorded", data["old_log_probs"].float()), ("rescored_in_order", in_order),
+                      ("rescored_first_epoch", rescored)):
         gap = (step0 - old).abs()
         res[f"step0_gap_{name}"] = {"max": float(gap.max()), "mean": float(gap.mean()),
                                     "outside_clip": float((gap > math.log1p(float(cfg.rl.clip_high))).float().mean())}

@@ -154,3 +154,38 @@ def test_a_third_policy_runs_an_rl_iteration(tmp_path):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
     stats = ppo_update(learner, opt, sched, data, cfg, info, 0, "cpu")
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=0.2) and not torch.equal(model.mean, before)
+
+
+def test_old_log_probs_are_rescored_in_the_first_epochs_micro_batches():
+    """``rl.recompute_old_log_probs`` scores the old policy in the very micro-batches the first epoch then trains
+    on (in bf16 a log-prob depends on which decisions share its batch), each decision once, before any step."""
+    from ript.config import compose
+    from ript.rl.update import ppo_update
+    from ript.utils.distributed import DistInfo
+
+    class RecordingLearner(GaussianLearner):
+        def __init__(self, model, std):
+            super().__init__(model, std)
+            self.calls: list[tuple[bool, list[int]]] = []
+
+        def score(self, data: dict, idx: torch.Tensor) -> Scored:
+            self.calls.append((torch.is_grad_enabled(), idx.tolist()))
+            return super().score(data, idx)
+
+    g = torch.Generator().manual_seed(0)
+    n = 11
+    data = {"task_ids": torch.randint(0, len(TASKS), (n,), generator=g), "actions": torch.randn(n, 5, 4, generator=g),
+            "old_log_probs": torch.full((n, 20), float("nan")), "advantages": torch.randn(n, generator=g)}
+    learner = RecordingLearner(gaussian_model(), 0.3)
+    cfg = compose("rl", ["checkpoint=none", "rl.epochs=2", "rl.minibatches=2", "rl.micro_batch=3",
+                         "rl.recompute_old_log_probs=true"])
+    opt = torch.optim.SGD(learner.params, lr=0.1)
+    stats = ppo_update(learner, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0), data, cfg, DistInfo(),
+                       0, "cpu")
+    rescoring = [idx for grad, idx in learner.calls if not grad]
+    training_calls = [idx for grad, idx in learner.calls if grad]
+    assert learner.calls[: len(rescoring)] == [(False, idx) for idx in rescoring]  # all before the first step
+    assert sorted(i for idx in rescoring for i in idx) == list(range(n))
+    assert training_calls[: len(rescoring)] == rescoring  # the first epoch's micro-batches, in its order
+    assert training_calls[len(rescoring):] != rescoring  # the second epoch draws another order
+    assert torch.isfinite(data["old_log_probs"]).all() and stats["ratio_mean"] == pytest.approx(1.0, abs=0.1)

@@ -131,9 +131,9 @@ def train_loop(run: RLRun) -> str:
                 else None
             batch = collect_groups(runner, policy, sampler, sampling, info, videos)
             t_rollout = time.perf_counter() - t0
-            t1 = time.perf_counter()  # time/train covers collating and rescoring the decisions too
+            t1 = time.perf_counter()  # time/train covers collating (and rescoring) the decisions too
             data, targets = update_batch(learner, batch["kept"], estimator, cfg, device, info)
-            t_prepare = time.perf_counter() - t1  # collating (observations to the device), advantages, rescoring
+            t_prepare = time.perf_counter() - t1  # collating (observations to the device), advantages
             stats = ppo_update(learner, opt, sched, data, cfg, info, it, device)
             t_train = time.perf_counter() - t1
             eps = batch["episodes"]

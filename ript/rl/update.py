@@ -21,20 +21,38 @@ ACTOR_STATS = ("policy_loss", "clip_fraction", "dual_clip_fraction", "approx_kl"
 CRITIC_STATS = ("value_loss", "value_clip_fraction")
 
 
+def minibatches(order: torch.Tensor, count: int, micro: int | None) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """(minibatch, its micro-batches) for one epoch's order, as the update runs them; empty minibatches are kept
+    (every rank takes the same number of optimiser steps, so the gradient all-reduces pair up)."""
+    out = []
+    for chunk in torch.tensor_split(order, count):
+        out.append((chunk, list(torch.split(chunk, micro)) if micro and len(chunk) else [chunk] if len(chunk) else []))
+    return out
+
+
+def epoch_orders(n: int, cfg, iteration: int) -> list[torch.Tensor]:
+    """The order the update visits an iteration's n decisions in, per epoch (seeded: resumes repeat it)."""
+    gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + iteration)
+    return [torch.randperm(n, generator=gen) for _ in range(int(cfg.rl.epochs))]
+
+
 @torch.no_grad()
-def rescore(learner, data: dict, cfg, device: str) -> torch.Tensor:
-    """The recorded decisions' log-probs under the training forward (micro-batches, autocast), before any
-    update. In bf16 at 7B the rollout's batch of envs and a training micro-batch round differently (mean
-    gap ~0.03 per action dimension, a few percent beyond the clip range, measured on an H100); scored by
-    the same forward as the new log-probs, PPO's ratio starts at 1 up to how micro-batches are composed."""
+def rescore(learner, data: dict, cfg, device: str, order: torch.Tensor | None = None) -> torch.Tensor:
+    """The recorded decisions' log-probs under the training forward, before any update, in the micro-batches
+    the first epoch will form from ``order`` (default: in order). In bf16 at 7B, log-probs depend on which
+    decisions share a batch (prompt padding, kernel choice): OFT's step-0 forward in shuffled micro-batches was
+    0.027 per action dimension from the rollout's values but 0.144 from an in-order rescoring (H100, NOTES,
+    session 14). Scored in the first epoch's own micro-batches, PPO's first ratios are 1 up to kernel choice."""
     learner.model.eval()
     n = len(data["old_log_probs"])
-    size = int(cfg.rl.get("micro_batch") or 0) or n
-    out = []
-    for idx in torch.arange(n, device=device).split(size):
-        with training.autocast(device, cfg.amp):
-            out.append(learner.score(data, idx).log_probs.float())
-    return torch.cat(out)
+    order = torch.arange(n) if order is None else order
+    out = torch.empty(data["old_log_probs"].shape, dtype=torch.float32, device=device)
+    for _, parts in minibatches(order, int(cfg.rl.minibatches), int(cfg.rl.get("micro_batch") or 0) or None):
+        for part in parts:
+            idx = part.to(device)
+            with training.autocast(device, cfg.amp):
+                out[idx] = learner.score(data, idx).log_probs.float()
+    return out
 
 
 def update_batch(learner, kept: list[list[dict]], estimator, cfg, device: str, info) -> tuple[dict | None, object]:
@@ -53,8 +71,6 @@ def update_batch(learner, kept: list[list[dict]], estimator, cfg, device: str, i
     if estimator.uses_critic:
         data["old_values"] = torch.stack([d["value"] for d in flat[0]]).float().to(device)
         data["returns"] = targets.returns.to(device)
-    if cfg.rl.get("recompute_old_log_probs"):
-        data["old_log_probs"] = rescore(learner, data, cfg, device)
     return data, targets
 
 
@@ -87,14 +103,14 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
     n = 0 if data is None else len(data["old_log_probs"])
     micro = int(rl.micro_batch or 0) or None  # decisions per forward/backward; gradients accumulate
     clip_c = None if rl.clip_ratio_c is None else float(rl.clip_ratio_c)
-    gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + iteration)
+    orders = epoch_orders(n, cfg, iteration)
+    if data is not None and rl.get("recompute_old_log_probs"):
+        data["old_log_probs"] = rescore(learner, data, cfg, device, orders[0])
     learner.model.eval()  # no dropout: the recomputed log-probs must be those recorded at sampling time
-    for _ in range(int(rl.epochs)):
-        order = torch.randperm(n, generator=gen)
-        # every rank takes the same number of optimizer steps, so the gradient all-reduces pair up
-        for chunk in torch.tensor_split(order, int(rl.minibatches)):
+    for order in orders:
+        for chunk, parts in minibatches(order, int(rl.minibatches), micro):
             opt.zero_grad(set_to_none=True)
-            for part in (torch.split(chunk, micro) if micro and len(chunk) else [chunk] if len(chunk) else []):
+            for part in parts:
                 idx, weight = part.to(device), len(part) / len(chunk)  # token means weighted to the minibatch's
                 with training.autocast(device, cfg.amp):
                     scored = learner.score(data, idx)
