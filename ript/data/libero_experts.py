@@ -121,7 +121,7 @@ class PickPlaceExpert:
     the table). ``get_action(task)`` reads the task's simulator."""
 
     def __init__(self, obj: str, target: str | None, target_site: str | None = None, release_height: float = 0.03,
-                 clearance: float = 0.10):
+                 clearance: float = 0.10, settle: int = 10):
         self.obj, self.target, self.target_site = obj, target, target_site
         self.release_height, self.clearance = release_height, clearance
         self.phase, self.timer = "align", 0
@@ -129,6 +129,11 @@ class PickPlaceExpert:
         self.grasp_yaw = 0.0
         self.hang = 0.0  # grip site height above the held object's bottom
         self.rest_z = 0.0  # height of the object's bottom where it was picked up
+        self.settle = settle  # steps after the release before the next step of a sequence may start
+
+    @property
+    def finished(self) -> bool:
+        return self.phase == "release" and self.timer > self.settle
 
     def _finger_angle(self, sim) -> float:
         model, data = sim.model._model, sim.data._data
@@ -267,45 +272,47 @@ def goal_predicates(bddl_file: str) -> list[tuple[str, ...]]:
 
 
 class SequenceExpert:
-    """Pick-and-place steps one after another (``put both X and Y in the basket``)."""
+    """Experts one after another, each until it is finished (open the drawer, put the bowl inside, close it)."""
 
-    def __init__(self, steps: list[PickPlaceExpert], settle: int = 10):
-        self.steps, self.settle, self.index = steps, settle, 0
+    def __init__(self, steps: list):
+        self.steps, self.index = steps, 0
 
     @property
     def phase(self) -> str:
         return f"{self.index}:{self.steps[self.index].phase}"
 
-    @property
-    def obj(self) -> str:
-        return self.steps[0].obj
-
-    @property
-    def target(self) -> str:
-        return self.steps[0].target
-
     def get_action(self, task) -> np.ndarray:
-        step = self.steps[self.index]
-        if step.phase == "release" and step.timer > self.settle and self.index + 1 < len(self.steps):
+        if self.steps[self.index].finished and self.index + 1 < len(self.steps):
             self.index += 1
-            step = self.steps[self.index]
-        return step.get_action(task)
+        return self.steps[self.index].get_action(task)
 
 
-def make_expert(task) -> PickPlaceExpert | SequenceExpert:
-    """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements; tasks that open, close
-    or turn things on have none (a one-line error)."""
+# the order goals are worked in, whatever the BDDL lists first: open a container before putting things in, turn
+# a knob before a pot may hide it, close a drawer once its contents are in
+GOAL_ORDER = {"open": 0, "turnon": 1, "turnoff": 1, "on": 2, "in": 2, "close": 3}
+
+
+def make_expert(task):
+    """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements and (Close X) / (TurnOn X) /
+    (TurnOff X) articulations, worked in GOAL_ORDER; other goals have none yet (a one-line error)."""
     import mujoco
+
+    from ript.data.libero_articulated import articulated_expert
 
     model = task.sim.model._model
     bodies = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or "" for b in range(model.nbody)}
     sites = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_SITE, i) or "" for i in range(model.nsite)}
     objects = sorted((b[: -len("_main")] for b in bodies if b.endswith("_main")), key=len, reverse=True)
+    preds = [p for p in goal_predicates(task.bddl_file) if p[0] != "and"]
+    unknown = [p for p in preds if p[0] not in GOAL_ORDER or p[0] == "open"]
+    if unknown:
+        raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(unknown[0])})")
     steps = []
-    for pred in goal_predicates(task.bddl_file):
-        if pred[0] == "and":
+    for pred in sorted(preds, key=lambda p: GOAL_ORDER[p[0]]):
+        if pred[0] not in ("on", "in"):
+            steps.append(articulated_expert(task, pred))
             continue
-        if pred[0] not in ("on", "in") or len(pred) != 3:
+        if len(pred) != 3:
             raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")
         obj, region = pred[1], pred[2]
         target = next((o for o in objects if region == o or region.startswith(o + "_")), None)
@@ -315,5 +322,5 @@ def make_expert(task) -> PickPlaceExpert | SequenceExpert:
         site = None if region == target else region
         steps.append(PickPlaceExpert(obj, target, site))
     if not steps:
-        raise RiptError(f"{task.suite}/{task.task_name}: the BDDL goal has no placements")
+        raise RiptError(f"{task.suite}/{task.task_name}: the BDDL goal is empty")
     return steps[0] if len(steps) == 1 else SequenceExpert(steps)

@@ -1,0 +1,160 @@
+"""Privileged-state scripted experts for LIBERO's articulated goals: ``Close`` (drawers, the microwave door),
+``TurnOn`` / ``TurnOff`` (stove knobs).
+
+Each pushes the moving part with the closed gripper: the joint, its axis and its limits come from the
+simulator, the part's shape from its collision geometry, and the target from the LIBERO object's own
+open/close/on/off ranges, so the experts are not written per scene. A slide joint (a drawer) is pushed along
+its axis at its outermost point (the handle); a hinge (a door, a knob's lever) at the point farthest from its
+axis, tangentially, the fingertip following the arc. The push target is kept a few centimetres beyond the
+part, so the compliant OSC controller presses on it until the goal predicate holds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ript.data.libero_experts import CLOSE, POS_SCALE, _geom_box_corners, _is_collision_geom
+from ript.errors import RiptError
+
+SLIDE, HINGE = 2, 3  # MuJoCo joint types
+PUSH_AHEAD = 0.03  # how far beyond the part the fingertip is sent (metres): the push force
+APPROACH = 0.05  # the fingertip starts this far behind the part, against the push direction
+HOVER = 0.06  # clearance above the moving part while getting into place
+HOLD_STEPS = 5  # steps the goal must hold before the expert backs away
+FINGER_BELOW = 0.013  # the closed fingertips reach this far below the grip site
+
+
+class Articulation:
+    """One joint of a LIBERO object: its qpos, the world direction in which qpos grows at a point, and the
+    collision geoms that move with it."""
+
+    def __init__(self, task, joint: str):
+        import mujoco
+
+        self.sim = task.sim
+        model = self.sim.model._model
+        self.joint = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, joint)
+        if self.joint < 0:
+            raise RiptError(f"{task.suite}/{task.task_name}: LIBERO scene has no joint {joint!r}")
+        self.kind = int(model.jnt_type[self.joint])
+        if self.kind not in (SLIDE, HINGE):
+            raise RiptError(f"{task.suite}/{task.task_name}: joint {joint!r} is neither a slide nor a hinge")
+        self.body = int(model.jnt_bodyid[self.joint])
+        self.geoms = [g for g in range(model.ngeom) if _is_collision_geom(model, g) and self._moves(int(model.geom_bodyid[g]))]
+        if not self.geoms:
+            raise RiptError(f"{task.suite}/{task.task_name}: joint {joint!r} moves no collision geometry")
+
+    def _moves(self, b: int) -> bool:
+        model = self.sim.model._model
+        while b not in (0, self.body):
+            b = int(model.body_parentid[b])
+        return b == self.body
+
+    @property
+    def qpos(self) -> float:
+        model, data = self.sim.model._model, self.sim.data._data
+        return float(data.qpos[model.jnt_qposadr[self.joint]])
+
+    def axis(self) -> np.ndarray:
+        data = self.sim.data._data
+        return data.xaxis[self.joint].copy()
+
+    def corners(self) -> np.ndarray:
+        model, data = self.sim.model._model, self.sim.data._data
+        return np.concatenate([_geom_box_corners(model, data, g) for g in self.geoms])
+
+    def centers(self) -> np.ndarray:
+        model, data = self.sim.model._model, self.sim.data._data
+        return np.array([data.geom_xpos[g] + data.geom_xmat[g].reshape(3, 3) @ model.geom_aabb[g, :3] for g in self.geoms])
+
+    def contact(self, sign: float) -> tuple[np.ndarray, np.ndarray]:
+        """(point to push, unit horizontal push direction) that moves qpos in the direction of ``sign``."""
+        centers = self.centers()
+        if self.kind == SLIDE:
+            push = sign * self.axis()
+            push[2] = 0.0
+            push /= np.linalg.norm(push)
+            return centers[int(np.argmax(centers @ -push))], push  # the outermost part: the handle
+        anchor, axis = self.sim.data._data.xanchor[self.joint], self.axis()
+        radial = centers - anchor
+        radial -= np.outer(radial @ axis, axis)
+        far = int(np.argmax(np.linalg.norm(radial, axis=1)))
+        push = sign * np.cross(axis, radial[far])
+        push[2] = 0.0
+        return centers[far], push / np.linalg.norm(push)
+
+
+class JointPushExpert:
+    """Push a joint until ``done(qpos)`` holds: get above the start point behind the part, come down to its
+    height, push (re-aimed every step), hold, then lift away."""
+
+    def __init__(self, articulation: Articulation, sign: float, done, label: str):
+        self.art, self.sign, self.done, self.label = articulation, sign, done, label
+        self.phase, self.timer = "above", 0
+
+    @property
+    def finished(self) -> bool:
+        return self.phase == "away" and self.timer > HOLD_STEPS
+
+    def get_action(self, task) -> np.ndarray:
+        eef = task.privileged()["robot0_eef_pos"]
+        point, push = self.art.contact(self.sign)
+        corners = self.art.corners()
+        # the grip site at the pushed geom's height, but with the fingertips (FINGER_BELOW under it) clear of
+        # whatever the part stands on: a knob's disc, a door's bottom rail
+        lo, hi = corners[:, 2].min(), corners[:, 2].max()
+        height = float(np.clip(point[2], lo + 0.02 + FINGER_BELOW, hi - 0.005))
+        start = np.array([*(point[:2] - push[:2] * APPROACH), height])
+        if self.phase == "above":
+            goal = np.array([*start[:2], max(corners[:, 2].max() + HOVER, eef[2])])
+            if np.linalg.norm(goal[:2] - eef[:2]) < 0.015:
+                self.phase = "descend"
+        elif self.phase == "descend":
+            goal = start
+            self.timer += 1
+            if abs(eef[2] - height) < 0.012 or self.timer > 40:  # (or blocked a little above it)
+                self.phase, self.timer = "push", 0
+        elif self.phase == "push":
+            goal = np.array([*(point[:2] + push[:2] * PUSH_AHEAD), height])
+            self.timer = self.timer + 1 if self.done(self.art.qpos) else 0
+            if self.timer >= HOLD_STEPS:
+                self.phase, self.timer = "away", 0
+        else:  # back off against the push, then up
+            goal = eef + np.array([*(-push[:2] * 0.03), 0.03])
+            self.timer += 1
+        action = np.zeros(7)
+        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
+        action[6] = CLOSE  # closed fingers: one compact fingertip to push with
+        return action
+
+
+def _joint_for(task, name: str) -> tuple[object, str]:
+    """(the LIBERO object, its joint) a goal names: an object (``flat_stove_1``, ``microwave_1``) or one of
+    its regions (``wooden_cabinet_1_top_region``: the drawer's joint)."""
+    env = task.env.env
+    site = env.object_sites_dict.get(name)
+    if site is not None and getattr(site, "joints", None):
+        return env.get_object(site.parent_name), site.joints[0]
+    obj = env.get_object(name)
+    joints = getattr(obj, "joints", None) if obj is not None else None
+    if not joints:
+        raise RiptError(f"{task.suite}/{task.task_name}: {name!r} has no joint to move")
+    return obj, joints[0]
+
+
+def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert:
+    """The expert for one ``(close X)`` / ``(turnon X)`` / ``(turnoff X)`` goal, with LIBERO's own thresholds."""
+    kind, name = pred[0], pred[1]
+    obj, joint = _joint_for(task, name)
+    art = Articulation(task, joint)
+    ranges = obj.object_properties["articulation"]
+    if kind == "close":
+        # LIBERO's test is a threshold near the joint's closed limit: push toward the side where it holds
+        sign = 1.0 if obj.is_close(art.qpos + 10.0) else -1.0
+        return JointPushExpert(art, sign, obj.is_close, f"close {name}")
+    if kind == "turnon":
+        return JointPushExpert(art, 1.0, lambda q: obj.turn_on(q) and q > min(ranges["default_turnon_ranges"]) + 0.15,
+                               f"turn on {name}")
+    if kind == "turnoff":
+        return JointPushExpert(art, -1.0, obj.turn_off, f"turn off {name}")
+    raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")
