@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import re
 import time
 import zlib
 from pathlib import Path
@@ -54,11 +55,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--noise", type=float, default=0.05, help="as the LIBERO task configs' expert_noise")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--only", default=None, help="a regular expression: only the tasks whose name it finds")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/libero_expert_success.json"))
     a = parser.parse_args()
     from ript.envs.libero import suite_tasks
 
-    jobs = [(s, n, a.episodes, a.seed, a.noise) for s in a.suites for n in suite_tasks(s)]
+    jobs = [(s, n, a.episodes, a.seed, a.noise) for s in a.suites for n in suite_tasks(s)
+            if a.only is None or re.search(a.only, n)]
     with mp.get_context("spawn").Pool(a.workers) as pool:
         rows = pool.map(run_task, jobs, chunksize=1)
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -128,6 +128,96 @@ class JointPushExpert:
         return action
 
 
+def _rotation(quat_xyzw: np.ndarray) -> np.ndarray:
+    x, y, z, w = quat_xyzw / np.linalg.norm(quat_xyzw)
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
+
+
+def _rotation_vector(r: np.ndarray) -> np.ndarray:
+    """Axis x angle of a rotation matrix (angles below pi)."""
+    angle = float(np.arccos(np.clip((np.trace(r) - 1) / 2, -1.0, 1.0)))
+    if angle < 1e-6:
+        return np.zeros(3)
+    axis = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]]) / (2 * np.sin(angle))
+    return axis * angle
+
+
+class SlideOpenExpert:
+    """Open a drawer: turn the hand to point into the drawer with the fingers one above the other (a top grasp
+    would hit the drawer above), come in level with the handle, close the fingers around its bar, pull along
+    the slide until LIBERO's open test holds, let go and back away."""
+
+    def __init__(self, task, articulation: Articulation, done, label: str):
+        import mujoco
+
+        self.art, self.done, self.label = articulation, done, label
+        self.phase, self.timer = "turn", 0
+        sim = task.sim
+        model, data = sim.model._model, sim.data._data
+        eef = task.privileged()["robot0_eef_pos"]
+        hand = data.xpos[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "gripper0_right_gripper")]
+        left = data.xpos[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "gripper0_leftfinger")]
+        right = data.xpos[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "gripper0_rightfinger")]
+        r0 = _rotation(task.privileged()["robot0_eef_quat"])
+        approach = (eef - hand) / np.linalg.norm(eef - hand)  # hand -> fingertips, in the world
+        fingers = (right - left) / np.linalg.norm(right - left)
+        # the same two directions in the gripper's own frame, so a target frame can be written for them
+        a_local, f_local = r0.T @ approach, r0.T @ fingers
+        self.local = np.stack([a_local, f_local, np.cross(a_local, f_local)], axis=1)
+        # LIBERO's open test is a threshold near one joint limit: pull toward the side where it holds
+        _, self.pull = self.art.contact(-1.0 if done(self.art.qpos - 10.0) else 1.0)
+        into, up = -self.pull, np.array([0.0, 0.0, 1.0])
+        self.target_rot = np.stack([into, up, np.cross(into, up)], axis=1) @ self.local.T
+
+    @property
+    def finished(self) -> bool:
+        return self.phase == "away" and self.timer > HOLD_STEPS
+
+    def get_action(self, task) -> np.ndarray:
+        raw = task.privileged()
+        eef = raw["robot0_eef_pos"]
+        centers = self.art.centers()
+        handle = centers[int(np.argmax(centers @ self.pull))]  # the outermost geom along the pull
+        rot_err = _rotation_vector(self.target_rot @ _rotation(raw["robot0_eef_quat"]).T)
+        gripper, goal = -1.0, eef.copy()
+        if self.phase == "turn":  # in place, away from the furniture
+            if np.linalg.norm(rot_err) < 0.08:
+                self.phase = "approach"
+        elif self.phase == "approach":
+            goal = handle + self.pull * 0.10
+            if np.linalg.norm(goal - eef) < 0.015:
+                self.phase = "insert"
+        elif self.phase == "insert":
+            goal = handle - self.pull * 0.005
+            self.timer += 1
+            if np.linalg.norm(goal - eef) < 0.008 or self.timer > 40:
+                self.phase, self.timer = "grasp", 0
+        elif self.phase == "grasp":
+            goal, gripper = handle - self.pull * 0.005, CLOSE
+            self.timer += 1
+            if self.timer >= 12:
+                self.phase, self.timer = "pull", 0
+        elif self.phase == "pull":
+            goal, gripper = handle + self.pull * 0.05, CLOSE
+            self.timer = self.timer + 1 if self.done(self.art.qpos) else 0
+            if self.timer >= HOLD_STEPS:
+                self.phase, self.timer = "release", 0
+        elif self.phase == "release":
+            self.timer += 1
+            if self.timer > 8:
+                self.phase, self.timer = "away", 0
+        else:
+            goal = eef + self.pull * 0.03 + np.array([0.0, 0.0, 0.02])
+            self.timer += 1
+        action = np.zeros(7)
+        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
+        action[3:6] = np.clip(rot_err * 2.0, -1.0, 1.0)
+        action[6] = gripper
+        return action
+
+
 def _joint_for(task, name: str) -> tuple[object, str]:
     """(the LIBERO object, its joint) a goal names: an object (``flat_stove_1``, ``microwave_1``) or one of
     its regions (``wooden_cabinet_1_top_region``: the drawer's joint)."""
@@ -148,6 +238,8 @@ def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert:
     obj, joint = _joint_for(task, name)
     art = Articulation(task, joint)
     ranges = obj.object_properties["articulation"]
+    if kind == "open":
+        return SlideOpenExpert(task, art, obj.is_open, f"open {name}") if art.kind == SLIDE else _no_expert(task, pred)
     if kind == "close":
         # LIBERO's test is a threshold near the joint's closed limit: push toward the side where it holds
         sign = 1.0 if obj.is_close(art.qpos + 10.0) else -1.0
@@ -157,4 +249,8 @@ def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert:
                                f"turn on {name}")
     if kind == "turnoff":
         return JointPushExpert(art, -1.0, obj.turn_off, f"turn off {name}")
+    return _no_expert(task, pred)
+
+
+def _no_expert(task, pred: tuple[str, ...]):
     raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")

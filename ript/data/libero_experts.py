@@ -304,7 +304,7 @@ def make_expert(task):
     sites = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_SITE, i) or "" for i in range(model.nsite)}
     objects = sorted((b[: -len("_main")] for b in bodies if b.endswith("_main")), key=len, reverse=True)
     preds = [p for p in goal_predicates(task.bddl_file) if p[0] != "and"]
-    unknown = [p for p in preds if p[0] not in GOAL_ORDER or p[0] == "open"]
+    unknown = [p for p in preds if p[0] not in GOAL_ORDER]
     if unknown:
         raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(unknown[0])})")
     steps = []
