@@ -153,7 +153,7 @@ class SlideOpenExpert:
         import mujoco
 
         self.art, self.done, self.label = articulation, done, label
-        self.phase, self.timer = "turn", 0
+        self.phase, self.timer, self.rot_err = "turn", 0, np.inf
         sim = task.sim
         model, data = sim.model._model, sim.data._data
         eef = task.privileged()["robot0_eef_pos"]
@@ -168,22 +168,28 @@ class SlideOpenExpert:
         self.local = np.stack([a_local, f_local, np.cross(a_local, f_local)], axis=1)
         # LIBERO's open test is a threshold near one joint limit: pull toward the side where it holds
         _, self.pull = self.art.contact(-1.0 if done(self.art.qpos - 10.0) else 1.0)
-        into, up = -self.pull, np.array([0.0, 0.0, 1.0])
-        self.target_rot = np.stack([into, up, np.cross(into, up)], axis=1) @ self.local.T
+        # fingers one above the other, whichever finger on top needs the smaller turn (the hand is symmetric)
+        turns = [np.stack([-self.pull, up, np.cross(-self.pull, up)], axis=1) @ self.local.T
+                 for up in (np.array([0.0, 0.0, 1.0]), np.array([0.0, 0.0, -1.0]))]
+        self.target_rot = min(turns, key=lambda r: np.linalg.norm(_rotation_vector(r @ r0.T)))
+        self.start_rot = r0  # turned back to at the end: the next expert expects the hand pointing down
 
     @property
     def finished(self) -> bool:
-        return self.phase == "away" and self.timer > HOLD_STEPS
+        return self.phase == "away" and self.timer > 10 and self.rot_err < 0.1
 
     def get_action(self, task) -> np.ndarray:
         raw = task.privileged()
         eef = raw["robot0_eef_pos"]
         centers = self.art.centers()
         handle = centers[int(np.argmax(centers @ self.pull))]  # the outermost geom along the pull
-        rot_err = _rotation_vector(self.target_rot @ _rotation(raw["robot0_eef_quat"]).T)
+        turning_back = self.phase == "away" and self.timer > 10
+        rot_err = _rotation_vector((self.start_rot if turning_back else self.target_rot)
+                                   @ _rotation(raw["robot0_eef_quat"]).T)
+        self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
         gripper, goal = -1.0, eef.copy()
         if self.phase == "turn":  # in place, away from the furniture
-            if np.linalg.norm(rot_err) < 0.08:
+            if np.linalg.norm(rot_err) < 0.1:
                 self.phase = "approach"
         elif self.phase == "approach":
             goal = handle + self.pull * 0.10
@@ -208,8 +214,8 @@ class SlideOpenExpert:
             self.timer += 1
             if self.timer > 8:
                 self.phase, self.timer = "away", 0
-        else:
-            goal = eef + self.pull * 0.03 + np.array([0.0, 0.0, 0.02])
+        else:  # out along the pull and up, then the hand turned back down
+            goal = eef + (self.pull * 0.03 + np.array([0.0, 0.0, 0.02]) if self.timer <= 10 else 0.0)
             self.timer += 1
         action = np.zeros(7)
         action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
@@ -230,6 +236,16 @@ def _joint_for(task, name: str) -> tuple[object, str]:
     if not joints:
         raise RiptError(f"{task.suite}/{task.task_name}: {name!r} has no joint to move")
     return obj, joints[0]
+
+
+def closed_container(task, region: str) -> bool:
+    """Whether ``region`` is inside something with a joint (a drawer) that is not open now: an (In X region)
+    goal then needs an (Open region) first, though the BDDL goal does not list one."""
+    env = task.env.env
+    site = env.object_sites_dict.get(region)
+    if site is None or not getattr(site, "joints", None):
+        return False
+    return not env.object_states_dict[region].is_open()
 
 
 def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert:

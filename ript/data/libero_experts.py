@@ -297,7 +297,7 @@ def make_expert(task):
     (TurnOff X) articulations, worked in GOAL_ORDER; other goals have none yet (a one-line error)."""
     import mujoco
 
-    from ript.data.libero_articulated import articulated_expert
+    from ript.data.libero_articulated import articulated_expert, closed_container
 
     model = task.sim.model._model
     bodies = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or "" for b in range(model.nbody)}
@@ -307,6 +307,9 @@ def make_expert(task):
     unknown = [p for p in preds if p[0] not in GOAL_ORDER]
     if unknown:
         raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(unknown[0])})")
+    for pred in list(preds):  # a drawer is opened before anything goes in (the goal lists only the In)
+        if pred[0] == "in" and len(pred) == 3 and ("open", pred[2]) not in preds and closed_container(task, pred[2]):
+            preds.append(("open", pred[2]))
     steps = []
     for pred in sorted(preds, key=lambda p: GOAL_ORDER[p[0]]):
         if pred[0] not in ("on", "in"):
