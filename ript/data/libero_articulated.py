@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_experts import CLOSE, POS_SCALE, _geom_box_corners, _is_collision_geom
+from ript.data.libero_experts import (CLOSE, POS_SCALE, _body_id, _geom_box_corners, _is_collision_geom,
+                                      _wrap_half_turn)
 from ript.errors import RiptError
 
 SLIDE, HINGE = 2, 3  # MuJoCo joint types
@@ -124,8 +125,17 @@ class JointPushExpert:
             self.timer += 1
         action = np.zeros(7)
         action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
+        # the hand's long side (along the finger axis, ~21 cm) across the push, so it fits close to a cabinet
+        across = float(np.arctan2(push[1], push[0])) + np.pi / 2
+        action[5] = np.clip(3.0 * _wrap_half_turn(across - _finger_angle(task.sim)), -1.0, 1.0)
         action[6] = CLOSE  # closed fingers: one compact fingertip to push with
         return action
+
+
+def _finger_angle(sim) -> float:
+    model, data = sim.model._model, sim.data._data
+    d = data.xpos[_body_id(model, "gripper0_rightfinger")] - data.xpos[_body_id(model, "gripper0_leftfinger")]
+    return float(np.arctan2(d[1], d[0]))
 
 
 def _rotation(quat_xyzw: np.ndarray) -> np.ndarray:
