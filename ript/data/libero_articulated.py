@@ -104,7 +104,9 @@ class JointPushExpert:
         # the grip site at the pushed geom's height, but with the fingertips (FINGER_BELOW under it) clear of
         # whatever the part stands on: a knob's disc, a door's bottom rail
         lo, hi = corners[:, 2].min(), corners[:, 2].max()
-        height = float(np.clip(point[2], lo + 0.02 + FINGER_BELOW, hi - 0.005))
+        # a drawer near its top edge: pushing a low drawer at its handle bends the arm into the furniture above
+        aim = hi - 0.03 if self.art.kind == SLIDE else point[2]
+        height = float(np.clip(aim, lo + 0.02 + FINGER_BELOW, hi - 0.005))
         start = np.array([*(point[:2] - push[:2] * APPROACH), height])
         if self.phase == "above":
             goal = np.array([*start[:2], max(corners[:, 2].max() + HOVER, eef[2])])
