@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_background.sh poll 560 runs/est          # back to back until CHAIN_EXIT
 # Knobs: DEMOS (per task, 20), S0/S1 (training steps, 1000/1200), BUDGET (env steps per RL run, 300000),
 # EVAL_EPS (episodes per task, 10), HORIZON (RL episode limit, 250), PARALLEL (RL runs at once, 2), WORKERS (per
-# RL run, 16 / PARALLEL), B (groups per iteration, 16), ONLY (labels), RL_EXTRA (more RL overrides);
+# RL run, 16 / PARALLEL), B (groups per iteration, 16), ONLY (labels), RL_COMPILE (false: runs of a few minutes
+# do not earn back the ~70 s of compiling), RL_EXTRA (more RL overrides);
 # R (runs folder), TASK_EXTRA / TRAIN_EXTRA (more overrides: a CPU dry run at 32 px with algo=quest_small).
 set -uo pipefail
 ript() { python3 -m ript.cli "$@"; }
