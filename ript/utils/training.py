@@ -77,7 +77,7 @@ class CompiledLoss:
 
     def __init__(self, fn: Callable, train_cfg, device: str):
         cuda = device.startswith("cuda")
-        enabled = compile_wanted(train_cfg.compile, device, bool(train_cfg.deterministic))
+        enabled = compile_wanted(train_cfg.compile, device, cuda and bool(train_cfg.deterministic))
         # CUDA graphs replay the compiled forward and backward without a launch per kernel
         mode = "reduce-overhead" if cuda and train_cfg.cuda_graphs else None
         self.fn, self.compiled, self.proven = fn, torch.compile(fn, mode=mode) if enabled else None, False
