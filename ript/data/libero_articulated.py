@@ -260,6 +260,19 @@ def closed_container(task, region: str) -> bool:
     return not env.object_states_dict[region].is_open()
 
 
+def drawer_body(task, region: str) -> str | None:
+    """The body that moves with ``region`` (a drawer's), whose floor and walls an object put in it lands on;
+    None for a region that does not move."""
+    import mujoco
+
+    site = task.env.env.object_sites_dict.get(region)
+    if site is None or not getattr(site, "joints", None):
+        return None
+    model = task.sim.model._model
+    joint = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, site.joints[0])
+    return mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, int(model.jnt_bodyid[joint]))
+
+
 def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert:
     """The expert for one ``(close X)`` / ``(turnon X)`` / ``(turnoff X)`` goal, with LIBERO's own thresholds."""
     kind, name = pred[0], pred[1]

@@ -121,8 +121,9 @@ class PickPlaceExpert:
     the table). ``get_action(task)`` reads the task's simulator."""
 
     def __init__(self, obj: str, target: str | None, target_site: str | None = None, release_height: float = 0.03,
-                 clearance: float = 0.10, settle: int = 10):
+                 clearance: float = 0.10, settle: int = 10, surface_body: str | None = None):
         self.obj, self.target, self.target_site = obj, target, target_site
+        self.surface_body = surface_body  # what the object lands on, when not the whole target (a drawer)
         self.release_height, self.clearance = release_height, clearance
         self.phase, self.timer = "align", 0
         self.rim: np.ndarray | None = None  # unit vector from the object's centre to its grasped rim, if any
@@ -171,7 +172,7 @@ class PickPlaceExpert:
         if self.target is None:
             site = site_position(sim, self.target_site)
             return site[:2], float(site[2])
-        pts = collision_corners(sim, f"{self.target}_main")
+        pts = collision_corners(sim, self.surface_body or f"{self.target}_main")
         xy = (pts[:, :2].min(0) + pts[:, :2].max(0)) / 2
         if self.target_site is not None:
             xy = site_position(sim, self.target_site)[:2]
@@ -297,7 +298,7 @@ def make_expert(task):
     (TurnOff X) articulations, worked in GOAL_ORDER; other goals have none yet (a one-line error)."""
     import mujoco
 
-    from ript.data.libero_articulated import articulated_expert, closed_container
+    from ript.data.libero_articulated import articulated_expert, closed_container, drawer_body
 
     model = task.sim.model._model
     bodies = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or "" for b in range(model.nbody)}
@@ -323,7 +324,7 @@ def make_expert(task):
         if obj not in objects or (target is None and not table_region):
             raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")
         site = None if region == target else region
-        steps.append(PickPlaceExpert(obj, target, site))
+        steps.append(PickPlaceExpert(obj, target, site, surface_body=drawer_body(task, region)))
     if not steps:
         raise RiptError(f"{task.suite}/{task.task_name}: the BDDL goal is empty")
     return steps[0] if len(steps) == 1 else SequenceExpert(steps)
