@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -99,11 +100,9 @@ def main() -> None:
     # the stage-1 config for the model and autoencoder sizes, the RL config for the update
     model_cfg = compose("stage1", ["algo=quest", "task.action_dim=4"])
     cfg = compose("rl", ["checkpoint=x", *args.overrides])
-    fsq = 1
-    for level in model_cfg.algo.autoencoder.fsq_levels:
-        fsq *= int(level)
+    vocab = math.prod(int(level) for level in model_cfg.algo.autoencoder.fsq_levels)  # FSQ's codebook
     decisions = synthetic_decisions(args.decisions, args.image_size,
-                                    int(model_cfg.algo.chunk_size) // int(model_cfg.algo.downsample), fsq)
+                                    int(model_cfg.algo.chunk_size) // int(model_cfg.algo.downsample), vocab)
     results = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
                "image_size": args.image_size, "critic": args.critic, "torch": torch.__version__, "rl": {}}
     for variant in args.variants.split(","):

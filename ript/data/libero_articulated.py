@@ -1,12 +1,13 @@
 """Privileged-state scripted experts for LIBERO's articulated goals: ``Close`` (drawers, the microwave door),
-``TurnOn`` / ``TurnOff`` (stove knobs).
+``TurnOn`` / ``TurnOff`` (stove knobs), ``Open`` (drawers).
 
 Each pushes the moving part with the closed gripper: the joint, its axis and its limits come from the
 simulator, the part's shape from its collision geometry, and the target from the LIBERO object's own
 open/close/on/off ranges, so the experts are not written per scene. A slide joint (a drawer) is pushed along
 its axis at its outermost point (the handle); a hinge (a door, a knob's lever) at the point farthest from its
 axis, tangentially, the fingertip following the arc. The push target is kept a few centimetres beyond the
-part, so the compliant OSC controller presses on it until the goal predicate holds.
+part, so the compliant OSC controller presses on it until the goal predicate holds. A drawer is opened by
+grasping its handle's bar with the hand turned level and pulling along the slide.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_experts import (CLOSE, POS_SCALE, _body_id, _geom_box_corners, _is_collision_geom,
-                                      _wrap_half_turn)
+                                      _wrap_half_turn, finger_angle)
 from ript.errors import RiptError
 
 SLIDE, HINGE = 2, 3  # MuJoCo joint types
@@ -89,8 +90,8 @@ class JointPushExpert:
     """Push a joint until ``done(qpos)`` holds: get above the start point behind the part, come down to its
     height, push (re-aimed every step), hold, then lift away."""
 
-    def __init__(self, articulation: Articulation, sign: float, done, label: str):
-        self.art, self.sign, self.done, self.label = articulation, sign, done, label
+    def __init__(self, articulation: Articulation, sign: float, done):
+        self.art, self.sign, self.done = articulation, sign, done
         self.phase, self.timer = "above", 0
 
     @property
@@ -109,7 +110,7 @@ class JointPushExpert:
         height = float(np.clip(aim, lo + 0.02 + FINGER_BELOW, hi - 0.005))
         start = np.array([*(point[:2] - push[:2] * APPROACH), height])
         if self.phase == "above":
-            goal = np.array([*start[:2], max(corners[:, 2].max() + HOVER, eef[2])])
+            goal = np.array([*start[:2], max(hi + HOVER, eef[2])])
             if np.linalg.norm(goal[:2] - eef[:2]) < 0.015:
                 self.phase = "descend"
         elif self.phase == "descend":
@@ -129,15 +130,9 @@ class JointPushExpert:
         action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
         # the hand's long side (along the finger axis, ~21 cm) across the push, so it fits close to a cabinet
         across = float(np.arctan2(push[1], push[0])) + np.pi / 2
-        action[5] = np.clip(3.0 * _wrap_half_turn(across - _finger_angle(task.sim)), -1.0, 1.0)
+        action[5] = np.clip(3.0 * _wrap_half_turn(across - finger_angle(task.sim)), -1.0, 1.0)
         action[6] = CLOSE  # closed fingers: one compact fingertip to push with
         return action
-
-
-def _finger_angle(sim) -> float:
-    model, data = sim.model._model, sim.data._data
-    d = data.xpos[_body_id(model, "gripper0_rightfinger")] - data.xpos[_body_id(model, "gripper0_leftfinger")]
-    return float(np.arctan2(d[1], d[0]))
 
 
 def _rotation(quat_xyzw: np.ndarray) -> np.ndarray:
@@ -161,17 +156,15 @@ class SlideOpenExpert:
     would hit the drawer above), come in level with the handle, close the fingers around its bar, pull along
     the slide until LIBERO's open test holds, let go and back away."""
 
-    def __init__(self, task, articulation: Articulation, done, label: str):
-        import mujoco
-
-        self.art, self.done, self.label = articulation, done, label
+    def __init__(self, task, articulation: Articulation, done):
+        self.art, self.done = articulation, done
         self.phase, self.timer, self.rot_err = "turn", 0, np.inf
         sim = task.sim
         model, data = sim.model._model, sim.data._data
         eef = task.privileged()["robot0_eef_pos"]
-        hand = data.xpos[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "gripper0_right_gripper")]
-        left = data.xpos[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "gripper0_leftfinger")]
-        right = data.xpos[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "gripper0_rightfinger")]
+        hand = data.xpos[_body_id(model, "gripper0_right_gripper")]
+        left = data.xpos[_body_id(model, "gripper0_leftfinger")]
+        right = data.xpos[_body_id(model, "gripper0_rightfinger")]
         r0 = _rotation(task.privileged()["robot0_eef_quat"])
         approach = (eef - hand) / np.linalg.norm(eef - hand)  # hand -> fingertips, in the world
         fingers = (right - left) / np.linalg.norm(right - left)
@@ -236,13 +229,19 @@ class SlideOpenExpert:
         return action
 
 
+def _region_joint(task, region: str) -> str | None:
+    """The joint a region moves with (a drawer's slide), or None for a region that does not move."""
+    site = task.env.env.object_sites_dict.get(region)
+    return site.joints[0] if site is not None and getattr(site, "joints", None) else None
+
+
 def _joint_for(task, name: str) -> tuple[object, str]:
     """(the LIBERO object, its joint) a goal names: an object (``flat_stove_1``, ``microwave_1``) or one of
     its regions (``wooden_cabinet_1_top_region``: the drawer's joint)."""
     env = task.env.env
-    site = env.object_sites_dict.get(name)
-    if site is not None and getattr(site, "joints", None):
-        return env.get_object(site.parent_name), site.joints[0]
+    joint = _region_joint(task, name)
+    if joint is not None:
+        return env.get_object(env.object_sites_dict[name].parent_name), joint
     obj = env.get_object(name)
     joints = getattr(obj, "joints", None) if obj is not None else None
     if not joints:
@@ -253,11 +252,7 @@ def _joint_for(task, name: str) -> tuple[object, str]:
 def closed_container(task, region: str) -> bool:
     """Whether ``region`` is inside something with a joint (a drawer) that is not open now: an (In X region)
     goal then needs an (Open region) first, though the BDDL goal does not list one."""
-    env = task.env.env
-    site = env.object_sites_dict.get(region)
-    if site is None or not getattr(site, "joints", None):
-        return False
-    return not env.object_states_dict[region].is_open()
+    return _region_joint(task, region) is not None and not task.env.env.object_states_dict[region].is_open()
 
 
 def drawer_body(task, region: str) -> str | None:
@@ -265,31 +260,31 @@ def drawer_body(task, region: str) -> str | None:
     None for a region that does not move."""
     import mujoco
 
-    site = task.env.env.object_sites_dict.get(region)
-    if site is None or not getattr(site, "joints", None):
+    joint = _region_joint(task, region)
+    if joint is None:
         return None
     model = task.sim.model._model
-    joint = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, site.joints[0])
-    return mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, int(model.jnt_bodyid[joint]))
+    j = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, joint)
+    return mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, int(model.jnt_bodyid[j]))
 
 
-def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert:
-    """The expert for one ``(close X)`` / ``(turnon X)`` / ``(turnoff X)`` goal, with LIBERO's own thresholds."""
+def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert | SlideOpenExpert:
+    """The expert for one ``(open X)`` (a drawer) / ``(close X)`` / ``(turnon X)`` / ``(turnoff X)`` goal, with
+    LIBERO's own thresholds."""
     kind, name = pred[0], pred[1]
     obj, joint = _joint_for(task, name)
     art = Articulation(task, joint)
     ranges = obj.object_properties["articulation"]
     if kind == "open":
-        return SlideOpenExpert(task, art, obj.is_open, f"open {name}") if art.kind == SLIDE else _no_expert(task, pred)
+        return SlideOpenExpert(task, art, obj.is_open) if art.kind == SLIDE else _no_expert(task, pred)
     if kind == "close":
         # LIBERO's test is a threshold near the joint's closed limit: push toward the side where it holds
         sign = 1.0 if obj.is_close(art.qpos + 10.0) else -1.0
-        return JointPushExpert(art, sign, obj.is_close, f"close {name}")
+        return JointPushExpert(art, sign, obj.is_close)
     if kind == "turnon":
-        return JointPushExpert(art, 1.0, lambda q: obj.turn_on(q) and q > min(ranges["default_turnon_ranges"]) + 0.15,
-                               f"turn on {name}")
+        return JointPushExpert(art, 1.0, lambda q: obj.turn_on(q) and q > min(ranges["default_turnon_ranges"]) + 0.15)
     if kind == "turnoff":
-        return JointPushExpert(art, -1.0, obj.turn_off, f"turn off {name}")
+        return JointPushExpert(art, -1.0, obj.turn_off)
     return _no_expert(task, pred)
 
 

@@ -111,6 +111,13 @@ def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
     return float(angles[i]), float(widths[i])
 
 
+def finger_angle(sim) -> float:
+    """The horizontal direction (radians) from the gripper's left finger to its right one."""
+    model, data = sim.model._model, sim.data._data
+    d = data.xpos[_body_id(model, "gripper0_rightfinger")] - data.xpos[_body_id(model, "gripper0_leftfinger")]
+    return float(np.arctan2(d[1], d[0]))
+
+
 def _wrap_half_turn(a: float) -> float:
     """An angle difference folded into [-pi/2, pi/2): a parallel gripper is symmetric under a half turn."""
     return (a + np.pi / 2) % np.pi - np.pi / 2
@@ -135,13 +142,6 @@ class PickPlaceExpert:
     @property
     def finished(self) -> bool:
         return self.phase == "release" and self.timer > self.settle
-
-    def _finger_angle(self, sim) -> float:
-        model, data = sim.model._model, sim.data._data
-        left = data.xpos[_body_id(model, "gripper0_leftfinger")]
-        right = data.xpos[_body_id(model, "gripper0_rightfinger")]
-        d = right - left
-        return float(np.arctan2(d[1], d[0]))
 
     def _plan_grasp(self, sim, obj_pts: np.ndarray, obj_xy: np.ndarray) -> None:
         """Across the narrow side when it fits between the fingers; else pinch the wall (a bowl's rim),
@@ -201,7 +201,7 @@ class PickPlaceExpert:
         if self.phase in ("lift", "carry", "lower") and eef[2] - lo[2] > self.hang + 0.04:
             self.phase = "align"  # the object slipped out of the fingers: open, line up and grasp again
         gripper, goal = OPEN, eef.copy()
-        yaw_err = _wrap_half_turn(self.grasp_yaw - self._finger_angle(sim))
+        yaw_err = _wrap_half_turn(self.grasp_yaw - finger_angle(sim))
         if self.phase == "align":
             goal = np.array([*grasp_xy, max(hi[2] + 0.08, eef[2])])
             if np.linalg.norm(goal[:2] - eef[:2]) < 0.015 and abs(yaw_err) < 0.08:

@@ -92,6 +92,7 @@ class ChunkLearner:
         context = self.model.context(inputs["obs"], inputs["task_ids"]) if self.encodes else inputs["context"]
         log_probs, entropy = token_scores(self.model, context, tokens, float(self.settings["temperature"]),
                                           self.settings.get("top_k"))
+        # a fixed tuple for the compiled graph: without a critic the third slot repeats the entropy, unused
         return log_probs, entropy, entropy if self.critic is None else self.critic(context)
 
     def score(self, data: dict, idx: torch.Tensor) -> Scored:
