@@ -84,23 +84,25 @@ def bench_train(cfg, ds: ChunkDataset, device: str, batch: int) -> dict:
     cuda = device.startswith("cuda")
     ae = ActionAutoencoder(**autoencoder_kwargs(cfg)).to(device)
     opt, sched = training.make_optimizer(ae.parameters(), cfg.train, 10**6, device)
+    optimiser_step0 = training.GuardedStep(ae, opt, sched, 1.0)
 
     def step0():
         b = ds.get_batch(torch.randint(0, len(ds), (batch,)))
         with training.autocast(device, "auto"):
             o = ae(ae.action_normalizer.normalize(b["actions"]), b["action_mask"])
-        training.grad_norm_step(ae, opt, sched, o["loss"], 1.0, 0)
+        optimiser_step0(o["loss"], 0)
 
     out["stage0_train_samples_per_s"] = batch / timed(step0, 20 if cuda else 5, sync=cuda)
     prior = make_prior(cfg, ds).to(device).train()
     opt, sched = training.make_optimizer(prior.parameters(), cfg.train, 10**6, device)
+    optimiser_step1 = training.GuardedStep(prior, opt, sched, 1.0)
     gen = torch.Generator(device=ds.device).manual_seed(0)
 
     def step1():
         b = ds.get_batch(torch.randint(0, len(ds), (batch,)))
         with training.autocast(device, "auto"):
             o = prior_loss(prior, b, cfg, gen, 0.0)
-        training.grad_norm_step(prior, opt, sched, o["loss"], 1.0, 0)
+        optimiser_step1(o["loss"], 0)
 
     out["stage1_train_samples_per_s"] = batch / timed(step1, 10 if cuda else 3, sync=cuda)
     out["stage1_params_M"] = sum(p.numel() for p in prior.parameters()) / 1e6

@@ -88,12 +88,13 @@ def make_steps(cfg, data: SyntheticData, batch: int, variant: str, device: str):
     ae = ActionAutoencoder(**autoencoder_kwargs(cfg)).to(device).train()
     opt0, sched0 = training.make_optimizer(ae.parameters(), train_cfg, 10**6, device)
     forward = training.CompiledLoss(ae, train_cfg, device)
+    optimiser_step0 = training.GuardedStep(ae, opt0, sched0, 1.0)
 
     def step0():
         b = data.batch(batch)
         with training.autocast(device, train_cfg.amp):
             out = forward(ae.action_normalizer.normalize(b["actions"]), b["action_mask"])
-        training.grad_norm_step(ae, opt0, sched0, out["loss"], 1.0, 0)
+        optimiser_step0(out["loss"], 0)
 
     prior = SkillPrior(autoencoder=autoencoder_kwargs(cfg), task_names=["t"], image_keys=list(data.images),
                        lowdim_dims={"robot_states": 39}, lang_dim=384, frame_stack=1,
@@ -102,12 +103,13 @@ def make_steps(cfg, data: SyntheticData, batch: int, variant: str, device: str):
     opt1, sched1 = training.make_optimizer(prior.parameters(), train_cfg, 10**6, device)
     gen = torch.Generator(device=device).manual_seed(0)
     loss_fn = training.CompiledLoss(prior.loss, train_cfg, device)
+    optimiser_step1 = training.GuardedStep(prior, opt1, sched1, 1.0)
 
     def step1():
         b = data.batch(batch)
         with training.autocast(device, train_cfg.amp):
             out = prior_loss(prior, b, cfg, gen, 0.0, loss_fn)
-        training.grad_norm_step(prior, opt1, sched1, out["loss"], 1.0, 0)
+        optimiser_step1(out["loss"], 0)
 
     return step0, step1
 

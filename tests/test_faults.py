@@ -56,6 +56,39 @@ def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny_data, t
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_non_finite_step_changes_no_weights_and_the_check_names_it(fused):
+    """Fused optimisers (CUDA) check finiteness on the device without stopping the host: from the bad step on
+    the updates are skipped, and check() raises; others raise at the bad step itself."""
+    from ript.utils.training import GuardedStep, NonFiniteLoss
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+    step = GuardedStep(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), 1.0)
+    assert step.deferred == fused
+    x = torch.randn(4, 3)
+    for i in range(5):
+        loss = model(x).pow(2).mean()
+        if i == 2:
+            good = {k: v.clone() for k, v in model.state_dict().items()}
+            moments = [s["exp_avg"].clone() for s in opt.state.values()]
+            loss = loss * float("nan")
+        if i == 2 and not fused:
+            with pytest.raises(NonFiniteLoss, match="at step 3"):
+                step(loss, i)
+            break
+        step(loss, i)
+        if i == 1:
+            step.check()  # two good steps: nothing to report
+    assert all(torch.equal(good[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(m, s["exp_avg"]) for m, s in zip(moments, opt.state.values()))
+    assert [int(s["step"]) for s in opt.state.values()] == [2, 2]
+    if fused:
+        with pytest.raises(NonFiniteLoss, match="non-finite training loss nan .* at step 3; no update applied"):
+            step.check()
+
+
 def test_a_non_finite_model_is_never_written(tmp_path):
     from ript.errors import RiptError
     from ript.utils.checkpoint import save_checkpoint

@@ -97,6 +97,9 @@ class ChunkDataset:
         return self
 
     def get_batch(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        if idx.device.type == "cpu" and self.device.type == "cuda":
+            # pinned: a copy from pageable memory would wait for the GPU's queue to drain every step
+            idx = idx.pin_memory().to(self.device, non_blocking=True)
         idx = idx.to(self.device)
         start, end = self.episode_start[idx, None], self.episode_end[idx, None]
         fs, chunk = self.spec.frame_stack, self.spec.chunk_size

@@ -81,6 +81,7 @@ def run(cfg) -> str:
     run_dir, resume_from = prepare_ranked_run_dir(cfg, info)  # inputs checked: now the folder may appear
     steps = int(cfg.train.steps)
     opt, sched = training.make_optimizer(model.parameters(), cfg.train, steps, device)
+    optimiser_step = training.GuardedStep(model, opt, sched, float(cfg.train.grad_clip), info)
     generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
     start_step, run_id = 0, None
     if resume_from is not None:
@@ -93,6 +94,7 @@ def run(cfg) -> str:
                                            train_set.metadata(cfg.task))
 
     def save(step: int) -> None:
+        optimiser_step.check()  # a non-finite step since the last check stops the run before anything is written
         ranks = ddist.gather_objects(rank_state(data_rng=generator.get_state()), info)
         if info.is_main:
             state = training_state(opt, sched, step, logger.run_id, ranks)
@@ -110,22 +112,23 @@ def run(cfg) -> str:
         with training.autocast(device, cfg.train.amp):
             out = forward(model.action_normalizer.normalize(batch["actions"]), batch["action_mask"])
         # the L1 is a mean over unmasked actions, whose count differs between ranks' blocks
-        grad_norm = training.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step, info,
-                                            weight=batch["action_mask"].sum())
+        grad_norm = optimiser_step(out["loss"], step, weight=batch["action_mask"].sum())
         samples += len(idx)
         bar.update(1)
         done = step + 1
         if done % cfg.train.log_every == 0 or done == steps:
+            optimiser_step.check()
             dt = time.perf_counter() - t_last
             l1, loss = ddist.all_sum([out["l1"].item(), out["loss"].item()], info)
             metrics = {"train/l1": l1 / info.world_size, "train/loss": loss / info.world_size,
-                       "train/grad_norm": grad_norm, "train/lr": sched.get_last_lr()[0], "time/samples_per_s": samples / dt,
+                       "train/grad_norm": float(grad_norm), "train/lr": sched.get_last_lr()[0], "time/samples_per_s": samples / dt,
                        # codebook use of this rank's block of the batch
                        **{f"train/{k}": v for k, v in codebook_metrics(out["indices"], model.codebook_size).items()}}
             logger.log(metrics, done)
             bar.set_postfix(l1=f"{metrics['train/l1']:.4f}", ppl=f"{metrics['train/perplexity']:.0f}")
             t_last, samples = time.perf_counter(), 0
         if val_set is not None and (done % cfg.train.val_every == 0 or done == steps):
+            optimiser_step.check()
             metrics = validate(model, val_set, int(cfg.train.batch_size), device, cfg.train.amp, info)
             logger.log(metrics, done)
             log.info("stage0 step %d: val l1 %.4f, codebook usage %.1f%%", done, metrics["val/l1"],

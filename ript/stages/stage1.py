@@ -170,6 +170,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
     run_dir, resume_from = prepare_ranked_run_dir(cfg, info)  # inputs checked: now the folder may appear
     steps = int(cfg.train.steps)
     opt, sched = training.make_optimizer(model.parameters(), cfg.train, steps, device)
+    optimiser_step = training.GuardedStep(model, opt, sched, float(cfg.train.grad_clip), info)
     generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
     start_step, run_id = 0, None
     if resume_from is not None:
@@ -197,6 +198,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
         ddist.barrier(info)
 
     def save(step: int) -> None:
+        optimiser_step.check()  # a non-finite step since the last check stops the run before anything is written
         ranks = ddist.gather_objects(rank_state(data_rng=generator.get_state()), info)
         if info.is_main:
             state = training_state(opt, sched, step, logger.run_id, ranks)
@@ -214,22 +216,23 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
             batch = train_set.get_batch(idx[share])
             with training.autocast(device, cfg.train.amp):
                 out = prior_loss(model, batch, cfg, generator, decoder_l1_weight, loss_fn, share)
-            grad_norm = training.grad_norm_step(model, opt, sched, out["loss"], float(cfg.train.grad_clip), step,
-                                                info)
+            grad_norm = optimiser_step(out["loss"], step)
             samples += len(idx)
             bar.update(1)
             done = step + 1
             if done % cfg.train.log_every == 0 or done == steps:
+                optimiser_step.check()
                 dt = time.perf_counter() - t_last
                 names = ["ce", "token_acc"] + (["decoder_l1"] if "decoder_l1" in out else [])
                 means = ddist.all_sum([out[k].item() for k in names], info)
                 metrics = {**{f"train/{k}": v / info.world_size for k, v in zip(names, means)},
-                           "train/grad_norm": grad_norm, "train/lr": sched.get_last_lr()[0],
+                           "train/grad_norm": float(grad_norm), "train/lr": sched.get_last_lr()[0],
                            "time/samples_per_s": samples / dt}
                 logger.log(metrics, done)
                 bar.set_postfix(ce=f"{metrics['train/ce']:.3f}", acc=f"{metrics['train/token_acc']:.2f}")
                 t_last, samples = time.perf_counter(), 0
             if val_set is not None and (done % cfg.train.val_every == 0 or done == steps):
+                optimiser_step.check()
                 metrics = validate(model, val_set, cfg, device, info)
                 logger.log(metrics, done)
                 log.info("%s step %d: val ce %.3f, token acc %.3f", stage, done, metrics["val/ce"],

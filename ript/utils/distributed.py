@@ -36,6 +36,7 @@ def init_rank(device: str) -> tuple[str, DistInfo]:
     if device == "cuda":
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
+        render_on_rank_gpu(local_rank)
     if int(os.environ.get("RANK", "0")) != 0:
         from ript.utils.logging import log
 
@@ -46,6 +47,22 @@ def init_rank(device: str) -> tuple[str, DistInfo]:
         else:
             dist.init_process_group("gloo")
     return device, DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def render_on_rank_gpu(local_rank: int) -> None:
+    """Under torchrun, the rank's env workers (spawned later, they inherit the environment) render through EGL
+    on the rank's own GPU rather than all on the first one (``MUJOCO_EGL_DEVICE_ID``; a value the user set is
+    kept, and nothing is set where EGL lists fewer devices than that index or is not the renderer)."""
+    if "MUJOCO_EGL_DEVICE_ID" in os.environ or os.environ.get("MUJOCO_GL", "egl") != "egl":
+        return
+    try:
+        from mujoco.egl import egl_ext
+
+        devices = len(egl_ext.eglQueryDevicesEXT())
+    except Exception:  # noqa: BLE001  (no EGL library here: the workers' renderer will say so itself)
+        return
+    if local_rank < devices:
+        os.environ["MUJOCO_EGL_DEVICE_ID"] = str(local_rank)
 
 
 def batch_share(batch_size: int, info: DistInfo) -> slice:

@@ -116,22 +116,57 @@ class NonFiniteLoss(RiptError):
     """A training loss or gradient became NaN/inf; no update was applied and no checkpoint is written."""
 
 
-def grad_norm_step(model: torch.nn.Module, opt, sched, loss: torch.Tensor, clip: float, step: int,
-                   info: DistInfo | None = None, weight: torch.Tensor | None = None) -> float:
-    """One optimiser step; refuses (before touching the weights) when the loss or the gradient is not finite.
-    Under torchrun (``info``) the gradients are averaged over ranks before clipping (weighted by ``weight``
-    when the loss is a mean over a count that differs between ranks)."""
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    params = [p for p in model.parameters() if p.requires_grad]
-    if info is not None:
-        average_gradients(params, info, weight)
-    norm = torch.nn.utils.clip_grad_norm_(params, clip)
-    loss_value, norm_value = torch.stack([loss.detach().float(), norm.float()]).tolist()  # one device sync
-    if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+class GuardedStep:
+    """One optimiser step per call that refuses non-finite losses and gradients, with the gradients averaged
+    over ranks under torchrun (weighted by ``weight`` when the loss is a mean over a count that differs between
+    ranks) and clipped to ``clip``.
+
+    With a fused optimiser (CUDA) the check does not stop the host every step: the step's finiteness stays on
+    the device, and from the first non-finite step on the fused kernel skips every update (its ``found_inf``),
+    so weights and optimiser state stay those of the last good step; ``check()`` — called before logging,
+    validating and saving — raises. Elsewhere every call checks at once (one device sync)."""
+
+    def __init__(self, model: torch.nn.Module, opt, sched, clip: float, info: DistInfo | None = None):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt, self.sched, self.clip, self.info = opt, sched, float(clip), info
+        self.deferred = all(group.get("fused") for group in opt.param_groups)
+        if self.deferred:
+            device = self.params[0].device
+            self.bad = torch.zeros((), device=device)  # 1.0 once any step was non-finite (the fused kernels' flag)
+            self.first_step = torch.full((), -1, dtype=torch.long, device=device)
+            self.first_values = torch.zeros(2, device=device)  # that step's loss and gradient norm
+            opt.found_inf = self.bad
+
+    def __call__(self, loss: torch.Tensor, step: int, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """The step's gradient norm (a device tensor; before clipping)."""
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.info is not None:
+            average_gradients(self.params, self.info, weight)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        values = torch.stack([loss.detach().float(), norm.float()])
+        if self.deferred:
+            new_bad = ~torch.isfinite(values).all() & (self.bad == 0)
+            self.first_step.copy_(torch.where(new_bad, step, self.first_step))
+            self.first_values.copy_(torch.where(new_bad, values, self.first_values))
+            self.bad.copy_(torch.maximum(self.bad, new_bad.float()))  # in place: the optimiser holds this tensor
+        else:
+            loss_value, norm_value = values.tolist()
+            if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+                self._raise(step, loss_value, norm_value)
+        self.opt.step()
+        self.sched.step()
+        return norm.detach()
+
+    def check(self) -> None:
+        """Raise ``NonFiniteLoss`` if a step since the start was non-finite (syncs with the device)."""
+        if self.deferred:
+            first = int(self.first_step)
+            if first >= 0:
+                self._raise(first, *self.first_values.tolist())
+
+    @staticmethod
+    def _raise(step: int, loss_value: float, norm_value: float):
         raise NonFiniteLoss(f"non-finite training loss {loss_value} (gradient norm {norm_value}) at step {step + 1}; "
                             f"no update applied, checkpoints/last is the last good checkpoint; "
                             f"lower train.lr or check the data")
-    opt.step()
-    sched.step()
-    return norm_value

@@ -1,0 +1,103 @@
+"""The simulator floor with many processes at once: what N worker processes stepping MetaWorld envs (scripted
+expert) and rendering through EGL reach together, against N x the one-process rate.
+
+    python -m benchmarks.render_floor --procs 1,8,16 --render-every 1,8 [--egl-devices 0 | 0,1] [--envs 1,4]
+
+``--render-every 1`` is collection's pattern (both cameras every step), 8 a rollout's (the frames a decision
+reads), 0 physics and expert only; ``--envs`` envs per process (each its own renderer context, as the
+runner's workers host them);
+``--egl-devices`` spreads the processes over EGL devices round-robin (``MUJOCO_EGL_DEVICE_ID``). Every
+process starts timing at one barrier and counts steps for ``--seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+
+def _worker(task_name: str, size: int, cameras: tuple, envs: int, render_every: int, seconds: float,
+            egl_device: str | None, barrier, out) -> None:
+    if egl_device is not None:
+        os.environ["MUJOCO_EGL_DEVICE_ID"] = egl_device
+    import numpy as np
+
+    from ript.envs.metaworld import MetaWorldTask, RenderSettings, expert_policy
+
+    render = RenderSettings(cameras=cameras, image_size=size)
+    tasks = [MetaWorldTask(task_name, render, 500) for _ in range(envs)]
+    expert = expert_policy(task_name)
+    obs = [t.reset(i, render=False) for i, t in enumerate(tasks)]
+    for t in tasks:
+        t.render_images()  # first frame: context and texture upload, not timed
+    barrier.wait()
+    steps, frames, seed = 0, 0, envs
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for i, t in enumerate(tasks):
+            action = expert.get_action(obs[i]["env_state"].astype(np.float64))
+            draw = render_every > 0 and steps % render_every == 0
+            obs[i], _, done, _ = t.step(action, render=draw)
+            frames += draw * len(cameras)
+            if done:
+                obs[i] = t.reset(seed, render=False)
+                seed += 1
+        steps += 1
+    wall = time.perf_counter() - start
+    for t in tasks:
+        t.close()
+    out.put((steps * envs, frames, wall))
+
+
+def measure(procs: int, envs: int, render_every: int, devices: list[str] | None, args) -> dict:
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(procs), ctx.Queue()
+    workers = [ctx.Process(target=_worker, args=(args.task, args.image_size, tuple(args.cameras.split(",")), envs,
+                                                 render_every, args.seconds,
+                                                 devices[i % len(devices)] if devices else None, barrier, out))
+               for i in range(procs)]
+    for w in workers:
+        w.start()
+    results = [out.get(timeout=args.seconds + 300) for _ in workers]
+    for w in workers:
+        w.join()
+    steps = sum(r[0] for r in results)
+    wall = max(r[2] for r in results)
+    return {"procs": procs, "envs_per_proc": envs, "render_every": render_every, "egl_devices": devices,
+            "env_steps_per_s": steps / wall, "frames_per_s": sum(r[1] for r in results) / wall,
+            "per_proc_steps_per_s": steps / wall / procs}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--task", default="drawer-close-v3")
+    p.add_argument("--image-size", type=int, default=128)
+    p.add_argument("--cameras", default="corner,gripperPOV")
+    p.add_argument("--procs", default="1,8,16")
+    p.add_argument("--envs", default="1")
+    p.add_argument("--render-every", default="1,8")
+    p.add_argument("--egl-devices", default=None, help="comma list of MUJOCO_EGL_DEVICE_ID values, round-robin")
+    p.add_argument("--seconds", type=float, default=6.0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    devices = args.egl_devices.split(",") if args.egl_devices else None
+    rows = []
+    for every in [int(x) for x in args.render_every.split(",")]:
+        for envs in [int(x) for x in args.envs.split(",")]:
+            for n in [int(x) for x in args.procs.split(",")]:
+                r = measure(n, envs, every, devices, args)
+                rows.append(r)
+                print(f"render every {every:>2}, {n:>3} procs x {envs} envs, EGL devices {devices or 'default'}: "
+                      f"{r['env_steps_per_s']:>8.0f} env steps/s ({r['per_proc_steps_per_s']:.0f} per process, "
+                      f"{r['frames_per_s']:.0f} frames/s)", flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"task": args.task, "image_size": args.image_size, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
