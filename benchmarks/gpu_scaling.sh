@@ -18,8 +18,9 @@ RL="rl.iterations=${RL_ITERS:-2} rl.num_workers=${RL_WORKERS:-16} rl.max_episode
     rl.oversample=1 rl.groups_per_iteration=${RL_GROUPS:-16} eval.every=0"
 echo "== collect at ${SECONDS}s"
 [ -e $RUN/stage0 ] || ript collect $T num_workers=${COLLECT_WORKERS:-16} episodes_per_job=5 2>&1 | tr '\r' '\n' \
-  | grep -v -E '^\s*collect:\s+[0-9]+%' | tail -4
-echo "== stage0 at ${SECONDS}s"; [ -e $RUN/stage0 ] || ript stage0 $T run_dir=$RUN/stage0 train.steps=1000 progress=false
+  | grep -E "steps/s|rror"
+echo "== stage0 at ${SECONDS}s"
+[ -e $RUN/stage0 ] || ript stage0 $T run_dir=$RUN/stage0 train.steps=1000 progress=false ${S0_EXTRA:-}
 echo "== stage1 1 GPU at ${SECONDS}s"; [ -e $RUN/s1_1gpu ] || ript stage1 $S1 run_dir=$RUN/s1_1gpu
 if [ "${RL_ONLY:-0}" = 1 ]; then  # the RL comparison only: its stage-1 checkpoint just needs to exist
   echo "== two-GPU stage 1 skipped (RL_ONLY=1)"
@@ -27,7 +28,8 @@ else
   echo "== stage1 2 GPUs at ${SECONDS}s"; rm -rf $RUN/s1_2gpu; ript2 stage1 $S1 run_dir=$RUN/s1_2gpu train.batch_size=512
   python3 -m benchmarks.train_compare $RUN/s1_1gpu $RUN/s1_2gpu --out $RES/scaling_stage1.json
 fi
-echo "== rl 1 GPU at ${SECONDS}s"; ript rl checkpoint=$RUN/s1_1gpu run_dir=$RUN/rl_1gpu $RL 2>&1 | grep -E "rl iteration|rror"
+echo "== rl 1 GPU at ${SECONDS}s"  # its workers render on its GPU only, as on a one-GPU host
+MUJOCO_EGL_DEVICE_ID=0 ript rl checkpoint=$RUN/s1_1gpu run_dir=$RUN/rl_1gpu $RL 2>&1 | grep -E "rl iteration|rror"
 echo "== rl 2 GPUs at ${SECONDS}s"; ript2 rl checkpoint=$RUN/s1_1gpu run_dir=$RUN/rl_2gpu $RL 2>&1 | grep -E "rl iteration|rror"
 runs="$RUN/rl_1gpu $RUN/rl_2gpu"
 if [ "${RL_EGL0:-0}" = 1 ]; then

@@ -1,22 +1,52 @@
 #!/usr/bin/env bash
-# Session 15's lease (nvidia-h200-x2: two H200s, 32 cores): the simulator floor with many processes at once
-# (benchmarks/render_floor.py: collection's and a rollout's render pattern, 1-32 processes, one or two EGL
-# devices), then benchmarks/gpu_scaling.sh (collection with 16 workers, stage 1 and RL on one GPU and on two).
-#   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_session15.sh
+# Session 15's leases (nvidia-h200-x2: two H200s, 32 cores), in parts:
+#   render     the simulator floor with many processes (benchmarks/render_floor.py): 1-32 processes, collection's
+#              and a rollout's render pattern, one or two EGL devices
+#   renderers  one mujoco.Renderer readback per camera (before) vs all cameras side by side in one readback (now)
+#   cudatest   the CUDA-only tests (tests/test_policy_cuda.py: CUDA-graph policy, compiled RL update)
+#   collect    ML45-10 x 50 demos with 16 workers rendering on one GPU, then on both
+#   scaling    benchmarks/gpu_scaling.sh: stage 1 and RL, one GPU vs two (SCALING_* pass its variables on)
+#   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_session15.sh render scaling
 #   bash benchmarks/gpu_background.sh poll 560 runs/scaling runs/results     # back to back until CHAIN_EXIT
 set -uo pipefail
 export RES=runs/results
 mkdir -p $RES
 phase() { echo "== $1 at ${SECONDS}s"; }
+floor() { python3 -m benchmarks.render_floor "$@" 2>&1 | grep -E "render every|rror"; }
+collect() {  # <data dir> <label>
+  python3 -m ript.cli collect task=metaworld_ml45_10 task.data_dir=$1 num_workers=16 episodes_per_job=5 2>&1 \
+    | tr '\r' '\n' | grep -E "steps/s|rror" | tee $RES/collect_$2.log
+}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc
-phase "render floor, default EGL device"
-python3 -m benchmarks.render_floor --procs 1,16,32 --render-every 1,8 --seconds 5 --out $RES/render_default.json \
-  2>&1 | grep "^render"
-python3 -m benchmarks.render_floor --procs 1,32 --render-every 0 --seconds 4 --out $RES/render_physics.json \
-  2>&1 | grep "^render"
-phase "render floor, two EGL devices"
-python3 -m benchmarks.render_floor --procs 16,32 --render-every 1,8 --seconds 5 --egl-devices 0,1 \
-  --out $RES/render_two_devices.json 2>&1 | grep "^render"
-phase "scaling"
-RL_ITERS=${RL_ITERS:-4} RL_GROUPS=${RL_GROUPS:-32} RL_EGL0=${RL_EGL0:-1} bash benchmarks/gpu_scaling.sh
+for part in "$@"; do
+  case "$part" in
+    render)
+      phase "render floor, default EGL device"
+      floor --procs 1,16,32 --render-every 1,8 --seconds 5 --out $RES/render_default.json
+      floor --procs 1,32 --render-every 0 --seconds 4 --out $RES/render_physics.json
+      phase "render floor, two EGL devices"
+      floor --procs 16,32 --render-every 1,8 --seconds 5 --egl-devices 0,1 --out $RES/render_two_devices.json ;;
+    renderers)
+      for r in separate side-by-side; do
+        phase "render floor, $r"
+        floor --procs 1,16 --render-every 1,8 --seconds 5 --renderer $r --egl-devices 0 --out $RES/render_$r.json
+      done
+      phase "render floor, side-by-side, two EGL devices"
+      floor --procs 32 --render-every 1 --seconds 5 --egl-devices 0,1 --out $RES/render_side_two.json ;;
+    cudatest)
+      phase "CUDA tests"
+      python3 -m pytest -q -p no:cacheprovider tests/test_policy_cuda.py 2>&1 | tail -15 | tee $RES/cuda_tests.log ;;
+    collect)
+      phase "collect, 16 workers rendering on GPU 0"
+      MUJOCO_EGL_DEVICE_ID=0 collect runs/collect_gpu0 gpu0
+      phase "collect, 16 workers rendering on both GPUs"
+      collect runs/collect_gpu01 gpu01 ;;
+    scaling)
+      phase "scaling"
+      RL_ITERS=${SCALING_RL_ITERS:-4} RL_GROUPS=${SCALING_RL_GROUPS:-32} RL_EGL0=${SCALING_RL_EGL0:-0} \
+        RL_ONLY=${SCALING_RL_ONLY:-0} S1_STEPS=${SCALING_S1_STEPS:-1000} S1_EXTRA=${SCALING_S1_EXTRA:-} \
+        bash benchmarks/gpu_scaling.sh ;;
+    *) echo "unknown part $part (render, renderers, cudatest, collect, scaling)" >&2; exit 2 ;;
+  esac
+done
 phase "session chain done"

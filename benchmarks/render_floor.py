@@ -6,6 +6,7 @@ expert) and rendering through EGL reach together, against N x the one-process ra
 ``--render-every 1`` is collection's pattern (both cameras every step), 8 a rollout's (the frames a decision
 reads), 0 physics and expert only; ``--envs`` envs per process (each its own renderer context, as the
 runner's workers host them);
+``--renderer separate``: one ``mujoco.Renderer`` render and readback per camera (before session 15);
 ``--egl-devices`` spreads the processes over EGL devices round-robin (``MUJOCO_EGL_DEVICE_ID``). Every
 process starts timing at one barrier and counts steps for ``--seconds``.
 """
@@ -20,8 +21,25 @@ import time
 from pathlib import Path
 
 
+def _separate_frames(task) -> callable:
+    """The renderer before session 15: ``mujoco.Renderer``, one render and one readback per camera."""
+    import mujoco
+
+    renderer = mujoco.Renderer(task.env.model, task.render_settings.image_size, task.render_settings.image_size)
+    flags = renderer.scene.flags
+    for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
+        flags[flag] = 0
+
+    def frames():
+        for cam in task.render_settings.cameras:
+            renderer.update_scene(task.env.data, camera=cam)
+            renderer.render()
+
+    return frames
+
+
 def _worker(task_name: str, size: int, cameras: tuple, envs: int, render_every: int, seconds: float,
-            egl_device: str | None, barrier, out) -> None:
+            egl_device: str | None, renderer: str, barrier, out) -> None:
     if egl_device is not None:
         os.environ["MUJOCO_EGL_DEVICE_ID"] = egl_device
     import numpy as np
@@ -32,16 +50,19 @@ def _worker(task_name: str, size: int, cameras: tuple, envs: int, render_every: 
     tasks = [MetaWorldTask(task_name, render, 500) for _ in range(envs)]
     expert = expert_policy(task_name)
     obs = [t.reset(i, render=False) for i, t in enumerate(tasks)]
-    for t in tasks:
-        t.render_images()  # first frame: context and texture upload, not timed
+    draw_frames = [t.render_images if renderer == "side-by-side" else _separate_frames(t) for t in tasks]
+    for frames in draw_frames:
+        frames()  # first frame: context and texture upload, not timed
     barrier.wait()
     steps, frames, seed = 0, 0, envs
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         for i, t in enumerate(tasks):
             action = expert.get_action(obs[i]["env_state"].astype(np.float64))
+            obs[i], _, done, _ = t.step(action, render=False)
             draw = render_every > 0 and steps % render_every == 0
-            obs[i], _, done, _ = t.step(action, render=draw)
+            if draw:
+                draw_frames[i]()
             frames += draw * len(cameras)
             if done:
                 obs[i] = t.reset(seed, render=False)
@@ -58,7 +79,8 @@ def measure(procs: int, envs: int, render_every: int, devices: list[str] | None,
     barrier, out = ctx.Barrier(procs), ctx.Queue()
     workers = [ctx.Process(target=_worker, args=(args.task, args.image_size, tuple(args.cameras.split(",")), envs,
                                                  render_every, args.seconds,
-                                                 devices[i % len(devices)] if devices else None, barrier, out))
+                                                 devices[i % len(devices)] if devices else None, args.renderer,
+                                                 barrier, out))
                for i in range(procs)]
     for w in workers:
         w.start()
@@ -68,6 +90,7 @@ def measure(procs: int, envs: int, render_every: int, devices: list[str] | None,
     steps = sum(r[0] for r in results)
     wall = max(r[2] for r in results)
     return {"procs": procs, "envs_per_proc": envs, "render_every": render_every, "egl_devices": devices,
+            "renderer": args.renderer,
             "env_steps_per_s": steps / wall, "frames_per_s": sum(r[1] for r in results) / wall,
             "per_proc_steps_per_s": steps / wall / procs}
 
@@ -81,6 +104,8 @@ def main() -> None:
     p.add_argument("--envs", default="1")
     p.add_argument("--render-every", default="1,8")
     p.add_argument("--egl-devices", default=None, help="comma list of MUJOCO_EGL_DEVICE_ID values, round-robin")
+    p.add_argument("--renderer", choices=("side-by-side", "separate"), default="side-by-side",
+                   help="all cameras in one buffer and one readback (MetaWorldTask's), or mujoco.Renderer per camera")
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
@@ -91,7 +116,8 @@ def main() -> None:
             for n in [int(x) for x in args.procs.split(",")]:
                 r = measure(n, envs, every, devices, args)
                 rows.append(r)
-                print(f"render every {every:>2}, {n:>3} procs x {envs} envs, EGL devices {devices or 'default'}: "
+                print(f"{args.renderer}: render every {every:>2}, {n:>3} procs x {envs} envs, EGL devices "
+                      f"{devices or 'default'}: "
                       f"{r['env_steps_per_s']:>8.0f} env steps/s ({r['per_proc_steps_per_s']:.0f} per process, "
                       f"{r['frames_per_s']:.0f} frames/s)", flush=True)
     if args.out:

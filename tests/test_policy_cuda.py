@@ -44,3 +44,38 @@ def test_graphed_plan_matches_eager_and_sees_weight_updates():
             assert np.allclose(planned[0][i], planned[1][i], atol=1e-4)
         with torch.no_grad():  # an in-place update (as an optimiser does) must reach the captured graph
             eager.model.head.bias.add_(torch.linspace(-3, 3, eager.model.head.bias.numel(), device="cuda"))
+
+
+def test_compiled_rl_update_with_accumulating_micro_batches_matches_eager():
+    """rl.compile on CUDA: micro-batches padded to a static size and replayed as CUDA graphs accumulate into the
+    same update as the eager scorer (a gradient adopted from a graph's output would be overwritten by the next
+    micro-batch's replay)."""
+    from ript.config import compose
+    from ript.rl.learners import ChunkLearner
+    from ript.rl.update import ppo_update
+    from ript.utils.distributed import DistInfo
+
+    g = torch.Generator().manual_seed(0)
+    prior = policies()[0].model
+    tokens = AE["chunk_size"] // AE["downsample"]
+    n = 11  # three micro-batches of 4, the last one padded
+    data = {"obs": {"cam_rgb": torch.randint(0, 256, (n, 2, 32, 32, 3), dtype=torch.uint8, generator=g).cuda(),
+                    "state": torch.randn(n, 2, 3, generator=g).cuda()},
+            "task_ids": torch.randint(0, 2, (n,), generator=g).cuda(),
+            "tokens": torch.randint(0, prior.vocab_size, (n, tokens), generator=g).cuda(),
+            "old_log_probs": (-3 * torch.rand(n, tokens, generator=g)).cuda(),
+            "advantages": torch.linspace(-1, 1, n).cuda()}
+    cfg = compose("rl", ["checkpoint=x", "rl.epochs=2", "rl.minibatches=1", "rl.micro_batch=4", "amp=false"])
+    before = {k: v.clone() for k, v in prior.state_dict().items()}
+    after = []
+    for compiled in (False, True):
+        prior.load_state_dict(before)
+        learner = ChunkLearner(prior, {"temperature": 1.0, "top_k": None}, prior_only=False,
+                               static_batch=4 if compiled else None, compile_scoring=compiled)
+        opt = torch.optim.SGD(learner.params, lr=1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
+        ppo_update(learner, opt, sched, data, cfg, DistInfo(), 0, "cuda")
+        after.append({k: v.clone() for k, v in prior.state_dict().items()})
+    moved = [k for k in before if not torch.equal(after[0][k], before[k])]
+    assert moved
+    assert max((after[0][k] - after[1][k]).abs().max().item() for k in moved) < 1e-3

@@ -26,6 +26,7 @@ import h5py
 import numpy as np
 
 from ript.data.hdf5 import Demo, merge_demo_files, write_demo_file
+from ript.envs.gl import use_egl_device, worker_egl_devices
 from ript.envs.seeds import demo_layout_seed
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
@@ -48,11 +49,15 @@ class Job:
     shard_path: str
 
 
-def _exit_with_parent(progress) -> None:
-    """Worker initializer: keep the progress queue, and die with the parent (a killed ``collect`` leaves no
-    orphaned workers behind)."""
+def _exit_with_parent(progress, started, egl_devices: list) -> None:
+    """Worker initializer: keep the progress queue, take the next EGL device (``started`` counts the workers
+    so far), and die with the parent (a killed ``collect`` leaves no orphaned workers behind)."""
     global _progress
     _progress = progress
+    with started.get_lock():
+        index = started.value
+        started.value += 1
+    use_egl_device(egl_devices[index % len(egl_devices)])
     die_with_parent()
 
 
@@ -223,7 +228,7 @@ def collect_demos(
     t0 = time.perf_counter()
     bar = tqdm(total=len(todo) * demos_per_task, initial=sum(collected.values()), desc="collect", unit="demo")
     with ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_exit_with_parent,
-                             initargs=(progress,)) as pool:
+                             initargs=(progress, ctx.Value("i", 0), worker_egl_devices(num_workers))) as pool:
         pending = {pool.submit(_run_job, job) for job in jobs}
         try:
             while pending:

@@ -7,17 +7,14 @@ MetaWorld is imported lazily so the rest of ript works without it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ript.envs import gl  # noqa: F401  (before MuJoCo is imported: its GL backend)
 from ript.errors import RiptError
 
-# MuJoCo picks its GL backend at import time; headless machines need EGL.
-os.environ.setdefault("MUJOCO_GL", "egl")
-os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
 
 ROBOT_STATE_DIM = 4
 ENV_STATE_DIM = 39
@@ -163,12 +160,9 @@ class MetaWorldTask:
                 raise RiptError(f"render.cameras: unknown camera {missing[0]!r}; MetaWorld has {sorted(known)}")
             if render.quality == "low":
                 env.model.vis.quality.offsamples = 0
-            self._renderer = mujoco.Renderer(env.model, render.image_size, render.image_size)
-            if render.quality == "low":
-                flags = self._renderer.scene.flags
-                flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
-                flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
-                flags[mujoco.mjtRndFlag.mjRND_SKYBOX] = 0
+            from ript.envs.rendering import SideBySideRenderer  # imports mujoco: after MUJOCO_GL is set
+
+            self._renderer = SideBySideRenderer(env.model, render.image_size, render.cameras, render.quality == "low")
         self._last_raw = None
         self.done = True
         self.success = False
@@ -181,12 +175,10 @@ class MetaWorldTask:
         if self._renderer is None:
             return {}
         images = {}
-        for cam in self.render_settings.cameras:
-            self._renderer.update_scene(self.env.data, camera=cam)
-            img = self._renderer.render()
+        for cam, img in zip(self.render_settings.cameras, self._renderer.render(self.env.data)):
             if cam in self.render_settings.flip_cameras:
-                img = img[::-1]  # these cameras render upside down
-            images[f"{cam}_rgb"] = np.ascontiguousarray(img)
+                img = np.ascontiguousarray(img[::-1])  # these cameras render upside down
+            images[f"{cam}_rgb"] = img
         return images
 
     def _obs(self, raw: np.ndarray, render: bool) -> dict[str, np.ndarray]:

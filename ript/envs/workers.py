@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
+from ript.envs.gl import use_egl_device, worker_egl_devices
 from ript.errors import RiptError
 from ript.utils.logging import log
 from ript.utils.processes import die_with_parent
@@ -23,9 +24,11 @@ from ript.utils.processes import die_with_parent
 _CLOSE = "__close__"
 
 
-def _serve(make_env: Callable[[], Any], conn: Connection) -> None:
-    """A worker's loop: build the env, then answer (method, args) calls until told to close."""
+def _serve(make_env: Callable[[], Any], conn: Connection, egl_device: str | None) -> None:
+    """A worker's loop: build the env (rendering on ``egl_device``), then answer (method, args) calls until
+    told to close."""
     die_with_parent()
+    use_egl_device(egl_device)
     env = make_env()
     try:
         while True:
@@ -63,6 +66,7 @@ class WorkerPool:
         self.restarts = 0
         self.busy_s = 0.0  # seconds workers spent inside calls, summed over workers (utilisation = busy / wall)
         self.ctx = mp.get_context("spawn")
+        self.egl_devices = worker_egl_devices(len(env_fns))
         self.procs: list[Any] = [None] * len(env_fns)
         self.conns: list[Connection | None] = [None] * len(env_fns)
         for i in range(len(env_fns)):
@@ -73,7 +77,8 @@ class WorkerPool:
 
     def _start(self, i: int) -> None:
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_serve, args=(self.env_fns[i], child), daemon=True, name=f"ript-env-{i}")
+        proc = self.ctx.Process(target=_serve, args=(self.env_fns[i], child, self.egl_devices[i]), daemon=True,
+                                name=f"ript-env-{i}")
         proc.start()
         child.close()
         self.procs[i], self.conns[i] = proc, parent

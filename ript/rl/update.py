@@ -107,9 +107,16 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
     if data is not None and rl.get("recompute_old_log_probs"):
         data["old_log_probs"] = rescore(learner, data, cfg, device, orders[0])
     learner.model.eval()  # no dropout: the recomputed log-probs must be those recorded at sampling time
+    # Gradients live in buffers of their own and are zeroed in place: a first backward would otherwise adopt a
+    # compiled scorer's CUDA-graph output as the gradient, which the next micro-batch's replay overwrites while
+    # it is still being accumulated into (RuntimeError on the GPU). Parameters the loss does not reach keep
+    # zero gradients, which AdamW turns into no change unless rl.weight_decay is set.
+    for p in learner.params + critic_params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     for order in orders:
         for chunk, parts in minibatches(order, int(rl.minibatches), micro):
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=False)
             for part in parts:
                 idx, weight = part.to(device), len(part) / len(chunk)  # token means weighted to the minibatch's
                 with training.autocast(device, cfg.amp):

@@ -1,0 +1,39 @@
+"""How the simulators render: MuJoCo picks its GL backend when it is first imported, and headless machines
+need EGL, so every module that may import MuJoCo imports this one first. Also which EGL device renders."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+
+EGL_DEVICE = "MUJOCO_EGL_DEVICE_ID"  # MuJoCo's choice of EGL device (an index into EGL's device list)
+
+
+def egl_device_count() -> int:
+    """EGL devices this process could render on (0 where EGL is not the renderer or not installed)."""
+    if os.environ.get("MUJOCO_GL") != "egl":
+        return 0
+    try:
+        from mujoco.egl import egl_ext
+
+        return len(egl_ext.eglQueryDevicesEXT())
+    except Exception:  # noqa: BLE001  (no EGL library: the renderer itself will say so when it is built)
+        return 0
+
+
+def worker_egl_devices(workers: int) -> list[str | None]:
+    """The EGL device each of ``workers`` simulator processes renders on: the one chosen for this process (a
+    torchrun rank's own GPU, or the user's ``MUJOCO_EGL_DEVICE_ID``), else round-robin over the host's devices
+    (one device is saturated by ~2,000 two-camera steps/s), else EGL's default (None)."""
+    if EGL_DEVICE in os.environ:
+        return [os.environ[EGL_DEVICE]] * workers
+    count = egl_device_count()
+    return [str(i % count) if count > 1 else None for i in range(workers)]
+
+
+def use_egl_device(device: str | None) -> None:
+    """In a simulator process, before its first renderer: render on ``device`` (None: leave EGL's choice)."""
+    if device is not None:
+        os.environ[EGL_DEVICE] = device

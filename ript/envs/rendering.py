@@ -1,0 +1,64 @@
+"""Several cameras of one MuJoCo scene rendered side by side into one offscreen buffer and read back at once.
+
+On a GPU host one EGL device delivers about 4,100 frames/s in all, however many processes render (two H200s,
+``benchmarks/render_floor.py``, NOTES session 15): every readback waits for the device, and the processes'
+contexts take turns on it. One readback for all of an env's cameras halves those waits for two cameras. The
+pixels are those ``mujoco.Renderer`` gives camera by camera (tested).
+"""
+
+from __future__ import annotations
+
+from ript.envs import gl  # noqa: F401  (before MuJoCo is imported: its GL backend)
+
+import mujoco
+import numpy as np
+
+from ript.errors import RiptError
+
+
+class SideBySideRenderer:
+    """Renders ``cameras`` (names) of ``model`` at ``size`` x ``size`` each; ``render(data)`` returns one
+    (size, size, 3) uint8 image per camera, in order. ``low_quality``: no shadows, reflections or skybox (and
+    the model's multisampling should be off, ``model.vis.quality.offsamples = 0``)."""
+
+    def __init__(self, model: mujoco.MjModel, size: int, cameras: tuple[str, ...], low_quality: bool):
+        ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, c) for c in cameras]
+        if -1 in ids:
+            raise RiptError(f"render.cameras: unknown camera {cameras[ids.index(-1)]!r}")
+        width = size * len(cameras)
+        model.vis.global_.offwidth = max(model.vis.global_.offwidth, width)  # the offscreen buffer's size
+        model.vis.global_.offheight = max(model.vis.global_.offheight, size)
+        self.model, self.size = model, size
+        self.gl = mujoco.GLContext(width, size)
+        self.gl.make_current()
+        self.context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
+        self.scene = mujoco.MjvScene(model, maxgeom=10000)
+        if low_quality:
+            for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION,
+                         mujoco.mjtRndFlag.mjRND_SKYBOX):
+                self.scene.flags[flag] = 0
+        self.option = mujoco.MjvOption()
+        self.cameras = []
+        for cam_id in ids:
+            cam = mujoco.MjvCamera()
+            cam.type, cam.fixedcamid = mujoco.mjtCamera.mjCAMERA_FIXED, cam_id
+            self.cameras.append(cam)
+        self.viewports = [mujoco.MjrRect(i * size, 0, size, size) for i in range(len(ids))]
+        self.whole = mujoco.MjrRect(0, 0, width, size)
+        self.pixels = np.empty((size, width, 3), dtype=np.uint8)
+
+    def render(self, data: mujoco.MjData) -> list[np.ndarray]:
+        self.gl.make_current()
+        for cam, viewport in zip(self.cameras, self.viewports):
+            mujoco.mjv_updateScene(self.model, data, self.option, None, cam, mujoco.mjtCatBit.mjCAT_ALL, self.scene)
+            mujoco.mjr_render(viewport, self.scene, self.context)
+        mujoco.mjr_readPixels(self.pixels, None, self.whole, self.context)
+        rows = self.pixels[::-1]  # OpenGL's first row is the bottom one
+        return [np.ascontiguousarray(rows[:, i * self.size:(i + 1) * self.size]) for i in range(len(self.cameras))]
+
+    def close(self) -> None:
+        if self.context is not None:
+            self.context.free()
+            self.gl.free()
+            self.context = None
