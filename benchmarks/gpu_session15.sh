@@ -6,6 +6,10 @@
 #   cudatest   the CUDA-only tests (tests/test_policy_cuda.py: CUDA-graph policy, compiled RL update)
 #   collect    ML45-10 x 50 demos with 16 workers rendering on one GPU, then on both
 #   scaling    benchmarks/gpu_scaling.sh: stage 1 and RL, one GPU vs two (SCALING_* pass its variables on)
+#   train      stage-0/1 training step speed at 128 px, batch 256 (benchmarks/train_speed.py, the default step)
+#   short      one GPU: ML45-10 with 20 demos per task (collection speed), stage 0 1,000 / stage 1 1,200 eager
+#              steps, the 200-episode evaluation (its speed), RL with the default compiled update for SHORT_RL_MIN
+#              minutes (rollout speed; the compiled update in the real loop)
 #   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_session15.sh render scaling
 #   bash benchmarks/gpu_background.sh poll 560 runs/scaling runs/results     # back to back until CHAIN_EXIT
 set -uo pipefail
@@ -46,7 +50,29 @@ for part in "$@"; do
       RL_ITERS=${SCALING_RL_ITERS:-4} RL_GROUPS=${SCALING_RL_GROUPS:-32} RL_EGL0=${SCALING_RL_EGL0:-0} \
         RL_ONLY=${SCALING_RL_ONLY:-0} S1_STEPS=${SCALING_S1_STEPS:-1000} S1_EXTRA=${SCALING_S1_EXTRA:-} \
         bash benchmarks/gpu_scaling.sh ;;
-    *) echo "unknown part $part (render, renderers, cudatest, collect, scaling)" >&2; exit 2 ;;
+    train)
+      phase "train_speed, batch 256, 128 px"
+      python3 -m benchmarks.train_speed --variants bf16+cl+tf32+compile+graphs --batch 256 --out $RES/train_speed.json \
+        2>&1 | grep -E "^bf16" ;;
+    short)
+      R=runs/short T="task=metaworld_ml45_10 task.demos_per_task=20"
+      phase "short: collect"
+      python3 -m ript.cli collect $T num_workers=16 episodes_per_job=5 2>&1 | tr '\r' '\n' | grep -E "steps/s|rror" \
+        | tee $RES/short_collect.log
+      phase "short: stage0"
+      python3 -m ript.cli stage0 $T run_dir=$R/stage0 train.steps=1000 train.compile=false progress=false 2>&1 | tail -1
+      phase "short: stage1"
+      python3 -m ript.cli stage1 $T run_dir=$R/stage1 stage0_checkpoint=$R/stage0 train.steps=1200 train.val_every=1200 \
+        train.compile=false progress=false 2>&1 | grep -E "val|rror" | tail -2
+      phase "short: eval"
+      python3 -m ript.cli eval checkpoint=$R/stage1 num_workers=16 out_dir=$R/eval 2>&1 | tr '\r' '\n' \
+        | grep -E "steps/s|average|rror" | tee $RES/short_eval.log
+      cp $R/eval/results.json $RES/short_eval.json 2>/dev/null
+      phase "short: rl"
+      python3 -m ript.cli rl checkpoint=$R/stage1 run_dir=$R/rl rl.iterations=20 rl.num_workers=16 eval.every=0 \
+        rl.stop_after_minutes=${SHORT_RL_MIN:-4} rl.task_weighting=informative rl.lr=2e-5 rl.train_prior_only=false \
+        2>&1 | grep -E "rl iteration|rror|compile" | tee $RES/short_rl.log ;;
+    *) echo "unknown part $part (render, renderers, cudatest, collect, scaling, train, short)" >&2; exit 2 ;;
   esac
 done
 phase "session chain done"
