@@ -40,6 +40,15 @@ def _separate_frames(task) -> callable:
 
 def _worker(task_name: str, size: int, cameras: tuple, envs: int, render_every: int, seconds: float,
             egl_device: str | None, renderer: str, barrier, out) -> None:
+    try:
+        out.put(_count_steps(task_name, size, cameras, envs, render_every, seconds, egl_device, renderer, barrier))
+    except Exception as e:  # noqa: BLE001  (reported by the parent, which stops the others)
+        barrier.abort()  # the others stop waiting at the barrier
+        out.put(f"{type(e).__name__}: {e}")
+
+
+def _count_steps(task_name: str, size: int, cameras: tuple, envs: int, render_every: int, seconds: float,
+                 egl_device: str | None, renderer: str, barrier) -> tuple:
     if egl_device is not None:
         os.environ["MUJOCO_EGL_DEVICE_ID"] = egl_device
     import numpy as np
@@ -53,7 +62,7 @@ def _worker(task_name: str, size: int, cameras: tuple, envs: int, render_every: 
     draw_frames = [t.render_images if renderer == "side-by-side" else _separate_frames(t) for t in tasks]
     for frames in draw_frames:
         frames()  # first frame: context and texture upload, not timed
-    barrier.wait()
+    barrier.wait(timeout=300)
     steps, frames, seed = 0, 0, envs
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -71,7 +80,7 @@ def _worker(task_name: str, size: int, cameras: tuple, envs: int, render_every: 
     wall = time.perf_counter() - start
     for t in tasks:
         t.close()
-    out.put((steps * envs, frames, wall))
+    return steps * envs, frames, wall
 
 
 def measure(procs: int, envs: int, render_every: int, devices: list[str] | None, args) -> dict:
@@ -80,13 +89,16 @@ def measure(procs: int, envs: int, render_every: int, devices: list[str] | None,
     workers = [ctx.Process(target=_worker, args=(args.task, args.image_size, tuple(args.cameras.split(",")), envs,
                                                  render_every, args.seconds,
                                                  devices[i % len(devices)] if devices else None, args.renderer,
-                                                 barrier, out))
+                                                 barrier, out), daemon=True)
                for i in range(procs)]
     for w in workers:
         w.start()
-    results = [out.get(timeout=args.seconds + 300) for _ in workers]
+    results = [out.get(timeout=args.seconds + 400) for _ in workers]
     for w in workers:
         w.join()
+    failed = [r for r in results if isinstance(r, str)]
+    if failed:
+        raise SystemExit(f"render_floor: a worker failed ({failed[0]})")
     steps = sum(r[0] for r in results)
     wall = max(r[2] for r in results)
     return {"procs": procs, "envs_per_proc": envs, "render_every": render_every, "egl_devices": devices,
