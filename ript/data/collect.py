@@ -69,35 +69,68 @@ def job_settings(job: Job) -> dict[str, Any]:
     return {k: v for k, v in asdict(job).items() if k != "shard_path"}
 
 
-def _run_job(job: Job) -> dict[str, Any]:
-    """Run one job and write its shard; returns its counts and where its seconds went."""
-    t0 = time.perf_counter()
+def work_lists(jobs: list[Job], workers: int) -> list[list[Job]]:
+    """The jobs in contiguous runs of about equal episode counts, two per worker. A worker runs a run in order
+    and opens a task once for its consecutive jobs (opening a MetaWorld task with its renderer takes ~0.8 s on
+    the GPU host: with one open per job it took 22-51% of the workers' time, NOTES session 15); two runs per
+    worker leave room to even out tasks whose episodes differ in length."""
+    n_lists = max(1, min(len(jobs), 2 * workers))
+    total = sum(job.num_episodes for job in jobs)
+    lists: list[list[Job]] = [[]]
+    done = 0
+    for job in jobs:
+        if done >= total * len(lists) / n_lists and lists[-1]:
+            lists.append([])
+        lists[-1].append(job)
+        done += job.num_episodes
+    return lists
+
+
+def _run_jobs(jobs: list[Job]) -> list[dict[str, Any]]:
+    """Run a list of jobs in order, each writing its shard, keeping a task open across consecutive jobs of it."""
+    out, task, opened = [], None, None
+    try:
+        for job in jobs:
+            t0 = time.perf_counter()
+            key = (job.suite, job.task, json.dumps(job.render, sort_keys=True), job.max_episode_steps)
+            if key != opened:
+                if task is not None:
+                    task.close()
+                task, opened = None, None
+                task = get_suite(job.suite).episode_source().open_task(job.task, job.suite, job.render,
+                                                                       job.max_episode_steps)
+                opened = key
+            out.append(_run_job(job, task, time.perf_counter() - t0))
+    finally:
+        if task is not None:
+            task.close()
+    return out
+
+
+def _run_job(job: Job, task, open_s: float) -> dict[str, Any]:
+    """Run one job on an open task and write its shard; returns its counts and where its seconds went."""
     source = get_suite(job.suite).episode_source()
-    task = source.open_task(job.task, job.suite, job.render, job.max_episode_steps)
     t_open = time.perf_counter()
     demos: list[Demo] = []
     attempts = retry = steps = 0
-    try:
-        # Seeds depend only on (seed, task, episode index, retry), not on how work is split into jobs.
-        while len(demos) < job.num_episodes and attempts < job.max_attempts:
-            episode = job.first_episode + len(demos)
-            layout_seed = demo_layout_seed(job.seed, episode, retry)
-            noise_rng = np.random.default_rng([job.seed, zlib.crc32(job.task.encode()), episode, retry])
-            demo = source.run_episode(task, layout_seed, noise_rng, job.noise)
-            attempts += 1
-            retry += 1
-            steps += len(demo.actions)
-            if demo.attrs["success"] or not job.filter_success:
-                demos.append(demo)
-                if _progress is not None:
-                    _progress.put(1)
-                retry = 0
-    finally:
-        task.close()
+    # Seeds depend only on (seed, task, episode index, retry), not on how work is split into jobs.
+    while len(demos) < job.num_episodes and attempts < job.max_attempts:
+        episode = job.first_episode + len(demos)
+        layout_seed = demo_layout_seed(job.seed, episode, retry)
+        noise_rng = np.random.default_rng([job.seed, zlib.crc32(job.task.encode()), episode, retry])
+        demo = source.run_episode(task, layout_seed, noise_rng, job.noise)
+        attempts += 1
+        retry += 1
+        steps += len(demo.actions)
+        if demo.attrs["success"] or not job.filter_success:
+            demos.append(demo)
+            if _progress is not None:
+                _progress.put(1)
+            retry = 0
     t_run = time.perf_counter()
     write_demo_file(Path(job.shard_path), demos, {"shard": json.dumps(job_settings(job)), "attempts": attempts})
     return {"task": job.task, "demos": len(demos), "attempts": attempts, "env_steps": steps,
-            "open_s": t_open - t0, "episodes_s": t_run - t_open, "write_s": time.perf_counter() - t_run}
+            "open_s": open_s, "episodes_s": t_run - t_open, "write_s": time.perf_counter() - t_run}
 
 
 def _read_shard(path: Path) -> tuple[dict | None, int, int]:
@@ -229,7 +262,7 @@ def collect_demos(
     bar = tqdm(total=len(todo) * demos_per_task, initial=sum(collected.values()), desc="collect", unit="demo")
     with ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_exit_with_parent,
                              initargs=(progress, ctx.Value("i", 0), worker_egl_devices(num_workers))) as pool:
-        pending = {pool.submit(_run_job, job) for job in jobs}
+        pending = {pool.submit(_run_jobs, run) for run in work_lists(jobs, num_workers)}
         try:
             while pending:
                 finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
@@ -237,17 +270,17 @@ def collect_demos(
                     bar.update(progress.get())
                 for future in finished:
                     pending.discard(future)
-                    done = future.result()  # re-raises a worker's error here
-                    task = done["task"]
-                    attempts[task] = attempts.get(task, 0) + done["attempts"]
-                    collected[task] = collected.get(task, 0) + done["demos"]
-                    for k in ("env_steps", "open_s", "episodes_s", "write_s"):
-                        spent[k] += done[k]
-                    remaining[task] -= 1
-                    if remaining[task] == 0:
-                        t = time.perf_counter()
-                        finish(task)
-                        spent["merge_s"] += time.perf_counter() - t
+                    for done in future.result():  # re-raises a worker's error here
+                        task = done["task"]
+                        attempts[task] = attempts.get(task, 0) + done["attempts"]
+                        collected[task] = collected.get(task, 0) + done["demos"]
+                        for k in ("env_steps", "open_s", "episodes_s", "write_s"):
+                            spent[k] += done[k]
+                        remaining[task] -= 1
+                        if remaining[task] == 0:
+                            t = time.perf_counter()
+                            finish(task)
+                            spent["merge_s"] += time.perf_counter() - t
         except BrokenProcessPool:
             raise RiptError(f"collect: a worker process died (killed, or out of memory) while collecting into "
                             f"{data_dir}; finished jobs are kept: rerun the same command to resume") from None
