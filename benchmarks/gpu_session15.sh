@@ -4,7 +4,8 @@
 #              and a rollout's render pattern, one or two EGL devices
 #   renderers  one mujoco.Renderer readback per camera (before) vs all cameras side by side in one readback (now)
 #   cudatest   the CUDA-only tests (tests/test_policy_cuda.py: CUDA-graph policy, compiled RL update)
-#   collect    ML45-10 x 50 demos with 16 workers rendering on one GPU, then on both
+#   collect    ML45-10 x 50 demos with 16 workers rendering on one GPU, then on both (on a two-GPU host)
+#   profile    rollout throughput of the runner (benchmarks/profile_rollout.py, untrained prior, 16 x 4 envs)
 #   scaling    benchmarks/gpu_scaling.sh: stage 1 and RL, one GPU vs two (SCALING_* pass its variables on)
 #   train      stage-0/1 training step speed at 128 px, batch 256 (benchmarks/train_speed.py, the default step)
 #   short      one GPU: ML45-10 with 20 demos per task (collection speed), stage 0 1,000 / stage 1 1,200 eager
@@ -43,8 +44,14 @@ for part in "$@"; do
     collect)
       phase "collect, 16 workers rendering on GPU 0"
       MUJOCO_EGL_DEVICE_ID=0 collect runs/collect_gpu0 gpu0
-      phase "collect, 16 workers rendering on both GPUs"
-      collect runs/collect_gpu01 gpu01 ;;
+      if [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
+        phase "collect, 16 workers rendering on both GPUs"
+        collect runs/collect_gpu01 gpu01
+      fi ;;
+    profile)
+      phase "profile_rollout, 16 workers x 4 envs"
+      python3 -m benchmarks.profile_rollout --workers 16 --groups 1 --envs-per-worker 4 --episodes 64 --steps 200 \
+        --overrides task.render.image_size=128 2>&1 | grep -v -i warn | head -16 | tee $RES/profile_rollout.log ;;
     scaling)
       phase "scaling"
       RL_ITERS=${SCALING_RL_ITERS:-4} RL_GROUPS=${SCALING_RL_GROUPS:-32} RL_EGL0=${SCALING_RL_EGL0:-0} \
@@ -72,7 +79,7 @@ for part in "$@"; do
       python3 -m ript.cli rl checkpoint=$R/stage1 run_dir=$R/rl rl.iterations=20 rl.num_workers=16 eval.every=0 \
         rl.stop_after_minutes=${SHORT_RL_MIN:-4} rl.task_weighting=informative rl.lr=2e-5 rl.train_prior_only=false \
         2>&1 | grep -E "rl iteration|rror|compile" | tee $RES/short_rl.log ;;
-    *) echo "unknown part $part (render, renderers, cudatest, collect, scaling, train, short)" >&2; exit 2 ;;
+    *) echo "unknown part $part (render, renderers, cudatest, collect, profile, scaling, train, short)" >&2; exit 2 ;;
   esac
 done
 phase "session chain done"
