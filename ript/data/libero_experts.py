@@ -138,6 +138,7 @@ class PickPlaceExpert:
         self.hang = 0.0  # grip site height above the held object's bottom
         self.rest_z = 0.0  # height of the object's bottom where it was picked up
         self.settle = settle  # steps after the release before the next step of a sequence may start
+        self.place_yaw: float | None = None  # finger direction while carrying, when the goal region is a slot
 
     @property
     def finished(self) -> bool:
@@ -165,6 +166,28 @@ class PickPlaceExpert:
             if score > best:
                 best, self.rim = score, d
         self.grasp_yaw = float(np.arctan2(self.rim[1], self.rim[0]))
+
+    def _slot_yaw(self, sim, obj_pts: np.ndarray) -> float | None:
+        """For a goal region that is a box narrower than the held object is wide (a caddy's compartment), the
+        finger direction that turns the object's narrow side across the region's narrow side; else None (the
+        object keeps the yaw it was picked with). Fingers close across the object's narrow side, so turning the
+        hand by an angle turns the object by it."""
+        if self.target is None or self.target_site is None or self.rim is not None:
+            return None
+        import mujoco
+
+        model, data = sim.model._model, sim.data._data
+        i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, self.target_site)
+        if i < 0 or model.site_type[i] != mujoco.mjtGeom.mjGEOM_BOX:
+            return None
+        half = model.site_size[i]
+        object_width = float(np.ptp((obj_pts[:, :2] - obj_pts[:, :2].mean(0)) @ np.array(
+            [-np.sin(self.grasp_yaw), np.cos(self.grasp_yaw)])))  # along the object's wide side
+        if object_width <= 2 * min(half[0], half[1]):
+            return None  # fits whichever way it is turned
+        axis = 0 if half[0] <= half[1] else 1  # the region's narrow axis, in the world
+        direction = data.site_xmat[i].reshape(3, 3)[:, axis]
+        return float(np.arctan2(direction[1], direction[0]))
 
     def _target(self, sim) -> tuple[np.ndarray, float]:
         """Where the object goes (the goal region's site, else the target's centre) and the height of the
@@ -218,6 +241,7 @@ class PickPlaceExpert:
             self.timer += 1
             if self.timer >= 12:
                 self.phase, self.hang, self.rest_z = "lift", float(eef[2] - lo[2]), float(lo[2])
+                self.place_yaw = self._slot_yaw(sim, obj_pts)
         elif self.phase == "lift":
             gripper = CLOSE
             carry_z = max(tgt_top, self.rest_z) + self.hang + self.clearance
@@ -248,6 +272,10 @@ class PickPlaceExpert:
             action[2] = np.clip(delta[2] * 1.5, -0.5, 0.5)
         if self.phase in ("align", "descend", "grasp"):
             action[5] = np.clip(3.0 * yaw_err, -1.0, 1.0)
+        elif self.phase in ("lift", "carry", "lower") and self.place_yaw is not None:
+            action[5] = np.clip(3.0 * _wrap_half_turn(self.place_yaw - finger_angle(sim)), -1.0, 1.0)
+            if self.phase == "lower" and abs(_wrap_half_turn(self.place_yaw - finger_angle(sim))) > 0.08:
+                action[2] = max(action[2], 0.0)  # turned into the slot's direction before going down
         action[6] = gripper
         return action
 
