@@ -213,3 +213,21 @@ def test_expert_places_on_a_table_region():
         assert demo.attrs["success"] and len(demo.actions) < 520
     finally:
         task.close()
+
+
+def test_a_book_turns_to_fit_the_caddys_front_compartment():
+    """(In black_book_1 desk_caddy_1_front_contain_region): the compartment is narrower (7.2 cm) than the book
+    is wide (~11.6 cm), so the carried book turns its narrow side across it and drops in (0/15 before)."""
+    from ript.data.collect_libero import run_episode
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+
+    task = LiberoTask("libero_90", "STUDY_SCENE1_pick_up_the_book_and_place_it_in_the_front_compartment_of_the_caddy",
+                      None)
+    try:
+        demo = run_episode(task, 3, np.random.default_rng(2), 0.05, render=False)
+        expert = make_expert(task)  # the goal it was given: the compartment, a box site of the caddy
+        assert demo.attrs["success"] and len(demo.actions) < 200
+        assert expert.target_site == "desk_caddy_1_front_contain_region"
+    finally:
+        task.close()
