@@ -7,6 +7,8 @@
 #   collect    ML45-10 x 50 demos with 16 workers rendering on one GPU, then on both (on a two-GPU host)
 #   profile    rollout throughput of the runner (benchmarks/profile_rollout.py, untrained prior, 16 x 4 envs)
 #   scaling    benchmarks/gpu_scaling.sh: stage 1 and RL, one GPU vs two (SCALING_* pass its variables on)
+#   loop       stage 0 and stage 1 in the real training loop (ML45-10 x 50 demos, 2,000 steps each, the default
+#              step), samples/s from their logs (benchmarks/train_compare.py)
 #   train      stage-0/1 training step speed at 128 px, batch 256 (benchmarks/train_speed.py, the default step)
 #   short      one GPU: ML45-10 with 20 demos per task (collection speed), stage 0 1,000 / stage 1 1,200 eager
 #              steps, the 200-episode evaluation (its speed), RL with the default compiled update for SHORT_RL_MIN
@@ -57,6 +59,16 @@ for part in "$@"; do
       RL_ITERS=${SCALING_RL_ITERS:-4} RL_GROUPS=${SCALING_RL_GROUPS:-32} RL_EGL0=${SCALING_RL_EGL0:-0} \
         RL_ONLY=${SCALING_RL_ONLY:-0} S1_STEPS=${SCALING_S1_STEPS:-1000} S1_EXTRA=${SCALING_S1_EXTRA:-} \
         bash benchmarks/gpu_scaling.sh ;;
+    loop)
+      R=runs/loop T=task=metaworld_ml45_10
+      phase "loop: collect"
+      python3 -m ript.cli collect $T num_workers=16 episodes_per_job=5 2>&1 | tr '\r' '\n' | grep -E "steps/s|rror"
+      phase "loop: stage0"
+      python3 -m ript.cli stage0 $T run_dir=$R/stage0 train.steps=2000 train.log_every=100 progress=false 2>&1 | tail -1
+      phase "loop: stage1"
+      python3 -m ript.cli stage1 $T run_dir=$R/stage1 stage0_checkpoint=$R/stage0 train.steps=2000 train.log_every=100 \
+        train.val_every=1000 progress=false 2>&1 | grep -E "val|rror"
+      python3 -m benchmarks.train_compare $R/stage0 $R/stage1 --out $RES/loop.json ;;
     train)
       phase "train_speed, batch 256, 128 px"
       python3 -m benchmarks.train_speed --variants bf16+cl+tf32+compile+graphs --batch 256 --out $RES/train_speed.json \
@@ -79,7 +91,7 @@ for part in "$@"; do
       python3 -m ript.cli rl checkpoint=$R/stage1 run_dir=$R/rl rl.iterations=20 rl.num_workers=16 eval.every=0 \
         rl.stop_after_minutes=${SHORT_RL_MIN:-4} rl.task_weighting=informative rl.lr=2e-5 rl.train_prior_only=false \
         2>&1 | grep -E "rl iteration|rror|compile" | tee $RES/short_rl.log ;;
-    *) echo "unknown part $part (render, renderers, cudatest, collect, profile, scaling, train, short)" >&2; exit 2 ;;
+    *) echo "unknown part $part (render, renderers, cudatest, collect, profile, scaling, loop, train, short)" >&2; exit 2 ;;
   esac
 done
 phase "session chain done"
