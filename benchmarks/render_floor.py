@@ -5,9 +5,8 @@ expert) and rendering through EGL reach together, against N x the one-process ra
 
 ``--render-every 1`` is collection's pattern (both cameras every step), 8 a rollout's (the frames a decision
 reads), 0 physics and expert only; ``--envs`` envs per process (each its own renderer context, as the
-runner's workers host them);
-``--renderer separate``: one ``mujoco.Renderer`` render and readback per camera (before session 15);
-``--egl-devices`` spreads the processes over EGL devices round-robin (``MUJOCO_EGL_DEVICE_ID``). Every
+runner's workers host them); ``--renderer separate``: one ``mujoco.Renderer`` render and readback per camera
+(before session 15), else MetaWorldTask's side-by-side renderer; ``--egl-devices`` spreads the processes over EGL devices round-robin (``MUJOCO_EGL_DEVICE_ID``). Every
 process starts timing at one barrier and counts steps for ``--seconds``.
 """
 
@@ -16,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import time
 from pathlib import Path
 
@@ -49,8 +47,9 @@ def _worker(task_name: str, size: int, cameras: tuple, envs: int, render_every: 
 
 def _count_steps(task_name: str, size: int, cameras: tuple, envs: int, render_every: int, seconds: float,
                  egl_device: str | None, renderer: str, barrier) -> tuple:
-    if egl_device is not None:
-        os.environ["MUJOCO_EGL_DEVICE_ID"] = egl_device
+    from ript.envs.gl import use_egl_device
+
+    use_egl_device(egl_device)
     import numpy as np
 
     from ript.envs.metaworld import MetaWorldTask, RenderSettings, expert_policy
@@ -60,8 +59,8 @@ def _count_steps(task_name: str, size: int, cameras: tuple, envs: int, render_ev
     expert = expert_policy(task_name)
     obs = [t.reset(i, render=False) for i, t in enumerate(tasks)]
     draw_frames = [t.render_images if renderer == "side-by-side" else _separate_frames(t) for t in tasks]
-    for frames in draw_frames:
-        frames()  # first frame: context and texture upload, not timed
+    for draw in draw_frames:
+        draw()  # first frame: context and texture upload, not timed
     barrier.wait(timeout=300)
     steps, frames, seed = 0, 0, envs
     start = time.perf_counter()
