@@ -9,6 +9,7 @@
 #   scaling    benchmarks/gpu_scaling.sh: stage 1 and RL, one GPU vs two (SCALING_* pass its variables on)
 #   loop       stage 0 and stage 1 in the real training loop (ML45-10 x 50 demos, 2,000 steps each, the default
 #              step), samples/s from their logs (benchmarks/train_compare.py)
+#   checks     stage-0/1 step with the host sync of before and GuardedStep's device check, back to back
 #   train      stage-0/1 training step speed at 128 px, batch 256 (benchmarks/train_speed.py, the default step)
 #   short      one GPU: ML45-10 with 20 demos per task (collection speed), stage 0 1,000 / stage 1 1,200 eager
 #              steps, the 200-episode evaluation (its speed), RL with the default compiled update for SHORT_RL_MIN
@@ -69,6 +70,11 @@ for part in "$@"; do
       python3 -m ript.cli stage1 $T run_dir=$R/stage1 stage0_checkpoint=$R/stage0 train.steps=2000 train.log_every=100 \
         train.val_every=1000 progress=false 2>&1 | grep -E "val|rror"
       python3 -m benchmarks.train_compare $R/stage0 $R/stage1 --out $RES/loop.json ;;
+    checks)
+      phase "train_speed: the step before (host sync every step) and now, on one host"
+      v=bf16+cl+tf32+compile+graphs
+      python3 -m benchmarks.train_speed --variants $v+sync,$v,$v+sync --steps 40 --out $RES/train_speed_sync.json \
+        2>&1 | grep -E "^bf16" ;;
     train)
       phase "train_speed, batch 256, 128 px"
       python3 -m benchmarks.train_speed --variants bf16+cl+tf32+compile+graphs --batch 256 --out $RES/train_speed.json \
@@ -91,7 +97,7 @@ for part in "$@"; do
       python3 -m ript.cli rl checkpoint=$R/stage1 run_dir=$R/rl rl.iterations=20 rl.num_workers=16 eval.every=0 \
         rl.stop_after_minutes=${SHORT_RL_MIN:-4} rl.task_weighting=informative rl.lr=2e-5 rl.train_prior_only=false \
         2>&1 | grep -E "rl iteration|rror|compile" | tee $RES/short_rl.log ;;
-    *) echo "unknown part $part (render, renderers, cudatest, collect, profile, scaling, loop, train, short)" >&2; exit 2 ;;
+    *) echo "unknown part $part (render, renderers, cudatest, collect, profile, scaling, loop, checks, train, short)" >&2; exit 2 ;;
   esac
 done
 phase "session chain done"

@@ -4,7 +4,8 @@
         [--profile] [--out results.json]
 
 A variant is the amp setting (fp32 or bf16) and any of +cl (channels-last weights), +compile (torch.compile of
-the loss), +graphs (its CUDA-graph mode), +tf32 (TF32 matmuls), +bench (cuDNN autotuning): the ``train.*`` switches the stages read.
+the loss), +graphs (its CUDA-graph mode), +tf32 (TF32 matmuls), +bench (cuDNN autotuning): the ``train.*`` switches the stages read;
++sync: the optimiser step before session 15 (a host sync every step to check finiteness) instead of GuardedStep's.
 
 The inputs are synthetic tensors of the real shapes (two cameras, uint8 images, 4-D MetaWorld actions), fed
 through the same ``get_batch``-style gather from a device-resident dataset; the model, loss and optimiser are
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -81,6 +83,23 @@ def train_settings(variant: str) -> dict:
             "cudnn_benchmark": "bench" in parts}
 
 
+def synchronous_step(model, opt, sched):
+    """The optimiser step before session 15, for comparison (variant ``+sync``): the loss and gradient norm
+    read back to the host every step to check they are finite."""
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(loss, _step):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if not all(map(math.isfinite, torch.stack([loss.detach().float(), norm.float()]).tolist())):
+            raise training.NonFiniteLoss("non-finite loss")
+        opt.step()
+        sched.step()
+
+    return step
+
+
 def make_steps(cfg, data: SyntheticData, batch: int, variant: str, device: str):
     """(stage-0 step, stage-1 step) as the stages run them: autocast, loss, guarded optimiser step."""
     train_cfg = OmegaConf.merge(cfg.train, train_settings(variant))
@@ -88,7 +107,8 @@ def make_steps(cfg, data: SyntheticData, batch: int, variant: str, device: str):
     ae = ActionAutoencoder(**autoencoder_kwargs(cfg)).to(device).train()
     opt0, sched0 = training.make_optimizer(ae.parameters(), train_cfg, 10**6, device)
     forward = training.CompiledLoss(ae, train_cfg, device)
-    optimiser_step0 = training.GuardedStep(ae, opt0, sched0, 1.0)
+    sync = "sync" in variant.split("+")
+    optimiser_step0 = synchronous_step(ae, opt0, sched0) if sync else training.GuardedStep(ae, opt0, sched0, 1.0)
 
     def step0():
         b = data.batch(batch)
@@ -103,7 +123,7 @@ def make_steps(cfg, data: SyntheticData, batch: int, variant: str, device: str):
     opt1, sched1 = training.make_optimizer(prior.parameters(), train_cfg, 10**6, device)
     gen = torch.Generator(device=device).manual_seed(0)
     loss_fn = training.CompiledLoss(prior.loss, train_cfg, device)
-    optimiser_step1 = training.GuardedStep(prior, opt1, sched1, 1.0)
+    optimiser_step1 = synchronous_step(prior, opt1, sched1) if sync else training.GuardedStep(prior, opt1, sched1, 1.0)
 
     def step1():
         b = data.batch(batch)
