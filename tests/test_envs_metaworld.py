@@ -55,26 +55,30 @@ def test_unknown_task_and_camera():
         MetaWorldTask("reach-v3", RenderSettings(cameras=("nope",), image_size=32))
 
 
-def test_cameras_rendered_side_by_side_equal_mujocos_renderer_camera_by_camera():
-    """MetaWorldTask draws all cameras into one buffer and reads it back once; the pixels are those
-    mujoco.Renderer gives per camera (quality=low: no multisampling)."""
+def test_cameras_rendered_side_by_side_match_mujocos_renderer_camera_by_camera():
+    """MetaWorldTask draws all cameras into one buffer and reads it back once: the first camera's pixels are
+    mujoco.Renderer's, the second's (drawn at another offset) differ at most on a few triangle-edge pixels."""
     import mujoco
 
-    task = MetaWorldTask("drawer-close-v3", RenderSettings(image_size=48, quality="low"), 50)
-    task.reset(3)
-    for _ in range(4):
-        task.step(np.array([0.3, -0.2, 0.1, 0.0]))
-    images = task.render_images()
-    reference = mujoco.Renderer(task.env.model, 48, 48)
+    task = MetaWorldTask("drawer-close-v3", RenderSettings(image_size=64, quality="low"), 50)
+    reference = mujoco.Renderer(task.env.model, 64, 64)
     for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
         reference.scene.flags[flag] = 0
+    differing = {cam: 0 for cam in task.render_settings.cameras}
     try:
-        for cam in task.render_settings.cameras:
-            reference.update_scene(task.env.data, camera=cam)
-            expected = reference.render()
-            expected = expected[::-1] if cam in task.render_settings.flip_cameras else expected
-            assert np.array_equal(images[f"{cam}_rgb"], expected), cam
-            assert expected.std() > 5  # a real picture, not a blank buffer
+        task.reset(3)
+        for step in range(20):
+            task.step(np.array([0.3, -0.2, 0.1 * np.sin(step), 0.0]))
+            images = task.render_images()
+            for cam in task.render_settings.cameras:
+                reference.update_scene(task.env.data, camera=cam)
+                expected = reference.render()
+                expected = expected[::-1] if cam in task.render_settings.flip_cameras else expected
+                assert expected.std() > 5  # a real picture, not a blank buffer
+                differing[cam] += int((images[f"{cam}_rgb"] != expected).any(-1).sum())
     finally:
         reference.close()
         task.close()
+    first, second = task.render_settings.cameras
+    assert differing[first] == 0
+    assert differing[second] <= 0.001 * 20 * 64 * 64
