@@ -231,3 +231,20 @@ def test_a_book_turns_to_fit_the_caddys_front_compartment():
         assert expert.target_site == "desk_caddy_1_front_contain_region"
     finally:
         task.close()
+
+
+def test_a_moka_pot_is_carried_by_its_handle_onto_the_stove():
+    """The moka pot is wider than the hand opens and has a lid (no rim to pinch): the expert grips its handle,
+    the geoms farthest from its centre of mass (1/10 before, 5/5 after in benchmarks/libero_experts)."""
+    from ript.data.collect_libero import run_episode
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+
+    task = LiberoTask("libero_90", "KITCHEN_SCENE3_put_the_moka_pot_on_the_stove", None)
+    try:
+        task.reset(0, render=False)
+        assert make_expert(task).by_handle
+        demo = run_episode(task, 5, np.random.default_rng(3), 0.05, render=False)
+        assert demo.attrs["success"] and len(demo.actions) < 250
+    finally:
+        task.close()

@@ -18,6 +18,7 @@ POS_SCALE = 0.05  # metres per unit action of OSC_POSE's position delta (its out
 OPEN, CLOSE = -1.0, 1.0
 MAX_GRASP_WIDTH = 0.07  # the Panda hand opens to about 8 cm
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
+HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles
 
 
 def _body_id(model, name: str) -> int:
@@ -101,6 +102,25 @@ class ObstacleBoxes:
         return float(np.linalg.norm(gap, axis=-1).min())
 
 
+def handle_grasp(sim, body: str) -> tuple[np.ndarray, float, float]:
+    """(grip xy, grip height, finger direction) on ``body``'s handle: its collision geoms farthest (horizontally)
+    from the body's centre of mass, gripped across their narrow side, 1.5 cm under their top."""
+    model, data = sim.model._model, sim.data._data
+    root = _body_id(model, body)
+    com = data.xipos[root][:2]
+    parts = []
+    for g in range(model.ngeom):
+        if int(model.geom_bodyid[g]) == root and _is_collision_geom(model, g):
+            corners = _geom_box_corners(model, data, g)
+            parts.append((float(np.linalg.norm(corners[:, :2].mean(0) - com)), corners))
+    if not parts:
+        raise RiptError(f"LIBERO body {body!r} has no collision geometry")
+    farthest = max(d for d, _ in parts)
+    handle = np.concatenate([c for d, c in parts if d >= 0.75 * farthest])
+    yaw, _ = narrow_direction(handle)
+    return (handle[:, :2].min(0) + handle[:, :2].max(0)) / 2, float(handle[:, 2].max()) - 0.015, yaw
+
+
 def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
     """The horizontal direction (angle, radians) across which the footprint is narrowest, and that width."""
     angles = np.linspace(0.0, np.pi, 72, endpoint=False)
@@ -139,6 +159,7 @@ class PickPlaceExpert:
         self.rest_z = 0.0  # height of the object's bottom where it was picked up
         self.settle = settle  # steps after the release before the next step of a sequence may start
         self.place_yaw: float | None = None  # finger direction while carrying, when the goal region is a slot
+        self.by_handle = any(kind in obj for kind in HANDLED)
 
     @property
     def finished(self) -> bool:
@@ -151,7 +172,7 @@ class PickPlaceExpert:
         for a bowl in a drawer)."""
         self.grasp_yaw, width = narrow_direction(obj_pts)
         self.rim = None
-        if width <= MAX_GRASP_WIDTH:
+        if width <= MAX_GRASP_WIDTH or self.by_handle:
             return
         lo, hi = obj_pts.min(0), obj_pts.max(0)
         # from just above the object's bottom: what it stands on (a drawer's floor) is no obstacle
@@ -210,7 +231,11 @@ class PickPlaceExpert:
         obj_xy = (lo[:2] + hi[:2]) / 2
         if self.phase == "align":
             self._plan_grasp(sim, obj_pts, obj_xy)
-        if self.rim is not None:
+        if self.by_handle:
+            grasp_xy, grasp_z, handle_yaw = handle_grasp(sim, f"{self.obj}_main")
+            if self.phase == "align":
+                self.grasp_yaw = handle_yaw
+        elif self.rim is not None:
             half = float(np.max(np.abs((obj_pts[:, :2] - obj_xy) @ self.rim)))
             grasp_xy = obj_xy + self.rim * (half - RIM_INSET)
             grasp_z = hi[2] - 0.015
