@@ -248,3 +248,21 @@ def test_a_moka_pot_is_carried_by_its_handle_onto_the_stove():
         assert demo.attrs["success"] and len(demo.actions) < 250
     finally:
         task.close()
+
+
+def test_two_objects_bound_for_one_region_go_side_by_side():
+    """(On moka_pot_1 flat_stove_1_cook_region) (On moka_pot_2 flat_stove_1_cook_region): the second pot used to be
+    released on top of the first; now each gets its own spot along the region (0/5 before, 5/5 after)."""
+    from ript.data.collect_libero import run_episode
+    from ript.data.libero_experts import PickPlaceExpert, make_expert
+    from ript.envs.libero import LiberoTask
+
+    task = LiberoTask("libero_10", "KITCHEN_SCENE8_put_both_moka_pots_on_the_stove", None)
+    try:
+        task.reset(0, render=False)
+        first, second = [s for s in make_expert(task).steps if isinstance(s, PickPlaceExpert)]
+        assert np.linalg.norm(first.offset - second.offset) > 0.08  # a moka pot is ~8 cm across its body
+        demo = run_episode(task, 7, np.random.default_rng(4), 0.05, render=False)
+        assert demo.attrs["success"]
+    finally:
+        task.close()

@@ -160,6 +160,7 @@ class PickPlaceExpert:
         self.settle = settle  # steps after the release before the next step of a sequence may start
         self.place_yaw: float | None = None  # finger direction while carrying, when the goal region is a slot
         self.by_handle = any(kind in obj for kind in HANDLED)
+        self.offset = np.zeros(2)  # from the region's centre, when several objects go to one region
 
     @property
     def finished(self) -> bool:
@@ -215,11 +216,11 @@ class PickPlaceExpert:
         target's top around that point. A table region's site lies on the table's surface."""
         if self.target is None:
             site = site_position(sim, self.target_site)
-            return site[:2], float(site[2])
+            return site[:2] + self.offset, float(site[2])
         pts = collision_corners(sim, self.surface_body or f"{self.target}_main")
         xy = (pts[:, :2].min(0) + pts[:, :2].max(0)) / 2
         if self.target_site is not None:
-            xy = site_position(sim, self.target_site)[:2]
+            xy = site_position(sim, self.target_site)[:2] + self.offset
         near = pts[np.linalg.norm(pts[:, :2] - xy, axis=1) < 0.08]
         return xy, float((near if len(near) else pts)[:, 2].max())
 
@@ -305,6 +306,21 @@ class PickPlaceExpert:
         return action
 
 
+def region_spot(sim, site: str, obj: str, index: int, count: int) -> np.ndarray:
+    """Where the ``index``-th of ``count`` objects bound for one box region goes, from the region's centre: side by
+    side along the region's axis closest to ``obj``'s narrow direction, at least the object's narrow width and 1 cm
+    apart, so the second object is not released on top of the first (both moka pots onto the stove)."""
+    import mujoco
+
+    model, data = sim.model._model, sim.data._data
+    i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, site)
+    rot = data.site_xmat[i].reshape(3, 3)
+    angle, width = narrow_direction(collision_corners(sim, f"{obj}_main"))
+    axis = int(np.argmax(np.abs(rot[:2, :2].T @ np.array([np.cos(angle), np.sin(angle)]))))
+    spacing = max(2 * model.site_size[i][axis] / count, width + 0.01)
+    return rot[:2, axis] * spacing * (index - (count - 1) / 2)
+
+
 def site_position(sim, name: str) -> np.ndarray:
     import mujoco
 
@@ -377,7 +393,11 @@ def make_expert(task):
         if obj not in objects or (target is None and not table_region):
             raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")
         site = None if region == target else region
-        steps.append(PickPlaceExpert(obj, target, site, surface_body=drawer_body(task, region)))
+        step = PickPlaceExpert(obj, target, site, surface_body=drawer_body(task, region))
+        sharing = [p for p in preds if p[0] in ("on", "in") and len(p) == 3 and p[2] == region]
+        if site is not None and len(sharing) > 1:
+            step.offset = region_spot(task.sim, site, obj, sharing.index(pred), len(sharing))
+        steps.append(step)
     if not steps:
         raise RiptError(f"{task.suite}/{task.task_name}: the BDDL goal is empty")
     return steps[0] if len(steps) == 1 else SequenceExpert(steps)
