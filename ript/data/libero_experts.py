@@ -232,7 +232,10 @@ class PickPlaceExpert:
         obj_xy = (lo[:2] + hi[:2]) / 2
         if self.phase == "align":
             self._plan_grasp(sim, obj_pts, obj_xy)
+        place_xy = obj_xy  # the point of the object put over the target
         if self.by_handle:
+            # a handle shifts the footprint's centre off the pot or pan itself: place its centre of mass instead
+            place_xy = sim.data._data.xipos[_body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
             grasp_xy, grasp_z, handle_yaw = handle_grasp(sim, f"{self.obj}_main")
             if self.phase == "align":
                 self.grasp_yaw = handle_yaw
@@ -278,12 +281,12 @@ class PickPlaceExpert:
             gripper = CLOSE
             carry_z = max(tgt_top, self.rest_z) + self.hang + self.clearance
             # the grip sits off the held object's centre for a rim grasp: put the object, not the hand, over it
-            goal = np.array([*(tgt_xy + eef[:2] - obj_xy), carry_z])
+            goal = np.array([*(tgt_xy + eef[:2] - place_xy), carry_z])
             if np.linalg.norm(goal[:2] - eef[:2]) < 0.02:
                 self.phase = "lower"
         elif self.phase == "lower":
             gripper = CLOSE
-            goal = np.array([*(tgt_xy + eef[:2] - obj_xy), tgt_top + self.hang + self.release_height])
+            goal = np.array([*(tgt_xy + eef[:2] - place_xy), tgt_top + self.hang + self.release_height])
             if eef[2] < goal[2] + 0.01:
                 self.phase, self.timer = "release", 0
         else:  # release, then back off upwards
