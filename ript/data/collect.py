@@ -96,7 +96,7 @@ def _run_jobs(jobs: list[Job]) -> list[dict[str, Any]]:
             if key != opened:
                 if task is not None:
                     task.close()
-                task, opened = None, None
+                    task = None  # closed: not closed again if the next task fails to open
                 task = get_suite(job.suite).episode_source().open_task(job.task, job.suite, job.render,
                                                                        job.max_episode_steps)
                 opened = key

@@ -30,6 +30,15 @@ def _body_id(model, name: str) -> int:
     return i
 
 
+def _site_id(model, name: str) -> int:
+    import mujoco
+
+    i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, name)
+    if i < 0:
+        raise RiptError(f"LIBERO scene has no site {name!r}")
+    return i
+
+
 _BOX_SIGNS = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T
 
 
@@ -199,8 +208,8 @@ class PickPlaceExpert:
         import mujoco
 
         model, data = sim.model._model, sim.data._data
-        i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, self.target_site)
-        if i < 0 or model.site_type[i] != mujoco.mjtGeom.mjGEOM_BOX:
+        i = _site_id(model, self.target_site)
+        if model.site_type[i] != mujoco.mjtGeom.mjGEOM_BOX:
             return None
         half = model.site_size[i]
         object_width = float(np.ptp((obj_pts[:, :2] - obj_pts[:, :2].mean(0)) @ np.array(
@@ -253,7 +262,8 @@ class PickPlaceExpert:
         if self.phase in ("lift", "carry", "lower") and eef[2] - lo[2] > self.hang + 0.04:
             self.phase = "align"  # the object slipped out of the fingers: open, line up and grasp again
         gripper, goal = OPEN, eef.copy()
-        yaw_err = _wrap_half_turn(self.grasp_yaw - finger_angle(sim))
+        fingers = finger_angle(sim)
+        yaw_err = _wrap_half_turn(self.grasp_yaw - fingers)
         if self.phase == "align":
             goal = np.array([*grasp_xy, max(hi[2] + 0.08, eef[2])])
             if np.linalg.norm(goal[:2] - eef[:2]) < 0.015 and abs(yaw_err) < 0.08:
@@ -302,8 +312,9 @@ class PickPlaceExpert:
         if self.phase in ("align", "descend", "grasp"):
             action[5] = np.clip(3.0 * yaw_err, -1.0, 1.0)
         elif self.phase in ("lift", "carry", "lower") and self.place_yaw is not None:
-            action[5] = np.clip(3.0 * _wrap_half_turn(self.place_yaw - finger_angle(sim)), -1.0, 1.0)
-            if self.phase == "lower" and abs(_wrap_half_turn(self.place_yaw - finger_angle(sim))) > 0.08:
+            place_err = _wrap_half_turn(self.place_yaw - fingers)
+            action[5] = np.clip(3.0 * place_err, -1.0, 1.0)
+            if self.phase == "lower" and abs(place_err) > 0.08:
                 action[2] = max(action[2], 0.0)  # turned into the slot's direction before going down
         action[6] = gripper
         return action
@@ -313,10 +324,8 @@ def region_spot(sim, site: str, obj: str, index: int, count: int) -> np.ndarray:
     """Where the ``index``-th of ``count`` objects bound for one box region goes, from the region's centre: side by
     side along the region's axis closest to ``obj``'s narrow direction, at least the object's narrow width and 1 cm
     apart, so the second object is not released on top of the first (both moka pots onto the stove)."""
-    import mujoco
-
     model, data = sim.model._model, sim.data._data
-    i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, site)
+    i = _site_id(model, site)
     rot = data.site_xmat[i].reshape(3, 3)
     angle, width = narrow_direction(collision_corners(sim, f"{obj}_main"))
     axis = int(np.argmax(np.abs(rot[:2, :2].T @ np.array([np.cos(angle), np.sin(angle)]))))
@@ -325,13 +334,7 @@ def region_spot(sim, site: str, obj: str, index: int, count: int) -> np.ndarray:
 
 
 def site_position(sim, name: str) -> np.ndarray:
-    import mujoco
-
-    model = sim.model._model
-    i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, name)
-    if i < 0:
-        raise RiptError(f"LIBERO scene has no site {name!r}")
-    return sim.data._data.site_xpos[i].copy()
+    return sim.data._data.site_xpos[_site_id(sim.model._model, name)].copy()
 
 
 def goal_predicates(bddl_file: str) -> list[tuple[str, ...]]:
