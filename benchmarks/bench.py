@@ -1,14 +1,15 @@
 """Speed of the staged pipeline on whatever machine runs it, in one report.
 
-    python -m benchmarks.bench [--only data,train,compiled,sample,sim,collect,eval,rl] [--workers 1,2,4]
+    python -m benchmarks.bench [--only data,train,compiled,sample,sim,floor,collect,eval,rl] [--workers 1,2,4]
                                [--out benchmarks/results/<machine>_bench.json]
 
 Prints: dataset samples/s; stage-0 and stage-1 training samples/s (eager, and on a GPU fp32 / bf16 / the
 compiled CUDA-graph step of `benchmarks/train_speed.py`); prior sampling and policy latency for a batch of 64;
 the simulator floor per core (one physics step, one rendered frame); env-steps/s of collection, evaluation and
 RL rollouts against the number of workers, with the RL iteration's split (rollout, training, policy share);
-then one table of every figure against its floor (the per-core simulator rate times the workers) and the
-issue's targets. Several GPUs: `benchmarks/gpu_scaling.sh` (torchrun) measures stage 1 and RL on 1 and N.
+then one table of every figure against its floors — the per-core simulator rate times the workers, and the
+rate that many processes reach stepping and rendering at once (on a GPU host they share one EGL device) — and
+the issue's targets. Several GPUs: `benchmarks/gpu_scaling.sh` (torchrun) measures stage 1 and RL on 1 and N.
 """
 
 from __future__ import annotations
@@ -143,6 +144,23 @@ def rollout_floor(sim: dict, cfg) -> float:
     return 1000 / (sim["sim_step_ms"] + frames_per_step * sim["render_frame_ms"])
 
 
+def bench_concurrent_floor(cfg, workers: int) -> dict:
+    """The floor measured with ``workers`` processes at once (`benchmarks/render_floor.py`), spread over EGL
+    devices as the runner's workers are: on a GPU host the processes share one device's readbacks, so this,
+    not the per-core rate times the workers, is what collection and rollouts can reach (NOTES session 15)."""
+    from benchmarks.render_floor import measure
+    from ript.envs.gl import worker_egl_devices
+
+    devices = worker_egl_devices(workers)
+    devices = devices if any(devices) else None
+    every_rollout = max(1, int(cfg.algo.action_horizon) // int(cfg.algo.frame_stack))
+    kw = dict(task=TASKS[1], image_size=int(cfg.task.render.image_size), cameras=tuple(cfg.task.render.cameras),
+              seconds=5.0)
+    return {"concurrent_floor": {"workers": workers,
+                                 "collect": measure(workers, 1, 1, devices, **kw)["env_steps_per_s"],
+                                 "rollout": measure(workers, 1, every_rollout, devices, **kw)["env_steps_per_s"]}}
+
+
 TARGETS = {"stage1 samples/s": 20000, "stage0 samples/s": 50000, "collection env steps/s": 5000,
            "evaluation env steps/s": 6000, "RL rollout env steps/s": 6000}  # issue 16, on one H100 host
 
@@ -169,10 +187,15 @@ def summary(results: dict, cfg) -> str:
         "RL rollout env steps/s": ({w: r["env_steps_per_s"] for w, r in results.get("rl", {}).get(
             "per_workers", {}).items()}, per_core["rollout"]),
     }
+    concurrent = results.get("concurrent_floor", {})
     for label, (by_workers, floor) in measured.items():
         if by_workers:
             w = max(by_workers)
             rows.append((f"{label}, {w} workers", by_workers[w], floor and w * floor, TARGETS[label]))
+            if concurrent.get("workers") == w:
+                pattern = "collect" if label.startswith("collection") else "rollout"
+                rows.append((f"  same, against {w} processes measured at once", by_workers[w], concurrent[pattern],
+                             None))
     if "rl" in results:
         r = results["rl"]["per_workers"][max(results["rl"]["per_workers"])]
         rows += [("RL iteration: rollout (s)", r["rollout_s"], None, None),
@@ -224,7 +247,7 @@ def bench_eval(cfg, ds: ChunkDataset, workers: list[int], device: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="data,train,compiled,sample,sim,collect,eval,rl")
+    ap.add_argument("--only", default="data,train,compiled,sample,sim,floor,collect,eval,rl")
     ap.add_argument("--workers", default=None, help="comma-separated worker counts (default: 1,2,4,.. up to cores)")
     ap.add_argument("--overrides", nargs="*", default=[], help="hydra overrides for the stage1 config")
     ap.add_argument("--demos", type=int, default=6)
@@ -252,6 +275,8 @@ def main() -> None:
             results.update(bench_train(cfg, ds.to(device), device, args.batch))
         if "sim" in only:
             results.update(bench_sim(cfg))
+        if "floor" in only:
+            results.update(bench_concurrent_floor(cfg, max(workers)))
         if "collect" in only:
             results.update(bench_collect(cfg, workers, tmp))
         if "eval" in only:

@@ -5,7 +5,8 @@
 #   resume   exact resume on the GPU with the fast step on (benchmarks/gpu_resume.sh; needs the chain's data)
 #   resume10 collects 10 demos per task, then exact resume with deterministic kernels and without (short runs)
 #   train    stage-0/1 training speed at batch 512 and 1024
-#   bench    the one-report benchmark (benchmarks/bench.py: every figure against its floor and target)
+#   bench    the one-report benchmark (benchmarks/bench.py: every figure against its floor and target;
+#            BENCH_EXTRA passes arguments on, e.g. "--overrides task.render.image_size=128")
 #   rl       a short ML45-10 chain (DEMOS per task, stage 0/1 of S0_SHORT/S1_SHORT steps), then RL_SHORT RL
 #            iterations with the old one-for-one draw (rl.oversample=1) and with rl.oversample=auto, same checkpoint
 #            (OVERSAMPLES="auto" runs only the second)
@@ -64,7 +65,7 @@ for part in "$@"; do
       done ;;
     bench)
       phase "bench"
-      python3 -m benchmarks.bench --workers ${BENCH_WORKERS:-4,16} --out runs/bench.json 2>&1 | grep -v -i warn \
+      python3 -m benchmarks.bench --workers ${BENCH_WORKERS:-4,16} --out runs/bench.json ${BENCH_EXTRA:-} 2>&1 | grep -v -i warn \
         | sed -n '/^figure/,$p'
       cp runs/bench.json "${OUT:-runs}/bench.json" 2>/dev/null || true ;;
     train)

@@ -82,17 +82,20 @@ def _count_steps(task_name: str, size: int, cameras: tuple, envs: int, render_ev
     return steps * envs, frames, wall
 
 
-def measure(procs: int, envs: int, render_every: int, devices: list[str] | None, args) -> dict:
+def measure(procs: int, envs: int, render_every: int, devices: list[str] | None, task: str = "drawer-close-v3",
+            image_size: int = 128, cameras: tuple = ("corner", "gripperPOV"), seconds: float = 6.0,
+            renderer: str = "side-by-side") -> dict:
+    """Env steps/s that ``procs`` processes of ``envs`` envs each reach together, rendering every
+    ``render_every``-th step (0: never)."""
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=_worker, args=(args.task, args.image_size, tuple(args.cameras.split(",")), envs,
-                                                 render_every, args.seconds,
-                                                 devices[i % len(devices)] if devices else None, args.renderer,
+    workers = [ctx.Process(target=_worker, args=(task, image_size, tuple(cameras), envs, render_every, seconds,
+                                                 devices[i % len(devices)] if devices else None, renderer,
                                                  barrier, out), daemon=True)
                for i in range(procs)]
     for w in workers:
         w.start()
-    results = [out.get(timeout=args.seconds + 400) for _ in workers]
+    results = [out.get(timeout=seconds + 400) for _ in workers]
     for w in workers:
         w.join()
     failed = [r for r in results if isinstance(r, str)]
@@ -101,7 +104,7 @@ def measure(procs: int, envs: int, render_every: int, devices: list[str] | None,
     steps = sum(r[0] for r in results)
     wall = max(r[2] for r in results)
     return {"procs": procs, "envs_per_proc": envs, "render_every": render_every, "egl_devices": devices,
-            "renderer": args.renderer,
+            "renderer": renderer,
             "env_steps_per_s": steps / wall, "frames_per_s": sum(r[1] for r in results) / wall,
             "per_proc_steps_per_s": steps / wall / procs}
 
@@ -125,7 +128,8 @@ def main() -> None:
     for every in [int(x) for x in args.render_every.split(",")]:
         for envs in [int(x) for x in args.envs.split(",")]:
             for n in [int(x) for x in args.procs.split(",")]:
-                r = measure(n, envs, every, devices, args)
+                r = measure(n, envs, every, devices, args.task, args.image_size, tuple(args.cameras.split(",")),
+                            args.seconds, args.renderer)
                 rows.append(r)
                 print(f"{args.renderer}: render every {every:>2}, {n:>3} procs x {envs} envs, EGL devices "
                       f"{devices or 'default'}: "
