@@ -22,11 +22,12 @@ from omegaconf import OmegaConf
 from benchmarks.bench import demo_dataset, make_prior
 from ript.config import compose, resolve_device
 from ript.envs.runner import EnvRunner
-from ript.rl.sampler import InitialConditionSampler
 from ript.policies.build import make_policy
+from ript.rl.advantages import build_estimator
 from ript.rl.learners import ChunkLearner
-from ript.rl.rollout import GroupSampling, collect_groups, flatten_groups, group_episodes
-from ript.rl.update import ppo_update
+from ript.rl.rollout import GroupSampling, collect_groups, group_episodes
+from ript.rl.sampler import InitialConditionSampler
+from ript.rl.update import ppo_update, update_batch
 from ript.utils.distributed import DistInfo
 
 
@@ -79,9 +80,9 @@ def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon:
             t_rollout = time.perf_counter() - t
             runner.close()
             # time training on every group, informative or not
-            decisions, _, _ = flatten_groups(group_episodes(batch["episodes"], k), "rloo")
-            data = learner.collate(decisions, device)
-            data["advantages"] = torch.randn(len(decisions), device=device)
+            data, _ = update_batch(learner, group_episodes(batch["episodes"], k), build_estimator(rl_cfg.rl), rl_cfg,
+                                   device, DistInfo())
+            data["advantages"] = torch.randn(len(data["advantages"]), device=device)
             t = time.perf_counter()
             ppo_update(learner, opt, sched, data, rl_cfg, DistInfo(), 0, device)
             t_train = time.perf_counter() - t

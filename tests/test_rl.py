@@ -374,3 +374,14 @@ def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage
     # two episodes of one layout (RL's K rollouts) still sample differently
     assert not all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(runs[0][0]["decisions"],
                                                                          runs[0][2]["decisions"]))
+
+
+def test_the_rl_benchmark_times_a_real_iteration():
+    """benchmarks/bench_rl.py (the bench's RL part) runs rollouts and one update through the current RL API."""
+    from benchmarks.bench_rl import bench_rl
+    from ript.config import compose
+
+    cfg = compose("stage1", ["task.render.image_size=32", "algo=quest_small", "device=cpu"])
+    out = bench_rl(cfg, [1], "cpu", groups=2, k=2, horizon=24)
+    r = out["per_workers"][1]
+    assert r["env_steps"] > 0 and r["decisions"] > 0 and r["train_s"] > 0
