@@ -21,6 +21,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -53,15 +54,20 @@ class SyntheticData:
                 "action_mask": torch.ones(b, self.chunk, dtype=torch.bool, device=self.device)}
 
 
-def timed(step, n: int, warmup: int) -> float:
+def timed(step, n: int, warmup: int, windows: int = 5) -> float:
+    """Seconds per step: the median over ``windows`` windows of ``n`` steps (one window of a few hundred ms
+    varied 2-3x between leases for stage 0's ~5 ms step)."""
     for _ in range(warmup):
         step()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n
+    per_window = []
+    for _ in range(windows):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+        per_window.append((time.perf_counter() - t) / n)
+    return float(np.median(per_window))
 
 
 def profile(step, label: str, rows: int = 25) -> str:
