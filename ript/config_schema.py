@@ -73,6 +73,10 @@ class EvalEvery(EvalProtocol):
     every: Size
 
 
+class EvalEveryKeepBest(EvalEvery):
+    keep_best: bool
+
+
 class Train(Section):
     steps: Count
     batch_size: Count
@@ -240,7 +244,7 @@ class Stage0Job(RunJob):
 
 
 class Stage1Job(Stage0Job):
-    eval: EvalEvery
+    eval: EvalEveryKeepBest
     workers: WorkerLimits
 
 

@@ -78,9 +78,9 @@ def stage0_run(tiny_data, tmp_path_factory) -> Path:
 
 
 def stage1_overrides(data_dir: Path, run_dir: Path, stage0_run: Path) -> list[str]:
-    """Four steps with an evaluation in the simulator at the end of training."""
+    """Four steps with an evaluation in the simulator after steps 2 and 4."""
     return train_overrides(data_dir, run_dir, 4) + [
-        f"stage0_checkpoint={stage0_run}", "eval.every=4", "eval.episodes_per_task=1", "eval.num_workers=1",
+        f"stage0_checkpoint={stage0_run}", "eval.every=2", "eval.episodes_per_task=1", "eval.num_workers=1",
         "eval.max_episode_steps=16", "eval.n_videos=0"]
 
 

@@ -49,6 +49,8 @@ def test_stage_resume_matches_uninterrupted_run(tiny_data, stage0_run, stage1_ru
     stage1.run(compose("stage1", s1 + ["train.stop_after_minutes=0"]))
     stage1.run(compose("stage1", s1 + ["resume=true"]))
     assert_same_weights(weights(part1), weights(stage1_run))
+    best = (stage1_run / "checkpoints" / "best").resolve().name
+    assert (part1 / "checkpoints" / "best").resolve().name == best  # the same evaluations, the same best step
 
 
 def test_stage1_resume_after_a_validation_pass_with_autoencoder_dropout(tiny_data, tmp_path):
@@ -82,10 +84,17 @@ def test_model_loader_refuses_wrong_stage(stage0_run, stage1_run, tiny_data, tmp
     assert model.task_names == TASKS and config["metadata"]["stage0_checkpoint"]
 
 
-def test_stage1_evaluates_during_training(stage1_run):
-    results = json.loads((stage1_run / "eval" / "step0000004" / "results.json").read_text())
-    assert results["per_task"].keys() == set(TASKS)
+def test_stage1_evaluates_during_training_and_keeps_the_best_step(stage1_run):
+    rates = {}
+    for step in (2, 4):
+        results = json.loads((stage1_run / "eval" / f"step{step:07d}" / "results.json").read_text())
+        assert results["per_task"].keys() == set(TASKS)
+        rates[step] = results["success_rate"]
     assert (stage1_run / "tb").is_dir()
+    best = max(rates, key=lambda s: (rates[s], -s))  # ties: the earlier step
+    assert (stage1_run / "checkpoints" / "best").resolve().name == f"{best:07d}"
+    _, config = load_model(stage1_run / "checkpoints" / "best", expect_stage="stage1")
+    assert config["step"] == best
 
 
 def test_stage1_with_learned_task_ids(tiny_data, stage0_run, tmp_path):

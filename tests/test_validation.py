@@ -63,6 +63,27 @@ def test_keep_last_keeps_the_newest_and_never_the_one_last_points_to(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0000004", "0000005", "last"]
 
 
+def test_the_best_checkpoint_is_never_pruned_and_its_score_survives_a_resume(tmp_path):
+    from ript.stages.stage1 import best_evaluation
+    from ript.utils.checkpoint import mark_best, save_checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    assert best_evaluation(tmp_path) is None
+    save_checkpoint(tmp_path, 1, model, {}, keep_last=1)
+    (tmp_path / "eval" / "step0000001").mkdir(parents=True)
+    (tmp_path / "eval" / "step0000001" / "results.json").write_text(json.dumps({"success_rate": 0.75}))
+    mark_best(tmp_path, 1)
+    for step in (2, 3):
+        save_checkpoint(tmp_path, step, model, {}, keep_last=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0000001", "0000003", "best", "last"]
+    assert best_evaluation(tmp_path) == (0.75, 1)
+    with pytest.raises(RiptError, match="step 2"):
+        mark_best(tmp_path, 2)  # pruned: not a checkpoint any more
+    (tmp_path / "eval" / "step0000001" / "results.json").write_text("{")
+    with pytest.raises(RiptError, match="results.json"):
+        best_evaluation(tmp_path)
+
+
 def test_failed_start_leaves_no_folder_and_a_stub_resumes(tiny_data, tmp_path):
     run = tmp_path / "run"
     bad = task_overrides(tmp_path / "missing") + ["algo=quest_small", f"run_dir={run}"]

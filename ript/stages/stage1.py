@@ -6,6 +6,8 @@ checkpoint, swaps in the new tasks' embeddings, and may also train the decoder w
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
@@ -20,11 +22,11 @@ from ript.model_loader import check_and_load, load_model
 from ript.models.encoders import random_shift
 from ript.models.prior import SkillPrior
 from ript.policies.build import sampling_settings, stage1_sampling
+from ript.utils import distributed as ddist
 from ript.utils import training
-from ript.utils.checkpoint import (checkpoint_config, load_weights, rank_state, restore_training_state,
+from ript.utils.checkpoint import (checkpoint_config, load_weights, mark_best, rank_state, restore_training_state,
                                    save_checkpoint, training_state)
 from ript.utils.logging import MetricLogger, log, setup_console_logging
-from ript.utils import distributed as ddist
 from ript.utils.run_dir import prepare_ranked_run_dir, prepare_run_dir
 from ript.utils.seeding import seed_everything
 
@@ -158,6 +160,21 @@ def validate(model: SkillPrior, dataset, cfg, device: str, info: ddist.DistInfo)
     return {"val/ce": ce / n, "val/token_acc": acc / n}
 
 
+def best_evaluation(run_dir: Path) -> tuple[float, int] | None:
+    """(success rate, step) of the checkpoint ``checkpoints/best`` points to, from its evaluation's results;
+    None before the first evaluation."""
+    link = run_dir / "checkpoints" / "best"
+    if not link.is_symlink():
+        return None
+    step = int(os.readlink(link))
+    results = run_dir / "eval" / f"step{step:07d}" / "results.json"
+    try:
+        return float(json.loads(results.read_text())["success_rate"]), step
+    except (OSError, ValueError, KeyError) as e:
+        raise RiptError(f"{link} points to step {step}, but its evaluation {results} cannot be read ({e}); "
+                        f"remove the link to start the comparison afresh") from e
+
+
 def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, stage: str, metadata: dict,
                 device: str, info: ddist.DistInfo) -> str:
     """The training loop of stage 1 and fine-tuning, alone or under torchrun: every rank draws the same global
@@ -186,15 +203,22 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
              len(train_set.task_names), len(train_set), train_set.num_demos,
              sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, info.world_size)
 
+    best = best_evaluation(run_dir) if info.is_main else None  # (success rate, step) so far, on resume too
+
     def evaluate(step: int) -> None:
-        nonlocal runner
+        nonlocal runner, best
         if info.is_main:
             if runner is None:
                 runner = make_runner(metadata, train_set.task_names, cfg.eval, cfg.workers)
-            evaluate_during_training(runner, model, sampling_settings(metadata), device, int(cfg.eval.seed),
-                                     run_dir / "eval" / f"step{step:07d}", logger, step, f"{stage} step {step}",
-                                     bool(cfg.cuda_graph))
+            rate = evaluate_during_training(runner, model, sampling_settings(metadata), device, int(cfg.eval.seed),
+                                            run_dir / "eval" / f"step{step:07d}", logger, step,
+                                            f"{stage} step {step}", bool(cfg.cuda_graph))["success_rate"]
             model.train()
+            if cfg.eval.keep_best and (best is None or rate > best[0]):  # ties: the earlier step stays
+                best = (rate, step)
+                mark_best(run_dir, step)
+                log.info("%s: step %d is the best so far (%.1f%%): %s", stage, step, 100 * rate,
+                         run_dir / "checkpoints" / "best")
         ddist.barrier(info)
 
     def save(step: int) -> None:
@@ -238,9 +262,10 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
                 log.info("%s step %d: val ce %.3f, token acc %.3f", stage, done, metrics["val/ce"],
                          metrics["val/token_acc"])
             stop = training.out_of_time_everywhere(t_start, cfg.train.stop_after_minutes, info)
-            if done % cfg.train.save_every == 0 or done == steps or stop:
-                save(done)
-            if cfg.eval.every and (done % cfg.eval.every == 0 or done == steps):
+            evaluating = bool(cfg.eval.every) and (done % cfg.eval.every == 0 or done == steps)
+            if done % cfg.train.save_every == 0 or done == steps or stop or evaluating:
+                save(done)  # an evaluated step is saved: it may become checkpoints/best
+            if evaluating:
                 evaluate(done)
             if stop:
                 log.info("%s: stopped after %s min at step %d; continue with resume=true", stage,

@@ -4,10 +4,12 @@
                                     /config.json         stage, model name + kwargs, resolved config, metadata
                                     /training_state.pt   optimizer, scheduler, step, RNG states (weights_only-safe)
     <run_dir>/checkpoints/last -> <step:07d>
+    <run_dir>/checkpoints/best -> <step:07d>   the best evaluated step, when a stage keeps it
 
 A checkpoint is first written to a hidden temporary folder, synced to disk and renamed into place, so a
-reader never sees a half-written one; ``last`` is swapped with an atomic rename of a fresh symlink. Weights
-with NaN or inf are never written, and the checkpoint ``last`` points to is never pruned.
+reader never sees a half-written one; ``last`` and ``best`` are swapped with an atomic rename of a fresh
+symlink. Weights with NaN or inf are never written, and the checkpoints ``last`` and ``best`` point to are
+never pruned.
 """
 
 from __future__ import annotations
@@ -101,17 +103,35 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    link_tmp = ckpt_root / f".last.{os.getpid()}"
-    if link_tmp.is_symlink() or link_tmp.exists():
-        link_tmp.unlink()
-    os.symlink(final.name, link_tmp)
-    os.replace(link_tmp, ckpt_root / "last")
-    fsync_path(ckpt_root)
+    _point(ckpt_root, "last", final.name)
     if keep_last:
+        best = ckpt_root / "best"
+        kept = {final, best.resolve()} if best.is_symlink() else {final}
         steps = sorted(p for p in ckpt_root.iterdir() if p.name.isdigit() and p != final)
         for old in steps[:max(0, len(steps) - (keep_last - 1))]:
-            shutil.rmtree(old)
+            if old.resolve() not in kept:
+                shutil.rmtree(old)
     return final
+
+
+def _point(ckpt_root: Path, link: str, target: str) -> None:
+    """Atomically make ``ckpt_root/link`` a symlink to ``target`` (a step folder's name)."""
+    link_tmp = ckpt_root / f".{link}.{os.getpid()}"
+    if link_tmp.is_symlink() or link_tmp.exists():
+        link_tmp.unlink()
+    os.symlink(target, link_tmp)
+    os.replace(link_tmp, ckpt_root / link)
+    fsync_path(ckpt_root)
+
+
+def mark_best(run_dir: Path, step: int) -> Path:
+    """Point ``checkpoints/best`` at the saved checkpoint of ``step``."""
+    ckpt_root = Path(run_dir) / "checkpoints"
+    target = ckpt_root / f"{step:07d}"
+    if not (target / CONFIG).is_file():
+        raise RiptError(f"cannot mark step {step} best: {target} is not a checkpoint")
+    _point(ckpt_root, "best", target.name)
+    return target
 
 
 def resolve_checkpoint_dir(path: str | Path) -> Path:
