@@ -46,8 +46,9 @@ def test_stage1_on_two_processes_resumes_exactly_and_equals_one(tiny_data, stage
     torchrun("stage1", *s1(tmp_path / "part"), "resume=true")
     assert_same_weights(weights(tmp_path / "part"), weights(tmp_path / "two"))
     assert_close_weights(weights(tmp_path / "two"), weights(stage1_run))  # the fixture: one process
-    # rank 0 alone evaluated in the simulator
-    assert sorted(p.name for p in (tmp_path / "two" / "eval").iterdir()) == ["step0000004"]
+    # rank 0 alone evaluated in the simulator, and pointed checkpoints/best at one of the evaluated steps
+    assert sorted(p.name for p in (tmp_path / "two" / "eval").iterdir()) == ["step0000002", "step0000004"]
+    assert (tmp_path / "two" / "checkpoints" / "best").resolve().name in ("0000002", "0000004")
     # one process cannot continue a two-process run: its ranks' random streams would be lost
     with pytest.raises(RiptError, match="written by 2 process"):
         stage1.run(compose("stage1", s1(tmp_path / "part") + ["resume=true"]))
