@@ -84,3 +84,21 @@ def test_bad_files_give_one_line_errors(tmp_path):
         read_demos(good, keys)
     for err in (RiptError,):
         assert "\n" not in str(pytest.raises(err, read_demos, good, keys).value)
+
+
+def test_a_dataset_too_large_for_the_gpu_stays_in_host_memory():
+    from ript.data.dataset import GPU_DATA_SHARE, fits_on_device
+
+    free = 80 * 2**30
+    assert fits_on_device(int(GPU_DATA_SHARE * free), free)
+    assert not fits_on_device(int(GPU_DATA_SHARE * free) + 1, free)  # ML45 x 100 demos at 128 px: ~60 GiB
+
+
+def test_batches_served_from_host_memory_equal_the_stored_ones(tmp_path):
+    files = [write_synthetic(tmp_path / "a.hdf5"), write_synthetic(tmp_path / "b.hdf5", lengths=(4,))]
+    stored, served = ChunkDataset(spec(files), "all"), ChunkDataset(spec(files), "all").serve_to("cpu")
+    assert served.nbytes == stored.nbytes > 0
+    idx = torch.tensor([0, 3, 5, 12, 15])
+    a, b = stored.get_batch(idx), served.get_batch(idx)
+    assert a.keys() == b.keys() and all(torch.equal(a["obs"][k], b["obs"][k]) for k in a["obs"])
+    assert all(torch.equal(a[k], b[k]) for k in ("actions", "action_mask", "task_ids"))

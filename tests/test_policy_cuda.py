@@ -79,3 +79,20 @@ def test_compiled_rl_update_with_accumulating_micro_batches_matches_eager():
     moved = [k for k in before if not torch.equal(after[0][k], before[k])]
     assert moved
     assert max((after[0][k] - after[1][k]).abs().max().item() for k in moved) < 1e-3
+
+
+def test_a_dataset_in_host_memory_delivers_the_same_batches_to_the_gpu(tmp_path):
+    """data.on_device=auto keeps a dataset too large for the GPU in host memory: batches gathered there and
+    copied from pinned memory equal those of the dataset moved to the GPU."""
+    from test_dataset import spec, write_synthetic
+
+    from ript.data.dataset import ChunkDataset
+
+    files = [write_synthetic(tmp_path / "a.hdf5"), write_synthetic(tmp_path / "b.hdf5", lengths=(4,))]
+    on_gpu, served = ChunkDataset(spec(files), "all").to("cuda"), ChunkDataset(spec(files), "all").serve_to("cuda")
+    assert served.actions.device.type == "cpu" and served.device.type == "cuda"
+    for idx in (torch.tensor([0, 3, 5, 12, 15]), torch.tensor([15, 1]).cuda()):
+        a, b = on_gpu.get_batch(idx), served.get_batch(idx)
+        for k in ("actions", "action_mask", "task_ids"):
+            assert b[k].device.type == "cuda" and torch.equal(a[k], b[k])
+        assert all(torch.equal(a["obs"][k], b["obs"][k]) for k in a["obs"])

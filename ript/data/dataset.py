@@ -72,6 +72,7 @@ class ChunkDataset:
         self.episode_start = torch.from_numpy(np.concatenate(starts)).long()
         self.episode_end = torch.from_numpy(np.concatenate(ends)).long()
         self.num_demos = len(actions)
+        self._serve_device: torch.device | None = None  # batches delivered elsewhere than the storage (serve_to)
 
     def _split_indices(self, n: int, split: str, task_id: int) -> list[int]:
         """Split by demo, the same way every time for a given seed."""
@@ -87,20 +88,47 @@ class ChunkDataset:
 
     @property
     def device(self) -> torch.device:
-        return self.actions.device
+        """Where batches are delivered (the storage's device unless ``serve_to`` chose another)."""
+        return self._serve_device if self._serve_device is not None else self.actions.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.actions, *self.obs.values(), self.task_ids,
+                                                         self.episode_start, self.episode_end))
 
     def to(self, device: str | torch.device) -> "ChunkDataset":
+        """Move the whole dataset (and where batches are delivered) to ``device``."""
         self.actions = self.actions.to(device)
         self.obs = {k: v.to(device) for k, v in self.obs.items()}
         for name in ("task_ids", "episode_start", "episode_end"):
             setattr(self, name, getattr(self, name).to(device))
+        self._serve_device = None
+        return self
+
+    def serve_to(self, device: str | torch.device) -> "ChunkDataset":
+        """Keep the dataset in host memory and deliver each batch to ``device``: gathered on the host, copied
+        from pinned memory without waiting (for datasets larger than the GPU's free memory)."""
+        self._serve_device = torch.device(device)
         return self
 
     def get_batch(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        serve = self._serve_device
+        if serve is not None:
+            pin = serve.type == "cuda"
+
+            def deliver(t: torch.Tensor) -> torch.Tensor:
+                return (t.pin_memory() if pin else t).to(serve, non_blocking=True)
+
+            batch = self._gather(idx.cpu())
+            return {k: {n: deliver(t) for n, t in v.items()} if isinstance(v, dict) else deliver(v)
+                    for k, v in batch.items()}
         if idx.device.type == "cpu" and self.device.type == "cuda":
             # pinned: a copy from pageable memory would wait for the GPU's queue to drain every step
             idx = idx.pin_memory().to(self.device, non_blocking=True)
-        idx = idx.to(self.device)
+        return self._gather(idx.to(self.device))
+
+    def _gather(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The batch of samples ``idx`` (on the storage's device)."""
         start, end = self.episode_start[idx, None], self.episode_end[idx, None]
         fs, chunk = self.spec.frame_stack, self.spec.chunk_size
         obs_idx = torch.maximum(idx[:, None] - torch.arange(fs - 1, -1, -1, device=self.device), start)
@@ -157,8 +185,19 @@ def batch_stream(dataset: ChunkDataset, batch_size: int, seed: int, start_step: 
             step += 1
 
 
+# data.on_device=auto keeps the dataset on the GPU when it takes at most this share of the GPU's free memory
+GPU_DATA_SHARE = 0.6
+
+
+def fits_on_device(nbytes: int, free_bytes: int) -> bool:
+    return nbytes <= GPU_DATA_SHARE * free_bytes
+
+
 def load_datasets(spec_kwargs: dict, device: str, on_device: str | bool) -> tuple[ChunkDataset, ChunkDataset | None]:
+    """The train and validation splits. On a GPU the whole dataset moves there (``on_device=true``; ``auto``:
+    when it fits, see ``fits_on_device``), else it stays in host memory and each batch is copied over."""
     from ript.data.dataset import DatasetSpec, EmptySplitError
+    from ript.utils.logging import log
 
     spec = DatasetSpec(**spec_kwargs)
     train = ChunkDataset(spec, "train")
@@ -166,9 +205,17 @@ def load_datasets(spec_kwargs: dict, device: str, on_device: str | bool) -> tupl
         val = ChunkDataset(spec, "val") if spec.val_fraction > 0 else None
     except EmptySplitError:  # too few demos to hold any out; a damaged file still fails
         val = None
-    move = device.startswith("cuda") if on_device == "auto" else bool(on_device)
-    if move:
-        train.to(device)
-        if val is not None:
-            val.to(device)
+    splits = [d for d in (train, val) if d is not None]
+    move = bool(on_device) if on_device != "auto" else device.startswith("cuda")
+    if move and on_device == "auto":
+        nbytes, free = sum(d.nbytes for d in splits), torch.cuda.mem_get_info(torch.device(device))[0]
+        move = fits_on_device(nbytes, free)
+        if not move:
+            log.info("dataset: %.1f GiB does not fit in %.0f%% of the GPU's %.1f GiB free: it stays in host memory "
+                     "and batches are copied over", nbytes / 2**30, 100 * GPU_DATA_SHARE, free / 2**30)
+    for d in splits:
+        if move:
+            d.to(device)
+        else:
+            d.serve_to(device)
     return train, val
