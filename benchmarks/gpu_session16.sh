@@ -4,6 +4,8 @@
 #            every 1,000 steps on selection layouts (eval.seed=1, 10 episodes per task); then the standard
 #            protocol (seed 0, 20 episodes per task) on checkpoints/best and on the last step: does keeping the
 #            best evaluated step beat the last one on layouts it was not chosen on?
+#   cudatest the CUDA-only tests (tests/test_policy_cuda.py)
+#   hostdata stage 1 (1,000 steps) with the dataset on the GPU and kept in host memory (data.on_device=false)
 #   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_session16.sh select
 #   bash benchmarks/gpu_background.sh poll 560 runs/select runs/results     # back to back until CHAIN_EXIT
 set -uo pipefail
@@ -32,7 +34,22 @@ for part in "$@"; do
       done
       for d in $R/stage1/eval/step*; do cp $d/results.json $RES/select_$(basename $d).json; done
       python3 -m benchmarks.train_compare $R/stage1 --out $RES/select_stage1_curves.json >/dev/null 2>&1 || true ;;
-    *) echo "unknown part $part (select)" >&2; exit 2 ;;
+    cudatest)
+      phase "CUDA tests"
+      python3 -m pytest -q -p no:cacheprovider tests/test_policy_cuda.py 2>&1 | tail -4 | tee $RES/cuda_tests.log ;;
+    hostdata)
+      # stage 1 with the dataset on the GPU and served from host memory (data.on_device=false), same steps
+      R=runs/hostdata T="task=metaworld_ml45_10 task.demos_per_task=20"
+      phase "hostdata: collect"
+      ript collect $T num_workers=16 episodes_per_job=5 | grep -E "steps/s|rror"
+      ript stage0 $T run_dir=$R/stage0 train.steps=300 train.compile=false progress=false | grep -E "done|rror"
+      for where in true false; do
+        phase "hostdata: stage1 data.on_device=$where"
+        ript stage1 $T run_dir=$R/stage1_$where stage0_checkpoint=$R/stage0 train.steps=1000 train.log_every=100 \
+          train.val_every=1000 data.on_device=$where progress=false | grep -E "val ce|rror|host memory"
+      done
+      python3 -m benchmarks.train_compare $R/stage1_true $R/stage1_false --out $RES/hostdata.json 2>&1 | tail -4 ;;
+    *) echo "unknown part $part (select, cudatest, hostdata)" >&2; exit 2 ;;
   esac
 done
 phase "session chain done"
