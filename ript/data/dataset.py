@@ -131,8 +131,8 @@ class ChunkDataset:
         """The batch of samples ``idx`` (on the storage's device)."""
         start, end = self.episode_start[idx, None], self.episode_end[idx, None]
         fs, chunk = self.spec.frame_stack, self.spec.chunk_size
-        obs_idx = torch.maximum(idx[:, None] - torch.arange(fs - 1, -1, -1, device=self.device), start)
-        act_pos = idx[:, None] + torch.arange(chunk, device=self.device)
+        obs_idx = torch.maximum(idx[:, None] - torch.arange(fs - 1, -1, -1, device=idx.device), start)
+        act_pos = idx[:, None] + torch.arange(chunk, device=idx.device)
         act_idx = torch.minimum(act_pos, end - 1)
         return {
             "obs": {k: v[obs_idx] for k, v in self.obs.items()},
