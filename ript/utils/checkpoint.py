@@ -68,7 +68,7 @@ def save_checkpoint(
     write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``checkpoints/<step>`` atomically and point ``last`` at it; then keep the newest ``keep_last``
-    steps (None or 0: all) and always the one ``last`` points to. Returns the checkpoint dir."""
+    steps (None or 0: all) and always the ones ``last`` and ``best`` point to. Returns the checkpoint dir."""
     if keep_last is not None and keep_last < 0:
         raise RiptError(f"keep_last={keep_last}: must be 0 (keep every checkpoint) or a positive count")
     state = host_state(model)
