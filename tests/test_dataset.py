@@ -122,3 +122,18 @@ def test_loading_peaks_well_below_twice_the_data(tmp_path):
     tracemalloc.stop()
     assert ds.nbytes >= data
     assert peak < 1.75 * data, peak / data
+
+
+def test_prefetched_training_batches_equal_the_inline_ones(tmp_path):
+    from ript.data.dataset import training_batches
+
+    files = [write_synthetic(tmp_path / "a.hdf5"), write_synthetic(tmp_path / "b.hdf5", lengths=(4, 6))]
+    inline, served = ChunkDataset(spec(files), "all"), ChunkDataset(spec(files), "all").serve_to("cpu")
+    assert served.served and not inline.served
+    for start, steps in ((0, 7), (5, 9), (3, 3)):
+        a = list(training_batches(inline, 4, 0, start, steps, slice(1, 3)))
+        b = list(training_batches(served, 4, 0, start, steps, slice(1, 3)))  # gathered one batch ahead
+        assert [s for s, _, _ in a] == [s for s, _, _ in b] == list(range(start, steps))
+        for (_, ia, ba), (_, ib, bb) in zip(a, b):
+            assert torch.equal(ia, ib) and torch.equal(ba["actions"], bb["actions"]) and len(ba["actions"]) == 2
+            assert all(torch.equal(ba["obs"][k], bb["obs"][k]) for k in ba["obs"])

@@ -8,6 +8,8 @@ All demos are concatenated into tensors so a batch is a few vectorised gathers, 
 from __future__ import annotations
 
 import functools
+import itertools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -110,6 +112,11 @@ class ChunkDataset:
         self._serve_device = None
         return self
 
+    @property
+    def served(self) -> bool:
+        """Whether batches are gathered in host memory and delivered elsewhere (``serve_to``)."""
+        return self._serve_device is not None
+
     def serve_to(self, device: str | torch.device) -> "ChunkDataset":
         """Keep the dataset in host memory and deliver each batch to ``device``: gathered on the host, copied
         from pinned memory without waiting (for datasets larger than the GPU's free memory)."""
@@ -190,6 +197,27 @@ def batch_stream(dataset: ChunkDataset, batch_size: int, seed: int, start_step: 
             step += 1
 
 
+def training_batches(dataset: ChunkDataset, batch_size: int, seed: int, start_step: int, steps: int,
+                     share: slice) -> Iterator[tuple[int, torch.Tensor, dict]]:
+    """(step, the global batch's indices, this rank's ``share`` of the batch) for steps ``start_step`` to
+    ``steps``. A dataset served from host memory gathers the next batch on a background thread while the
+    current one trains; the batches are the same either way (they depend only on the indices)."""
+    stream = itertools.takewhile(lambda item: item[0] < steps, batch_stream(dataset, batch_size, seed, start_step))
+    if not dataset.served:
+        for step, idx in stream:
+            yield step, idx, dataset.get_batch(idx[share])
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches") as pool:
+        pending = None
+        for step, idx in stream:
+            ahead = pool.submit(dataset.get_batch, idx[share]), step, idx
+            if pending is not None:
+                yield pending[1], pending[2], pending[0].result()
+            pending = ahead
+        if pending is not None:
+            yield pending[1], pending[2], pending[0].result()
+
+
 # data.on_device=auto keeps the dataset on the GPU when it takes at most this share of the GPU's free memory
 GPU_DATA_SHARE = 0.6
 
@@ -221,6 +249,6 @@ def load_datasets(spec_kwargs: dict, device: str, on_device: str | bool) -> tupl
     for d in splits:
         if move:
             d.to(device)
-        else:
+        elif device.startswith("cuda"):
             d.serve_to(device)
     return train, val

@@ -7,7 +7,7 @@ import time
 import torch
 
 from ript.config import data_files, task_names, to_dict
-from ript.data.dataset import batch_stream, load_datasets
+from ript.data.dataset import load_datasets, training_batches
 from ript.model_loader import check_and_load
 from ript.models.action_autoencoder import ActionAutoencoder
 from ript.utils import training
@@ -105,10 +105,8 @@ def run(cfg) -> str:
     bar = tqdm(total=steps, initial=start_step, desc="stage0", unit="step", disable=not (cfg.progress and info.is_main))
     t_start = t_last = time.perf_counter()
     samples = 0
-    for step, idx in batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
-        if step >= steps:
-            break
-        batch = train_set.get_batch(idx[share])
+    for step, idx, batch in training_batches(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step, steps,
+                                             share):
         with training.autocast(device, cfg.train.amp):
             out = forward(model.action_normalizer.normalize(batch["actions"]), batch["action_mask"])
         # the L1 is a mean over unmasked actions, whose count differs between ranks' blocks

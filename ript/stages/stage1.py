@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ript.config import data_files, task_names, to_dict
-from ript.data.dataset import batch_stream, load_datasets
+from ript.data.dataset import load_datasets, training_batches
 from ript.data.language import TASK_ID, embed_instructions
 from ript.envs.evaluation import evaluate_during_training, make_runner
 from ript.errors import RiptError
@@ -234,10 +234,8 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
     t_start = t_last = time.perf_counter()
     samples = 0
     try:
-        for step, idx in batch_stream(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step):
-            if step >= steps:
-                break
-            batch = train_set.get_batch(idx[share])
+        for step, idx, batch in training_batches(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step,
+                                                 steps, share):
             with training.autocast(device, cfg.train.amp):
                 out = prior_loss(model, batch, cfg, generator, decoder_l1_weight, loss_fn, share)
             grad_norm = optimiser_step(out["loss"], step)
