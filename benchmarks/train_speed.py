@@ -4,8 +4,9 @@
         [--profile] [--out results.json]
 
 A variant is the amp setting (fp32 or bf16) and any of +cl (channels-last weights), +compile (torch.compile of
-the loss), +graphs (its CUDA-graph mode), +tf32 (TF32 matmuls), +bench (cuDNN autotuning): the ``train.*`` switches the stages read;
-+sync: the optimiser step before session 15 (a host sync every step to check finiteness) instead of GuardedStep's.
+the loss), +graphs (its CUDA-graph mode), +tf32 (TF32 matmuls), +bench (cuDNN autotuning): the ``train.*``
+switches the stages read; +sync: the optimiser step before session 15 (a host sync every step to check
+finiteness) instead of GuardedStep's.
 
 The inputs are synthetic tensors of the real shapes (two cameras, uint8 images, 4-D MetaWorld actions), fed
 through the same ``get_batch``-style gather from a device-resident dataset; the model, loss and optimiser are

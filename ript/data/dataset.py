@@ -208,14 +208,14 @@ def training_batches(dataset: ChunkDataset, batch_size: int, seed: int, start_st
             yield step, idx, dataset.get_batch(idx[share])
         return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="batches") as pool:
-        pending = None
+        pending = None  # (step, indices, the batch being gathered) of the step before this one
         for step, idx in stream:
-            ahead = pool.submit(dataset.get_batch, idx[share]), step, idx
+            ahead = (step, idx, pool.submit(dataset.get_batch, idx[share]))
             if pending is not None:
-                yield pending[1], pending[2], pending[0].result()
+                yield pending[0], pending[1], pending[2].result()
             pending = ahead
         if pending is not None:
-            yield pending[1], pending[2], pending[0].result()
+            yield pending[0], pending[1], pending[2].result()
 
 
 # data.on_device=auto keeps the dataset on the GPU when it takes at most this share of the GPU's free memory

@@ -66,6 +66,12 @@ def make_runner(metadata: dict, task_names: list[str], eval_cfg, workers_cfg) ->
                                 n_videos=int(eval_cfg.n_videos), max_episode_steps=eval_cfg.get("max_episode_steps"))
 
 
+def evaluation_dir(run_dir: Path, step: int) -> Path:
+    """``<run_dir>/eval/step<N>``: where the evaluation of a run's checkpoint ``step`` writes its results and videos
+    (during training, or by ``ript eval``)."""
+    return Path(run_dir) / "eval" / f"step{step:07d}"
+
+
 def evaluate_during_training(runner: EnvRunner, model, settings: dict, device: str, seed: int, out_dir: Path,
                              logger, step: int, label: str, cuda_graph: bool = True) -> dict[str, Any]:
     """One evaluation of a chunk-policy model inside a training loop (see ``evaluate_policy``)."""

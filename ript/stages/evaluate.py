@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ript.config import resolve_device
-from ript.envs.evaluation import make_runner, results_dir, write_evaluation
+from ript.envs.evaluation import evaluation_dir, make_runner, results_dir, write_evaluation
 from ript.envs.runner import success_table
 from ript.errors import RiptError
 from ript.model_loader import load_model
@@ -22,7 +22,7 @@ def output_dir(cfg, ckpt_dir: Path, step: int) -> Path:
     if cfg.out_dir:
         out_dir = Path(cfg.out_dir)
     elif ckpt_dir.parent.name == "checkpoints":
-        out_dir = ckpt_dir.parent.parent / "eval" / f"step{step:07d}"
+        out_dir = evaluation_dir(ckpt_dir.parent.parent, step)
     else:
         raise RiptError(f"checkpoint {ckpt_dir} is not inside a run folder (<run_dir>/checkpoints/<step>); "
                         f"pass out_dir=<folder> for the results")

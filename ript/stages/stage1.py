@@ -16,7 +16,7 @@ import torch
 from ript.config import data_files, task_names, to_dict
 from ript.data.dataset import load_datasets, training_batches
 from ript.data.language import TASK_ID, embed_instructions
-from ript.envs.evaluation import evaluate_during_training, make_runner
+from ript.envs.evaluation import evaluate_during_training, evaluation_dir, make_runner
 from ript.errors import RiptError
 from ript.model_loader import check_and_load, load_model
 from ript.models.encoders import random_shift
@@ -167,7 +167,7 @@ def best_evaluation(run_dir: Path) -> tuple[float, int] | None:
     if not link.is_symlink():
         return None
     step = int(os.readlink(link))
-    results = run_dir / "eval" / f"step{step:07d}" / "results.json"
+    results = evaluation_dir(run_dir, step) / "results.json"
     try:
         return float(json.loads(results.read_text())["success_rate"]), step
     except (OSError, ValueError, KeyError) as e:
@@ -203,19 +203,17 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
              len(train_set.task_names), len(train_set), train_set.num_demos,
              sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, info.world_size)
 
-    best = best_evaluation(run_dir) if info.is_main else None  # (success rate, step) so far, on resume too
-
     def evaluate(step: int) -> None:
-        nonlocal runner, best
+        nonlocal runner
         if info.is_main:
             if runner is None:
                 runner = make_runner(metadata, train_set.task_names, cfg.eval, cfg.workers)
             rate = evaluate_during_training(runner, model, sampling_settings(metadata), device, int(cfg.eval.seed),
-                                            run_dir / "eval" / f"step{step:07d}", logger, step,
-                                            f"{stage} step {step}", bool(cfg.cuda_graph))["success_rate"]
+                                            evaluation_dir(run_dir, step), logger, step, f"{stage} step {step}",
+                                            bool(cfg.cuda_graph))["success_rate"]
             model.train()
+            best = best_evaluation(run_dir) if cfg.eval.keep_best else None  # read back: resumed runs too
             if cfg.eval.keep_best and (best is None or rate > best[0]):  # ties: the earlier step stays
-                best = (rate, step)
                 mark_best(run_dir, step)
                 log.info("%s: step %d is the best so far (%.1f%%): %s", stage, step, 100 * rate,
                          run_dir / "checkpoints" / "best")

@@ -106,10 +106,10 @@ def save_checkpoint(
     _point(ckpt_root, "last", final.name)
     if keep_last:
         best = ckpt_root / "best"
-        kept = {final, best.resolve()} if best.is_symlink() else {final}
+        best_target = best.resolve() if best.is_symlink() else None
         steps = sorted(p for p in ckpt_root.iterdir() if p.name.isdigit() and p != final)
         for old in steps[:max(0, len(steps) - (keep_last - 1))]:
-            if old.resolve() not in kept:
+            if old.resolve() != best_target:
                 shutil.rmtree(old)
     return final
 
