@@ -163,6 +163,20 @@ def evaluate(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command()
+def protocol(name: str = typer.Argument(..., help="ml45_multitask, ml45_fewshot, libero_object, libero_spatial "
+                                                  "(configs/protocol/)"),
+             overrides: Optional[list[str]] = OVERRIDES) -> None:
+    """A reference protocol end to end: demonstrations, stages 0-1 (or few-shot fine-tuning), evaluation, RL,
+    evaluation; per-task table and results.json. Rerun the same command to continue an interrupted one."""
+    from ript.stages.protocol import protocol_names, run
+
+    if name not in protocol_names():
+        typer.echo(f"error: unknown protocol {name!r}; choose one of {', '.join(protocol_names())}", err=True)
+        raise typer.Exit(2)
+    _run("protocol", [f"protocol={name}", *(overrides or [])], run)
+
+
+@app.command()
 def quickstart(overrides: Optional[list[str]] = OVERRIDES) -> None:
     """collect -> stage0 -> stage1 -> eval on two MetaWorld tasks, then print the success table."""
     from ript.quickstart import run

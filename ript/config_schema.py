@@ -284,9 +284,20 @@ class QuickstartJob(Section):
     eval_episodes: Count
 
 
+class ProtocolJob(Section):
+    task: Task
+    name: str
+    run_root: str
+    gpus: Workers         # processes per training phase
+    base_checkpoint: Optional[str]
+    evaluate: Literal["last", "best"]
+    phases: dict[str, Optional[dict[str, Any]]]  # each phase's job config overrides; null: skipped
+
+
 SCHEMAS: dict[str, type[BaseModel]] = {
     "collect": CollectJob, "stage0": Stage0Job, "stage1": Stage1Job, "finetune": Stage1Job, "rl": RLJob,
     "oft": OFTJob, "eval": EvalJob, "quickstart": QuickstartJob, "export": ExportJob, "import": ImportJob,
+    "protocol": ProtocolJob,
 }
 
 

@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from ript.config import compose, to_dict
+from ript.config import compose
+from ript.stages.protocol import group_overrides
 from ript.utils.logging import log, setup_console_logging
-
-
-def group_overrides(group: str, node) -> list[str]:
-    """A composed config group (``task``, ``algo``) as overrides for the other jobs' configs: the group's name
-    and every leaf, so command-line changes such as ``algo.prior.n_layer=4`` carry over to every stage."""
-    def leaves(prefix: str, value):
-        if isinstance(value, dict):
-            for k, v in value.items():
-                yield from leaves(f"{prefix}.{k}", v)
-        else:
-            yield f"{prefix}={json.dumps(value)}"
-
-    return [f"{group}={node.name}", *leaves(group, to_dict(node))]
 
 
 def stage_configs(cfg) -> dict:

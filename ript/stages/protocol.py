@@ -1,0 +1,239 @@
+"""``ript protocol <name>``: a reference protocol end to end in one command.
+
+A protocol (``configs/protocol/<name>.yaml``) names the task and the overrides of each phase: scripted
+demonstrations, stage 0, stage 1 or few-shot fine-tuning, the suite's evaluation, RL, the evaluation again.
+Each phase is the ``ript`` job of the same name run in its own process (its memory is freed before the next
+one starts; with several GPUs the training phases run under torchrun). ``<run_root>/protocol.json`` records
+every finished phase with its command and time, so the same command run again skips them and resumes an
+interrupted training phase from its last checkpoint. At the end it prints the per-task table of every
+evaluation and writes it, with each phase's time, to ``<run_root>/results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ript.config import CONFIG_DIR, compose, to_dict
+from ript.errors import RiptError
+from ript.utils.atomic import atomic_write_text
+from ript.utils.logging import log, setup_console_logging
+
+PHASES = ("collect", "stage0", "stage1", "finetune", "eval", "rl", "eval_rl")
+JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune": "finetune", "eval": "eval",
+        "rl": "rl", "eval_rl": "eval"}
+TRAINING = ("stage0", "stage1", "finetune", "rl")  # run under torchrun when several GPUs are used
+EVALUATIONS = {"eval": "imitation", "eval_rl": "after RL"}
+STATE_FILE = "protocol.json"
+
+
+def protocol_names() -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / "protocol").glob("*.yaml"))
+
+
+def leaf_overrides(prefix: str, node: Any) -> list[str]:
+    """A nested mapping as hydra overrides, one per leaf: ``{"train": {"steps": 5}}`` -> ``train.steps=5``."""
+    if isinstance(node, dict):
+        return [o for k, v in node.items() for o in leaf_overrides(f"{prefix}.{k}" if prefix else str(k), v)]
+    return [f"{prefix}={json.dumps(node)}"]
+
+
+def group_overrides(group: str, node) -> list[str]:
+    """A composed config group (``task``, ``algo``) as overrides for another job's config: the group's name and
+    every leaf, so command-line changes such as ``algo.prior.n_layer=4`` reach every phase."""
+    return [f"{group}={node.name}", *leaf_overrides(group, to_dict(node))]
+
+
+@dataclass
+class Phase:
+    name: str
+    job: str
+    overrides: list[str]
+    run_dir: Path | None = None   # training phases: resumed from its last checkpoint if a try was cut short
+    out_dir: Path | None = None   # evaluations: where results.json lands
+    last_step: int | None = None  # training phases: the step (RL: iteration) that finishes them
+
+    def command(self, gpus: int) -> list[str]:
+        launcher = [sys.executable, "-m", "ript.cli"]
+        if self.name in TRAINING and gpus > 1:
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
+                        "-m", "ript.cli"]
+        return [*launcher, self.job, *self.overrides]
+
+
+def imitation_dir(cfg) -> Path:
+    """The run folder of the protocol's imitation phase (few-shot fine-tuning if it has one, else stage 1)."""
+    return Path(cfg.run_root) / ("finetune" if cfg.phases.finetune is not None else "stage1")
+
+
+def plan(cfg) -> list[Phase]:
+    """The protocol's phases in order, each with the overrides that wire it to the others."""
+    root = Path(cfg.run_root)
+    task, algo = group_overrides("task", cfg.task), group_overrides("algo", cfg.algo)
+    start = imitation_dir(cfg) / ("checkpoints/best" if cfg.evaluate == "best" else "")
+    wiring = {
+        "collect": (task, None, None),
+        "stage0": (task + algo + [f"run_dir={root / 'stage0'}"], root / "stage0", None),
+        "stage1": (task + algo + [f"run_dir={root / 'stage1'}", f"stage0_checkpoint={root / 'stage0'}"],
+                   root / "stage1", None),
+        "finetune": (task + algo + [f"run_dir={root / 'finetune'}", f"checkpoint={cfg.base_checkpoint}"],
+                     root / "finetune", None),
+        "eval": ([f"checkpoint={start}", f"out_dir={root / 'eval'}", "overwrite=true"], None, root / "eval"),
+        "rl": ([f"checkpoint={start}", f"run_dir={root / 'rl'}"], root / "rl", None),
+        "eval_rl": ([f"checkpoint={root / 'rl'}", f"out_dir={root / 'eval_rl'}", "overwrite=true"], None,
+                    root / "eval_rl"),
+    }
+    phases = []
+    for name in PHASES:
+        settings = cfg.phases[name]
+        if settings is None:
+            continue
+        wired, run_dir, out_dir = wiring[name]
+        phases.append(Phase(name, JOBS[name], wired + leaf_overrides("", to_dict(settings)), run_dir, out_dir))
+    return phases
+
+
+def check(cfg, phases: list[Phase]) -> None:
+    """Compose every phase's job config before the first one starts (a bad key or value in any phase is one
+    line now, not an error an hour in) and note where each training phase ends."""
+    if not phases:
+        raise RiptError(f"protocol {cfg.name}: every phase is null; nothing to run")
+    names = [p.name for p in phases]
+    if "finetune" in names:
+        if not cfg.base_checkpoint:
+            raise RiptError(f"protocol {cfg.name}: phases.finetune needs base_checkpoint=<a stage-1 checkpoint>")
+        if not Path(cfg.base_checkpoint).exists():
+            raise RiptError(f"protocol {cfg.name}: base_checkpoint {cfg.base_checkpoint} does not exist (run its "
+                            f"multitask protocol first, or pass base_checkpoint=<a stage-1 checkpoint>)")
+    for phase in phases:
+        try:
+            job_cfg = compose(phase.job, phase.overrides)
+        except RiptError as e:
+            raise RiptError(f"protocol {cfg.name}: phases.{phase.name}: {e}") from None
+        if phase.name in ("stage1", "finetune") and cfg.evaluate == "best" and int(job_cfg.eval.every) <= 0:
+            raise RiptError(f"protocol {cfg.name}: evaluate=best needs phases.{phase.name}.eval.every > 0 "
+                            f"(the training run evaluates and keeps its best step)")
+        if phase.name == "rl":
+            # a run ended by its env-step budget finishes before its last iteration
+            phase.last_step = None if job_cfg.rl.max_env_steps else int(job_cfg.rl.iterations)
+        elif phase.name in TRAINING:
+            phase.last_step = int(job_cfg.train.steps)
+
+
+def read_state(root: Path) -> dict[str, Any]:
+    path = root / STATE_FILE
+    if not path.exists():
+        return {"phases": {}}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RiptError(f"cannot read {path}: {e}; move it away to start the protocol over") from None
+
+
+def finished_differently(phase: Phase, record: dict) -> str | None:
+    """The first override a finished phase ran without, or with another value (None: same settings)."""
+    done = set(record["overrides"])
+    for o in phase.overrides:
+        if o not in done:
+            return o
+    return next((o for o in record["overrides"] if o not in set(phase.overrides)), None)
+
+
+def run_phase(phase: Phase, gpus: int) -> None:
+    command = phase.command(gpus)
+    if phase.run_dir is not None and phase.run_dir.exists():
+        command.append("resume=true")  # a try cut short: go on from its last checkpoint (or start over if none)
+    code = subprocess.call(command)
+    if code != 0:
+        raise RiptError(f"phase {phase.name} (`ript {phase.job}`) failed with exit code {code}; its error is "
+                        f"above; the same command continues from this phase")
+
+
+def reached_step(run_dir: Path) -> int:
+    from ript.utils.checkpoint import resolve_checkpoint_dir
+
+    return int(resolve_checkpoint_dir(run_dir).name)
+
+
+def protocol_table(results: dict[str, Any]) -> str:
+    labels = list(results["evaluations"])
+    tasks = list(dict.fromkeys(t for e in results["evaluations"].values() for t in e["per_task"]))
+    head = f"{'task':<40}" + "".join(f"{EVALUATIONS[e]:>12}" for e in labels)
+    rows = [head]
+    for t in tasks:
+        cells = [results["evaluations"][e]["per_task"].get(t) for e in labels]
+        rows.append(f"{t:<40}" + "".join(f"{c:>12.1%}" if c is not None else f"{'-':>12}" for c in cells))
+    rows.append(f"{'average':<40}" + "".join(f"{results['evaluations'][e]['success_rate']:>12.1%}" for e in labels))
+    rows.append(f"{'episodes':<40}" + "".join(f"{results['evaluations'][e]['episodes']:>12d}" for e in labels))
+    rows.append("")
+    for name, record in results["phases"].items():
+        step = f" (step {record['step']})" if "step" in record else ""
+        rows.append(f"{name:<12} {record['seconds'] / 60:>7.1f} min{step}")
+    rows.append(f"{'all':<12} {sum(r['seconds'] for r in results['phases'].values()) / 60:>7.1f} min")
+    return "\n".join(rows)
+
+
+def summarize(cfg, phases: list[Phase], state: dict) -> dict[str, Any]:
+    evaluations = {}
+    for phase in phases:
+        if phase.out_dir is None:
+            continue
+        res = json.loads((phase.out_dir / "results.json").read_text())
+        evaluations[phase.name] = {
+            "checkpoint": res.get("checkpoint"), "success_rate": res["success_rate"],
+            "episodes": sum(int(t["episodes"]) for t in res["per_task"].values()),
+            "per_task": {t: v["success_rate"] for t, v in res["per_task"].items()}}
+    return {"protocol": str(cfg.name), "task": str(cfg.task.name), "evaluations": evaluations,
+            "phases": {p.name: state["phases"][p.name] for p in phases}}
+
+
+def gpu_count(setting) -> int:
+    if setting != "auto":
+        return int(setting)
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def run(cfg) -> dict[str, Any]:
+    setup_console_logging()
+    root = Path(cfg.run_root)
+    phases = plan(cfg)
+    check(cfg, phases)
+    gpus = gpu_count(cfg.gpus)
+    root.mkdir(parents=True, exist_ok=True)
+    state = read_state(root)
+    for i, phase in enumerate(phases, 1):
+        record = state["phases"].get(phase.name)
+        if record is not None:
+            differs = finished_differently(phase, record)
+            if differs is not None:
+                raise RiptError(f"protocol {cfg.name}: phase {phase.name} finished in {root} without {differs}; "
+                                f"choose another run_root, or delete {root / STATE_FILE} and that phase's folder")
+            log.info("protocol %s: phase %s finished earlier (%.1f min), skipping", cfg.name, phase.name,
+                     record["seconds"] / 60)
+            continue
+        log.info("protocol %s: phase %d/%d, %s", cfg.name, i, len(phases), phase.name)
+        t0 = time.perf_counter()
+        run_phase(phase, gpus)
+        seconds = round(time.perf_counter() - t0, 1) + state.get("cut", {}).pop(phase.name, 0.0)
+        record = {"overrides": phase.overrides, "seconds": seconds, "gpus": gpus}
+        if phase.run_dir is not None:
+            record["step"] = reached_step(phase.run_dir)
+            if phase.last_step is not None and record["step"] < phase.last_step:  # its own time limit stopped it
+                state.setdefault("cut", {})[phase.name] = seconds
+                atomic_write_text(root / STATE_FILE, json.dumps(state, indent=2))
+                log.info("protocol %s: %s stopped at step %d of %d (its time limit); run the same command again "
+                         "to continue", cfg.name, phase.name, record["step"], phase.last_step)
+                return {"protocol": str(cfg.name), "stopped": phase.name, "step": record["step"]}
+        state["phases"][phase.name] = record
+        atomic_write_text(root / STATE_FILE, json.dumps(state, indent=2))
+    results = summarize(cfg, phases, state)
+    atomic_write_text(root / "results.json", json.dumps(results, indent=2))
+    print(f"\nprotocol {cfg.name} ({cfg.task.name}), {root}\n{protocol_table(results)}")
+    return results

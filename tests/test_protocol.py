@@ -1,0 +1,85 @@
+"""``ript protocol``: every phase as its own job on the real simulator, a time-limited phase continued by running
+the same command again, finished phases skipped, and the per-task table of both evaluations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ript.config import compose
+from ript.errors import RiptError
+from ript.stages import protocol
+from tests.conftest import assert_one_line_error, ript, task_overrides
+
+EVAL = "{episodes_per_task: 2, num_workers: 1, max_episode_steps: 16, n_videos: 0}"
+TRAIN = "steps: 4, batch_size: 16, warmup_steps: 2, val_every: 2, save_every: 2, log_every: 1"
+
+
+def protocol_overrides(data_dir, root, stage1_extra: str = "") -> list[str]:
+    """The ML45 protocol's phases, shrunk to seconds on a CPU: two tasks, four training steps, two episodes."""
+    return task_overrides(data_dir) + [
+        "protocol=ml45_multitask", "algo=quest_small", f"run_root={root}", "gpus=1",
+        "++phases.collect={episodes_per_job: 2, num_workers: 2}",
+        f"++phases.stage0={{progress: false, train: {{{TRAIN}}}, data: {{val_fraction: 0.34}}}}",
+        f"++phases.stage1={{progress: false, train: {{{TRAIN}{stage1_extra}}}, data: {{val_fraction: 0.34}}}}",
+        f"++phases.eval={EVAL}",
+        "++phases.rl={task_names: [drawer-close-v3], sampling: {temperature: 3.0}, eval: {every: 0}, rl: {iterations: 1, "
+        "groups_per_iteration: 2, rollouts_per_group: 2, max_episode_steps: 36, num_workers: 2, "
+        "max_sampling_rounds: 2, epochs: 2, minibatches: 2, lr: 1e-3}}",
+        f"++phases.eval_rl={EVAL}",
+    ]
+
+
+def test_a_protocol_runs_every_phase_continues_a_cut_one_and_skips_finished_ones(tiny_data, tmp_path, capsys):
+    root = tmp_path / "protocol"
+    cut = protocol.run(compose("protocol", protocol_overrides(tiny_data, root, ", stop_after_minutes: 0")))
+    assert cut["stopped"] == "stage1" and cut["step"] < 4  # its own time limit: nothing after it ran
+    assert not (root / "eval").exists()
+    state = json.loads((root / "protocol.json").read_text())
+    assert list(state["phases"]) == ["collect", "stage0"] and "stage1" in state["cut"]
+
+    results = protocol.run(compose("protocol", protocol_overrides(tiny_data, root)))  # the same command again
+    state = json.loads((root / "protocol.json").read_text())
+    assert list(state["phases"]) == list(protocol.PHASES[:3]) + ["eval", "rl", "eval_rl"]
+    assert state["phases"]["stage1"]["step"] == 4 and state["phases"]["rl"]["step"] == 1
+    assert results["evaluations"]["eval"]["episodes"] == 4 and results["evaluations"]["eval_rl"]["episodes"] == 4
+    for name in ("eval", "eval_rl"):  # each evaluation is the one its job wrote, of the checkpoint it names
+        written = json.loads((root / name / "results.json").read_text())
+        assert results["evaluations"][name]["success_rate"] == written["success_rate"]
+    assert results["evaluations"]["eval_rl"]["checkpoint"].startswith(str(root / "rl"))
+    assert json.loads((root / "results.json").read_text()) == results
+    table = capsys.readouterr().out
+    assert "button-press-v3" in table and "after RL" in table and "stage1" in table
+
+    again = protocol.run(compose("protocol", protocol_overrides(tiny_data, root)))  # nothing left to run
+    assert again == results
+    assert json.loads((root / "protocol.json").read_text()) == state
+
+    changed = protocol_overrides(tiny_data, root) + ["phases.stage0.train.steps=6"]
+    with pytest.raises(RiptError, match="phase stage0 finished .* without train.steps=6"):
+        protocol.run(compose("protocol", changed))
+
+
+def test_protocol_settings_are_checked_before_any_phase_runs(tmp_path):
+    root = tmp_path / "p"
+    with pytest.raises(RiptError, match="evaluate=best needs phases.stage1.eval.every > 0"):
+        protocol.run(compose("protocol", [f"run_root={root}", "evaluate=best"]))
+    with pytest.raises(RiptError, match="base_checkpoint .* does not exist"):
+        protocol.run(compose("protocol", ["protocol=ml45_fewshot", f"run_root={root}",
+                                          f"base_checkpoint={tmp_path / 'none'}"]))
+    with pytest.raises(RiptError, match=r"phases\.stage1: .*train\.steps=0"):
+        protocol.run(compose("protocol", [f"run_root={root}", "phases.stage1.train.steps=0"]))
+    assert not root.exists()  # nothing was created
+    assert_one_line_error(ript("protocol", "ml46"), "unknown protocol 'ml46'", "ml45_multitask")
+
+
+def test_every_protocol_composes_with_its_task_and_phases():
+    for name in protocol.protocol_names():
+        cfg = compose("protocol", [f"protocol={name}"])
+        assert cfg.name == name
+        phases = protocol.plan(cfg)
+        assert [p.name for p in phases][-1] == "eval_rl"
+        for phase in phases:
+            compose(phase.job, phase.overrides)
+    assert compose("protocol", ["protocol=libero_spatial"]).task.name == "libero_spatial"
