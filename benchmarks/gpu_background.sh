@@ -10,7 +10,12 @@ LOG=/tmp/gpu_chain.log
 case "${1:-}" in
   start)
     preamble=$2; shift 2
-    setsid nohup bash -c "source $preamble >/dev/null 2>&1; bash $*; echo CHAIN_EXIT \$? at \$SECONDS s" \
+    # the chain runs from its own copy of the tree: each later call re-copies the working tree, and a phase
+    # that imports ript or reads configs/ while that happens fails; runs/ and data/ stay shared
+    tree=/tmp/chain_tree; rm -rf "$tree"; mkdir -p "$tree" runs data
+    tar --exclude=./runs --exclude=./data --exclude=./.git -cf - . | tar -xf - -C "$tree"
+    ln -s "$PWD/runs" "$tree/runs"; ln -s "$PWD/data" "$tree/data"
+    setsid nohup bash -c "cd $tree && source $preamble >/dev/null 2>&1; bash $*; echo CHAIN_EXIT \$? at \$SECONDS s" \
       >"$LOG" 2>&1 </dev/null &
     echo "started: $*" ;;
   poll)

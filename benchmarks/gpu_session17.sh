@@ -17,18 +17,18 @@ for part in "$@"; do
       phase "ml45_multitask"
       python3 -m ript.cli protocol ml45_multitask phases.rl=null phases.eval_rl=null $quiet \
         +phases.stage0.progress=false +phases.stage1.progress=false \
-        phases.stage1.train.steps=${S1_STEPS:-24000} ${PROTOCOL_EXTRA:-} 2>&1 | tr '\r' '\n' \
-        | grep -v -E '^\s*(collect|eval):\s+[0-9]+%'
+        phases.stage1.train.steps=${S1_STEPS:-24000} ${PROTOCOL_EXTRA:-} 2>&1 | stdbuf -o0 tr '\r' '\n' \
+        | grep --line-buffered -v -E '^\s*(collect|eval):\s+[0-9]+%'
       keep ml45_multitask
       phase "ml45_fewshot"
       python3 -m ript.cli protocol ml45_fewshot phases.rl=null phases.eval_rl=null $quiet \
-        +phases.finetune.progress=false 2>&1 | tr '\r' '\n' | grep -v -E '^\s*(collect|eval):\s+[0-9]+%'
+        +phases.finetune.progress=false 2>&1 | stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval):\s+[0-9]+%'
       keep ml45_fewshot ;;
     libero)
       s=${LIBERO_SUITE:-libero_object}
       phase "$s"
       python3 -m ript.cli protocol $s $quiet +phases.stage0.progress=false +phases.stage1.progress=false \
-        ${PROTOCOL_EXTRA:-} 2>&1 | tr '\r' '\n' | grep -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'
+        ${PROTOCOL_EXTRA:-} 2>&1 | stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'
       keep $s ;;
     *) echo "unknown part $part (ml45, libero)" >&2; exit 2 ;;
   esac
