@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from ript.data.hdf5 import instruction_from_attrs, read_demos, read_file_attrs
+from ript.data.hdf5 import instruction_from_attrs, read_file_attrs
+from ript.data.loading import load_split
 from ript.envs.suites import task_horizon
 from ript.errors import RiptError
 
@@ -34,6 +35,7 @@ class DatasetSpec:
     val_fraction: float = 0.1
     seed: int = 0
     flip_keys: tuple[str, ...] = ()
+    load_workers: int | None = None  # processes reading the files (None: by size, see ript.data.loading)
 
 
 class EmptySplitError(RiptError):
@@ -48,37 +50,25 @@ class ChunkDataset:
         self.task_names: list[str] = []
         self.instructions: list[str] = []
         self.file_attrs: list[dict] = []
-        actions, obs, task_ids, starts, ends = [], {k: [] for k in spec.obs_keys}, [], [], []
-        offset = 0
-        for task_id, path in enumerate(spec.files):
+        for path in spec.files:
             attrs = read_file_attrs(path)
             self.file_attrs.append(attrs)
             self.task_names.append(str(attrs.get("task_name", Path(path).stem)))
             self.instructions.append(instruction_from_attrs(attrs, Path(path)))
-            pick = functools.partial(self._split_indices, split=split, task_id=task_id)
-            demos = read_demos(path, spec.obs_keys, spec.demos_per_task, spec.action_dim, spec.flip_keys, pick)
-            for d in demos:
-                n = len(d.actions)
-                actions.append(d.actions)
-                for k in spec.obs_keys:
-                    obs[k].append(d.obs[k])
-                task_ids.append(np.full(n, task_id))
-                starts.append(np.full(n, offset))
-                ends.append(np.full(n, offset + n))
-                offset += n
-        if offset == 0:
+        picks = [functools.partial(self._split_indices, split=split, task_id=t) for t in range(len(spec.files))]
+        arrays = load_split(list(spec.files), spec.obs_keys, spec.demos_per_task, spec.action_dim, spec.flip_keys,
+                            picks, spec.load_workers)
+        lengths = [n for layout in arrays.layouts for n in layout.lengths]
+        if not lengths:
             raise EmptySplitError(f"the {split} split is empty (files: {', '.join(map(str, spec.files))})")
-        del demos, d  # the last file's arrays: freed with their key's list below
-        self.actions = torch.from_numpy(np.concatenate(actions))
-        # one key at a time, each key's demos freed once joined: the peak is the data plus its largest key
-        # (1.5x with two cameras), not twice the data (ML45 x 100 demos at 128 px: ~60 GiB)
-        self.obs = {}
-        for k in list(obs):
-            self.obs[k] = torch.from_numpy(np.concatenate(obs.pop(k)))
-        self.task_ids = torch.from_numpy(np.concatenate(task_ids)).long()
-        self.episode_start = torch.from_numpy(np.concatenate(starts)).long()
-        self.episode_end = torch.from_numpy(np.concatenate(ends)).long()
-        self.num_demos = len(actions)
+        task_of_demo = [t for t, layout in enumerate(arrays.layouts) for _ in layout.lengths]
+        ends = np.cumsum(lengths)
+        self.actions = torch.from_numpy(arrays.actions)
+        self.obs = {k: torch.from_numpy(v) for k, v in arrays.obs.items()}
+        self.task_ids = torch.from_numpy(np.repeat(task_of_demo, lengths)).long()
+        self.episode_start = torch.from_numpy(np.repeat(ends - lengths, lengths)).long()
+        self.episode_end = torch.from_numpy(np.repeat(ends, lengths)).long()
+        self.num_demos = len(lengths)
         self._serve_device: torch.device | None = None  # batches delivered elsewhere than the storage (serve_to)
 
     def _split_indices(self, n: int, split: str, task_id: int) -> list[int]:

@@ -145,15 +145,69 @@ def instruction_from_attrs(attrs: dict[str, Any], path: Path) -> str:
     raise RiptError(f"{path}: data.attrs has neither 'instruction' nor 'problem_info.language_instruction'")
 
 
-def read_demos(
+def _chosen_demos(f: h5py.File, path: Path, max_demos: int | None, pick: Callable[[int], list[int]] | None) -> list[str]:
+    """The demo groups a reader takes: the first ``max_demos``, then the positions ``pick`` chooses."""
+    if "data" not in f:
+        raise RiptError(f"{path}: no 'data' group; not a robomimic/LIBERO demonstration file")
+    names = demo_names(f["data"])
+    if not names:
+        raise RiptError(f"{path}: 'data' holds no demo_<i> groups")
+    names = names[:max_demos]
+    return [names[i] for i in (range(len(names)) if pick is None else pick(len(names)))]
+
+
+@dataclass
+class DemoLayout:
+    """What a reader will take from a file, known without decompressing anything: the chosen demos, their
+    lengths, and each canonical obs key's per-step shape and dtype (images uint8, the rest float32)."""
+    path: Path
+    names: list[str]
+    lengths: list[int]
+    action_dim: int
+    obs: dict[str, tuple[tuple[int, ...], np.dtype]]
+
+
+def demo_layout(path: Path, obs_keys: dict[str, str], max_demos: int | None = None,
+                pick: Callable[[int], list[int]] | None = None) -> DemoLayout:
+    """The layout of the demos ``read_demos`` would return with the same arguments (its shape checks too)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RiptError(f"dataset file {path} does not exist (run `ript collect` first?)")
+    try:
+        with h5py.File(path, "r") as f:
+            names = _chosen_demos(f, path, max_demos, pick)
+            lengths, action_dim, obs = [], 0, {}
+            for name in names:
+                g, where = f["data"][name], f"{path}:data/{name}"
+                if "actions" not in g:
+                    raise RiptError(f"{where}/actions is missing")
+                shape = g["actions"].shape
+                if len(shape) != 2 or shape[0] == 0:
+                    raise RiptError(f"{where}/actions has shape {shape}; expected (T, action_dim)")
+                lengths.append(int(shape[0]))
+                action_dim = int(shape[1])
+                for canonical, key in obs_keys.items():
+                    if f"obs/{key}" not in g:
+                        raise RiptError(f"{where}/obs/{key} is missing (mapped from obs key {canonical!r})")
+                    d = g[f"obs/{key}"]
+                    dtype = np.dtype(np.uint8 if d.dtype == np.uint8 else np.float32)  # as read_demos loads it
+                    obs.setdefault(canonical, (tuple(d.shape[1:]), dtype))
+            return DemoLayout(path, names, lengths, action_dim, obs)
+    except RiptError:
+        raise
+    except (OSError, KeyError, ValueError) as e:
+        raise RiptError(f"{path}: corrupt or truncated HDF5 file ({e})") from None
+
+
+def iter_demos(
     path: Path,
     obs_keys: dict[str, str],
     max_demos: int | None = None,
     action_dim: int | None = None,
     flip_keys: tuple[str, ...] = (),
     pick: Callable[[int], list[int]] | None = None,
-) -> list[Demo]:
-    """Read demos, mapping file obs keys onto canonical keys (``obs_keys``: canonical -> key in file).
+) -> Iterator[Demo]:
+    """The demos one at a time, file obs keys mapped onto canonical keys (``obs_keys``: canonical -> key in file).
 
     ``pick`` maps the number of demos to the positions to read, so a split reads only its own demos (the
     images are most of the file and decompressing them is most of the loading time).
@@ -163,17 +217,9 @@ def read_demos(
     path = Path(path)
     if not path.is_file():
         raise RiptError(f"dataset file {path} does not exist (run `ript collect` first?)")
-    demos: list[Demo] = []
     try:
         with h5py.File(path, "r") as f:
-            if "data" not in f:
-                raise RiptError(f"{path}: no 'data' group; not a robomimic/LIBERO demonstration file")
-            names = demo_names(f["data"])
-            if not names:
-                raise RiptError(f"{path}: 'data' holds no demo_<i> groups")
-            names = names[:max_demos]
-            for i in (range(len(names)) if pick is None else pick(len(names))):
-                name = names[i]
+            for name in _chosen_demos(f, path, max_demos, pick):
                 g = f["data"][name]
                 where = f"{path}:data/{name}"
                 if "actions" not in g:
@@ -202,9 +248,14 @@ def read_demos(
                     if canonical in flip_keys:
                         value = np.ascontiguousarray(value[:, ::-1])
                     obs[canonical] = value
-                demos.append(Demo(actions=actions, obs=obs, attrs=dict(g.attrs)))
+                yield Demo(actions=actions, obs=obs, attrs=dict(g.attrs))
     except RiptError:
         raise
     except (OSError, KeyError, ValueError) as e:
         raise RiptError(f"{path}: corrupt or truncated HDF5 file ({e})") from None
-    return demos
+
+
+def read_demos(path: Path, obs_keys: dict[str, str], max_demos: int | None = None, action_dim: int | None = None,
+               flip_keys: tuple[str, ...] = (), pick: Callable[[int], list[int]] | None = None) -> list[Demo]:
+    """Every demo ``iter_demos`` yields with the same arguments."""
+    return list(iter_demos(path, obs_keys, max_demos, action_dim, flip_keys, pick))
