@@ -224,6 +224,14 @@ def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
     shutil.copytree(s0, copy, symlinks=True)
     m.expect("resume with another batch size", ["stage0", *data, *TRAIN, f"run_dir={copy}", "resume=true",
                                                 "train.batch_size=8"], "train.batch_size=16", "resume_allow_changes")
+    m.expect("unknown protocol", ["protocol", "ml46_multitask"], "ml46_multitask", "ml45_multitask")
+    none = m.path("protocol")
+    m.expect("few-shot protocol without its base", ["protocol", "ml45_fewshot", f"run_root={none}",
+                                                    f"base_checkpoint={m.root}/nope"], "base_checkpoint",
+             intact=lambda: not none.exists())
+    m.expect("a protocol phase's bad value", ["protocol", "ml45_multitask", f"run_root={none}",
+                                              "phases.stage1.train.steps=0"], "phases.stage1", "train.steps=0",
+             intact=lambda: not none.exists())
     bare = m.path("bare")
     shutil.copytree(s1 / "checkpoints" / "last", bare)
     m.expect("eval of a checkpoint outside a run", ["eval", f"checkpoint={bare}", *EVAL], "out_dir",
