@@ -145,6 +145,20 @@ def instruction_from_attrs(attrs: dict[str, Any], path: Path) -> str:
     raise RiptError(f"{path}: data.attrs has neither 'instruction' nor 'problem_info.language_instruction'")
 
 
+@contextlib.contextmanager
+def _demo_file(path: Path) -> Iterator[h5py.File]:
+    """A demonstration file open for reading; h5py's errors inside the block become one line naming it."""
+    if not path.is_file():
+        raise RiptError(f"dataset file {path} does not exist (run `ript collect` first?)")
+    try:
+        with h5py.File(path, "r") as f:
+            yield f
+    except RiptError:
+        raise
+    except (OSError, KeyError, ValueError) as e:
+        raise RiptError(f"{path}: corrupt or truncated HDF5 file ({e})") from None
+
+
 def _chosen_demos(f: h5py.File, path: Path, max_demos: int | None, pick: Callable[[int], list[int]] | None) -> list[str]:
     """The demo groups a reader takes: the first ``max_demos``, then the positions ``pick`` chooses."""
     if "data" not in f:
@@ -154,6 +168,22 @@ def _chosen_demos(f: h5py.File, path: Path, max_demos: int | None, pick: Callabl
         raise RiptError(f"{path}: 'data' holds no demo_<i> groups")
     names = names[:max_demos]
     return [names[i] for i in (range(len(names)) if pick is None else pick(len(names)))]
+
+
+def _checked_shapes(g: h5py.Group, where: str, obs_keys: dict[str, str]) -> tuple[tuple[int, int], dict[str, h5py.Dataset]]:
+    """A demo group's actions shape (T, action_dim) and its obs datasets by canonical key, checked without
+    reading any values."""
+    if "actions" not in g:
+        raise RiptError(f"{where}/actions is missing")
+    shape = g["actions"].shape
+    if len(shape) != 2 or shape[0] == 0:
+        raise RiptError(f"{where}/actions has shape {shape}; expected (T, action_dim)")
+    obs = {}
+    for canonical, key in obs_keys.items():
+        if f"obs/{key}" not in g:
+            raise RiptError(f"{where}/obs/{key} is missing (mapped from obs key {canonical!r})")
+        obs[canonical] = g[f"obs/{key}"]
+    return (int(shape[0]), int(shape[1])), obs
 
 
 @dataclass
@@ -169,34 +199,18 @@ class DemoLayout:
 
 def demo_layout(path: Path, obs_keys: dict[str, str], max_demos: int | None = None,
                 pick: Callable[[int], list[int]] | None = None) -> DemoLayout:
-    """The layout of the demos ``read_demos`` would return with the same arguments (its shape checks too)."""
+    """The layout of the demos ``iter_demos`` yields with the same arguments (its shape checks too)."""
     path = Path(path)
-    if not path.is_file():
-        raise RiptError(f"dataset file {path} does not exist (run `ript collect` first?)")
-    try:
-        with h5py.File(path, "r") as f:
-            names = _chosen_demos(f, path, max_demos, pick)
-            lengths, action_dim, obs = [], 0, {}
-            for name in names:
-                g, where = f["data"][name], f"{path}:data/{name}"
-                if "actions" not in g:
-                    raise RiptError(f"{where}/actions is missing")
-                shape = g["actions"].shape
-                if len(shape) != 2 or shape[0] == 0:
-                    raise RiptError(f"{where}/actions has shape {shape}; expected (T, action_dim)")
-                lengths.append(int(shape[0]))
-                action_dim = int(shape[1])
-                for canonical, key in obs_keys.items():
-                    if f"obs/{key}" not in g:
-                        raise RiptError(f"{where}/obs/{key} is missing (mapped from obs key {canonical!r})")
-                    d = g[f"obs/{key}"]
-                    dtype = np.dtype(np.uint8 if d.dtype == np.uint8 else np.float32)  # as read_demos loads it
-                    obs.setdefault(canonical, (tuple(d.shape[1:]), dtype))
-            return DemoLayout(path, names, lengths, action_dim, obs)
-    except RiptError:
-        raise
-    except (OSError, KeyError, ValueError) as e:
-        raise RiptError(f"{path}: corrupt or truncated HDF5 file ({e})") from None
+    with _demo_file(path) as f:
+        names = _chosen_demos(f, path, max_demos, pick)
+        lengths, action_dim, obs = [], 0, {}
+        for name in names:
+            (steps, action_dim), datasets = _checked_shapes(f["data"][name], f"{path}:data/{name}", obs_keys)
+            lengths.append(steps)
+            for canonical, d in datasets.items():
+                dtype = np.dtype(np.uint8 if d.dtype == np.uint8 else np.float32)  # as iter_demos loads it
+                obs.setdefault(canonical, (tuple(d.shape[1:]), dtype))
+        return DemoLayout(path, names, lengths, action_dim, obs)
 
 
 def iter_demos(
@@ -215,44 +229,28 @@ def iter_demos(
     Every problem is reported as one line naming the file and the key.
     """
     path = Path(path)
-    if not path.is_file():
-        raise RiptError(f"dataset file {path} does not exist (run `ript collect` first?)")
-    try:
-        with h5py.File(path, "r") as f:
-            for name in _chosen_demos(f, path, max_demos, pick):
-                g = f["data"][name]
-                where = f"{path}:data/{name}"
-                if "actions" not in g:
-                    raise RiptError(f"{where}/actions is missing")
-                actions = np.asarray(g["actions"][()], dtype=np.float32)
-                if actions.ndim != 2 or len(actions) == 0:
-                    raise RiptError(f"{where}/actions has shape {actions.shape}; expected (T, action_dim)")
-                if action_dim is not None and actions.shape[1] != action_dim:
-                    raise RiptError(
-                        f"{where}/actions has action dim {actions.shape[1]} but the config expects {action_dim}"
-                    )
-                if not np.isfinite(actions).all():
-                    raise RiptError(f"{where}/actions contains NaN or inf")
-                obs = {}
-                for canonical, key in obs_keys.items():
-                    full = f"obs/{key}"
-                    if full not in g:
-                        raise RiptError(f"{where}/{full} is missing (mapped from obs key {canonical!r})")
-                    value = g[full][()]
-                    if len(value) != len(actions):
-                        raise RiptError(f"{where}/{full} has {len(value)} steps but actions has {len(actions)}")
-                    if value.dtype != np.uint8:
-                        value = value.astype(np.float32)
-                        if not np.isfinite(value).all():
-                            raise RiptError(f"{where}/{full} contains NaN or inf")
-                    if canonical in flip_keys:
-                        value = np.ascontiguousarray(value[:, ::-1])
-                    obs[canonical] = value
-                yield Demo(actions=actions, obs=obs, attrs=dict(g.attrs))
-    except RiptError:
-        raise
-    except (OSError, KeyError, ValueError) as e:
-        raise RiptError(f"{path}: corrupt or truncated HDF5 file ({e})") from None
+    with _demo_file(path) as f:
+        for name in _chosen_demos(f, path, max_demos, pick):
+            g, where = f["data"][name], f"{path}:data/{name}"
+            (steps, dim), datasets = _checked_shapes(g, where, obs_keys)
+            if action_dim is not None and dim != action_dim:
+                raise RiptError(f"{where}/actions has action dim {dim} but the config expects {action_dim}")
+            actions = np.asarray(g["actions"][()], dtype=np.float32)
+            if not np.isfinite(actions).all():
+                raise RiptError(f"{where}/actions contains NaN or inf")
+            obs = {}
+            for canonical, d in datasets.items():
+                value = d[()]
+                if len(value) != steps:
+                    raise RiptError(f"{where}/obs/{obs_keys[canonical]} has {len(value)} steps but actions has {steps}")
+                if value.dtype != np.uint8:
+                    value = value.astype(np.float32)
+                    if not np.isfinite(value).all():
+                        raise RiptError(f"{where}/obs/{obs_keys[canonical]} contains NaN or inf")
+                if canonical in flip_keys:
+                    value = np.ascontiguousarray(value[:, ::-1])
+                obs[canonical] = value
+            yield Demo(actions=actions, obs=obs, attrs=dict(g.attrs))
 
 
 def read_demos(path: Path, obs_keys: dict[str, str], max_demos: int | None = None, action_dim: int | None = None,

@@ -88,18 +88,16 @@ def load_split(files: list[Path], obs_keys: dict[str, str], max_demos: int | Non
     """Every chosen demo of ``files`` (``picks[i]`` chooses file i's demos) as one set of arrays.
     ``workers``: reading processes (None: by size, see ``load_workers``)."""
     layouts = [demo_layout(p, obs_keys, max_demos, pick) for p, pick in zip(files, picks)]
-    total = sum(sum(lay.lengths) for lay in layouts)
-    first = next((lay for lay in layouts if lay.names), layouts[0])
-    if action_dim is not None and first.names and first.action_dim != action_dim:
-        raise RiptError(f"{first.path}:data/{first.names[0]}/actions has action dim {first.action_dim} but the "
-                        f"config expects {action_dim}")
+    rows = [sum(lay.lengths) for lay in layouts]
+    total = sum(rows)
+    first = next((lay for lay in layouts if lay.names), layouts[0])  # a wrong action dim: iter_demos says so
     shapes = {k: ((total, *shape), dtype) for k, (shape, dtype) in first.obs.items()}
     nbytes = total * first.action_dim * 4 + sum(int(np.prod(s)) * d.itemsize for s, d in shapes.values())
     workers = load_workers(nbytes, len(files)) if workers is None else workers
     alloc = shared_empty if workers > 1 else (lambda shape, dtype: np.empty(shape, dtype))
     arrays = SplitArrays(layouts, alloc((total, first.action_dim), np.float32),
                          {k: alloc(s, d) for k, (s, d) in shapes.items()})
-    first_rows = [int(r) for r in np.cumsum([0] + [sum(lay.lengths) for lay in layouts])[:-1]]
+    first_rows = [int(r) for r in np.cumsum([0] + rows)[:-1]]
 
     def read(i: int) -> Iterator[Demo]:  # one demo at a time, not a whole file
         return iter_demos(files[i], obs_keys, max_demos, action_dim, flip_keys, picks[i])
@@ -109,7 +107,7 @@ def load_split(files: list[Path], obs_keys: dict[str, str], max_demos: int | Non
         return arrays
     ctx = mp.get_context("fork")
     errors = ctx.SimpleQueue()
-    shares = balanced_shares([sum(lay.lengths) for lay in layouts], workers)
+    shares = balanced_shares(rows, workers)
     procs = [ctx.Process(target=_child, args=(arrays, share, first_rows, read, errors), daemon=True)
              for share in shares if share]
     for p in procs:

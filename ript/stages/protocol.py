@@ -23,6 +23,7 @@ from ript.config import CONFIG_DIR, compose, to_dict
 from ript.errors import RiptError
 from ript.utils.atomic import atomic_write_text
 from ript.utils.logging import log, setup_console_logging
+from ript.utils.run_dir import flatten
 
 PHASES = ("collect", "stage0", "stage1", "finetune", "eval", "rl", "eval_rl")
 JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune": "finetune", "eval": "eval",
@@ -38,9 +39,7 @@ def protocol_names() -> list[str]:
 
 def leaf_overrides(prefix: str, node: Any) -> list[str]:
     """A nested mapping as hydra overrides, one per leaf: ``{"train": {"steps": 5}}`` -> ``train.steps=5``."""
-    if isinstance(node, dict):
-        return [o for k, v in node.items() for o in leaf_overrides(f"{prefix}.{k}" if prefix else str(k), v)]
-    return [f"{prefix}={json.dumps(node)}"]
+    return [f"{key}={json.dumps(value)}" for key, value in flatten(node, prefix).items()]
 
 
 def group_overrides(group: str, node) -> list[str]:
