@@ -127,6 +127,8 @@ class Prior(Section):
     n_layer: Count
     n_head: Count
     dropout: Annotated[float, Field(ge=0, lt=1)]
+    num_kp: Count
+    encoder_stages: Annotated[int, Field(ge=1, le=4)]
 
 
 class Algo(Section):

@@ -3,7 +3,7 @@ import torch
 
 from ript.errors import RiptError
 from ript.models.action_autoencoder import ActionAutoencoder
-from ript.models.encoders import random_shift
+from ript.models.encoders import ResNetEncoder, random_shift
 from ript.models.prior import SkillPrior, processed_log_probs
 
 AE = dict(action_dim=4, chunk_size=16, downsample=4, dim=32, n_head=2, enc_layers=1, dec_layers=1, dropout=0.0)
@@ -111,6 +111,19 @@ def test_training_mode_never_reaches_the_frozen_autoencoder():
     assert_targets_fixed()  # fresh
     prior.eval().train()  # as after a validation pass
     assert_targets_fixed()
+
+
+def test_fewer_encoder_stages_leave_a_finer_keypoint_map():
+    img = torch.randint(0, 255, (2, 128, 128, 3), dtype=torch.uint8)
+    for stages, side in [(4, 4), (2, 16)]:
+        enc = ResNetEncoder(16, width=8, num_kp=8, stages=stages)
+        assert enc.layers(enc.stem(img.permute(0, 3, 1, 2).float())).shape[-2:] == (side, side)
+        assert enc(img).shape == (2, 16)
+    prior = make_prior(encoder_stages=2).train()
+    prior.loss(obs(), torch.tensor([0, 1, 0]), torch.rand(3, 16, 4))["loss"].backward()
+    assert prior.image_encoders["cam_rgb"].layers[-1].conv2.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="stages must be 1-4"):
+        ResNetEncoder(16, stages=5)
 
 
 def test_random_shift_keeps_shape_and_content_range():

@@ -52,10 +52,15 @@ class SpatialSoftmax(nn.Module):
 
 
 class ResNetEncoder(nn.Module):
-    """uint8 (B, H, W, 3) image -> (B, out_dim). ``width=64`` gives ResNet-18's channel counts."""
+    """uint8 (B, H, W, 3) image -> (B, out_dim). ``width=64`` gives ResNet-18's channel counts; ``stages`` keeps
+    its first 1-4 stages: fewer stages leave a finer feature map (128 px: 16x16 after two, 4x4 after four) for the
+    keypoints to locate small objects on (QueST keeps two stages and 128 keypoints)."""
 
-    def __init__(self, out_dim: int, width: int = 64, num_kp: int = 32, blocks: tuple[int, ...] = (2, 2, 2, 2)):
+    def __init__(self, out_dim: int, width: int = 64, num_kp: int = 32, stages: int = 4):
         super().__init__()
+        if not 1 <= stages <= 4:
+            raise ValueError(f"encoder stages must be 1-4 (ResNet-18 has four), got {stages}")
+        blocks = (2,) * stages
         self.stem = nn.Sequential(nn.Conv2d(3, width, 7, 2, 3, bias=False), _norm(width), nn.ReLU(),
                                   nn.MaxPool2d(3, 2, 1))
         layers, c = [], width

@@ -51,6 +51,7 @@ class SkillPrior(nn.Module):
         dropout: float = 0.1,
         encoder_width: int = 64,
         num_kp: int = 32,
+        encoder_stages: int = 4,
     ):
         super().__init__()
         self.autoencoder = ActionAutoencoder(**autoencoder)
@@ -62,7 +63,7 @@ class SkillPrior(nn.Module):
         self.num_tokens = self.autoencoder.num_tokens
         self.start_token = self.vocab_size
         self.image_encoders = nn.ModuleDict(
-            {k: ResNetEncoder(dim, width=encoder_width, num_kp=num_kp) for k in self.image_keys}
+            {k: ResNetEncoder(dim, width=encoder_width, num_kp=num_kp, stages=encoder_stages) for k in self.image_keys}
         )
         self.lowdim_normalizers = nn.ModuleDict({k: Normalizer(d, "meanstd") for k, d in lowdim_dims.items()})
         self.lowdim_encoders = nn.ModuleDict({k: MLPEncoder(d, dim) for k, d in lowdim_dims.items()})

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 17's ablations on one GPU lease each, in the background (`ript protocol`, see the README):
+#   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering
+#   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
+#                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps the bottle videos
+#   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA), then the imitation
+#                 checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
+#   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_session18.sh libero_speed libero
+#   bash benchmarks/gpu_background.sh poll 560 runs/protocols/libero_object runs/session18
+# Carry .whl and data/metaworld/lang_cache.safetensors (LIBERO: .libero and its suite's lang_cache instead).
+set -uo pipefail
+phase() { echo "== $1 at ${SECONDS}s"; }
+keep() { mkdir -p runs/session18; cp "runs/protocols/$1/results.json" "runs/session18/$1.json" 2>/dev/null
+         cp "runs/protocols/$1/protocol.json" "runs/session18/$1.protocol.json" 2>/dev/null; }
+quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
+workers="+phases.collect.num_workers=16"
+mkdir -p runs/session18
+for part in "$@"; do
+  case "$part" in
+    libero_speed)
+      phase "libero_speed"
+      MUJOCO_GL=egl python3 -m benchmarks.libero_step_speed --procs 1,16 --render-every 0,8 --seconds 8 \
+        --out runs/session18/libero_step_speed.json 2>&1 | grep -v -i warning ;;
+    libero)
+      s=${LIBERO_SUITE:-libero_object}
+      phase "$s"
+      python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
+        ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+      keep $s
+      mkdir -p runs/session18/videos
+      find runs/protocols/$s/eval -name "*.mp4" | grep -E "ketchup|salad|tomato" | head -3 \
+        | xargs -r -I{} cp {} runs/session18/videos/ ;;
+    ml45)
+      phase "ml45_multitask"
+      python3 -m ript.cli protocol ml45_multitask $workers +phases.stage0.progress=false \
+        +phases.stage1.progress=false phases.stage1.train.steps=${S1_STEPS:-24000} ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+      keep ml45_multitask
+      for k in ${EVAL_TOPK:-}; do
+        phase "ml45 eval top_k=$k"
+        python3 -m ript.cli eval checkpoint=runs/protocols/ml45_multitask/stage1 sampling.top_k=$k \
+          out_dir=runs/protocols/ml45_multitask/eval_topk$k 2>&1 | quiet
+        cp runs/protocols/ml45_multitask/eval_topk$k/results.json runs/session18/ml45_eval_topk$k.json
+      done ;;
+    *) echo "unknown part $part (libero_speed, libero, ml45)" >&2; exit 2 ;;
+  esac
+done
+phase "all done"
