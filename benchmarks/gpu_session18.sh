@@ -3,8 +3,8 @@
 #   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering
 #   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
 #                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps the bottle videos
-#   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA), then the imitation
-#                 checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
+#   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
+#   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
 #   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_session18.sh libero_speed libero
 #   bash benchmarks/gpu_background.sh poll 560 runs/protocols/libero_object runs/session18
 # Carry .whl and data/metaworld/lang_cache.safetensors (LIBERO: .libero and its suite's lang_cache instead).
@@ -34,14 +34,16 @@ for part in "$@"; do
       phase "ml45_multitask"
       python3 -m ript.cli protocol ml45_multitask $workers +phases.stage0.progress=false \
         +phases.stage1.progress=false phases.stage1.train.steps=${S1_STEPS:-24000} ${PROTOCOL_EXTRA:-} 2>&1 | quiet
-      keep ml45_multitask
-      for k in ${EVAL_TOPK:-}; do
-        phase "ml45 eval top_k=$k"
-        python3 -m ript.cli eval checkpoint=runs/protocols/ml45_multitask/stage1 sampling.top_k=$k \
-          out_dir=runs/protocols/ml45_multitask/eval_topk$k 2>&1 | quiet
-        cp runs/protocols/ml45_multitask/eval_topk$k/results.json runs/session18/ml45_eval_topk$k.json
+      keep ml45_multitask ;;
+    topk)
+      p=${PROTO:-ml45_multitask}
+      for k in ${EVAL_TOPK:-5}; do
+        phase "$p eval top_k=$k"
+        python3 -m ript.cli eval checkpoint=runs/protocols/$p/stage1 sampling.top_k=$k n_videos=0 \
+          out_dir=runs/protocols/$p/eval_topk$k 2>&1 | quiet
+        cp runs/protocols/$p/eval_topk$k/results.json runs/session18/${p}_eval_topk$k.json
       done ;;
-    *) echo "unknown part $part (libero_speed, libero, ml45)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, libero, ml45, topk)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
