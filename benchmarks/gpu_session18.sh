@@ -3,6 +3,7 @@
 #   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering
 #   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
 #                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps the bottle videos
+#   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-1 checkpoint kept in 15 MiB pieces
 #   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
 #   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_session18.sh libero_speed libero
@@ -30,6 +31,16 @@ for part in "$@"; do
       mkdir -p runs/session18/videos
       find runs/protocols/$s/eval -name "*.mp4" | grep -E "ketchup|salad|tomato" | head -3 \
         | xargs -r -I{} cp {} runs/session18/videos/ ;;
+    libero_ckpt)
+      # collect, stages 0-1 only; the stage-1 weights come back in 15 MiB pieces for a look on a CPU
+      s=${LIBERO_SUITE:-libero_object}
+      phase "$s (imitation checkpoint)"
+      python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
+        phases.eval=null phases.rl=null phases.eval_rl=null ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+      c=$(readlink -f runs/protocols/$s/stage1/checkpoints/last)
+      mkdir -p runs/session18/ckpt && cp "$c/config.json" runs/session18/ckpt/
+      split -b 15M "$c/model.safetensors" runs/session18/ckpt/model.safetensors.part
+      ls -la runs/session18/ckpt ;;
     ml45)
       phase "ml45_multitask"
       python3 -m ript.cli protocol ml45_multitask $workers +phases.stage0.progress=false \
@@ -43,7 +54,7 @@ for part in "$@"; do
           out_dir=runs/protocols/$p/eval_topk$k 2>&1 | quiet
         cp runs/protocols/$p/eval_topk$k/results.json runs/session18/${p}_eval_topk$k.json
       done ;;
-    *) echo "unknown part $part (libero_speed, libero, ml45, topk)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ml45, topk)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
