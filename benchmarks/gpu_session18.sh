@@ -2,8 +2,9 @@
 # Issue 17's ablations on one GPU lease each, in the background (`ript protocol`, see the README):
 #   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering
 #   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
-#                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps the bottle videos
-#   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-1 checkpoint kept in 15 MiB pieces
+#                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps the bottle videos,
+#                 or with CKPT=1 the stage-1 checkpoint in pieces
+#   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-1 checkpoint kept in pieces
 #   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
 #   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_session18.sh libero_speed libero
@@ -13,6 +14,10 @@ set -uo pipefail
 phase() { echo "== $1 at ${SECONDS}s"; }
 keep() { mkdir -p runs/session18; cp "runs/protocols/$1/results.json" "runs/session18/$1.json" 2>/dev/null
          cp "runs/protocols/$1/protocol.json" "runs/session18/$1.protocol.json" 2>/dev/null; }
+# the stage-1 checkpoint (weights and config) as 15 MiB pieces of one tar: $OUT takes files of 16 MiB at most
+keep_ckpt() { mkdir -p runs/session18/ckpt; tar -C "$(readlink -f runs/protocols/$1/stage1/checkpoints/last)" -cf - \
+                config.json model.safetensors | split -b 15M - runs/session18/ckpt/stage1.tar.part
+              ls -la runs/session18/ckpt; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
 workers="+phases.collect.num_workers=16"
 mkdir -p runs/session18
@@ -25,22 +30,25 @@ for part in "$@"; do
     libero)
       s=${LIBERO_SUITE:-libero_object}
       phase "$s"
+      if [ -n "${CKPT:-}" ]; then  # the imitation checkpoint first, kept before the lease can run out
+        python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
+          phases.eval=null phases.rl=null phases.eval_rl=null ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+        keep_ckpt $s
+      fi
       python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
         ${PROTOCOL_EXTRA:-} 2>&1 | quiet
       keep $s
-      mkdir -p runs/session18/videos
-      find runs/protocols/$s/eval -name "*.mp4" | grep -E "ketchup|salad|tomato" | head -3 \
-        | xargs -r -I{} cp {} runs/session18/videos/ ;;
+      if [ -z "${CKPT:-}" ]; then
+        mkdir -p runs/session18/videos
+        find runs/protocols/$s/eval -name "*.mp4" | grep -E "ketchup|salad|tomato" | head -3 \
+          | xargs -r -I{} cp {} runs/session18/videos/
+      fi ;;
     libero_ckpt)
-      # collect, stages 0-1 only; the stage-1 weights come back in 15 MiB pieces for a look on a CPU
       s=${LIBERO_SUITE:-libero_object}
       phase "$s (imitation checkpoint)"
       python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
         phases.eval=null phases.rl=null phases.eval_rl=null ${PROTOCOL_EXTRA:-} 2>&1 | quiet
-      c=$(readlink -f runs/protocols/$s/stage1/checkpoints/last)
-      mkdir -p runs/session18/ckpt && cp "$c/config.json" runs/session18/ckpt/
-      split -b 15M "$c/model.safetensors" runs/session18/ckpt/model.safetensors.part
-      ls -la runs/session18/ckpt ;;
+      keep_ckpt $s ;;
     ml45)
       phase "ml45_multitask"
       python3 -m ript.cli protocol ml45_multitask $workers +phases.stage0.progress=false \

@@ -62,7 +62,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--overrides", nargs="*", default=[])
     ap.add_argument("--workers", type=int, default=16)
-    ap.add_argument("--groups", type=int, default=2, help="worker groups taking turns with the policy (1: lock-step)")
     ap.add_argument("--envs-per-worker", type=int, default=1)
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--steps", type=int, default=100)
@@ -73,7 +72,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = compose("stage1", args.overrides)
     device = resolve_device(cfg.device)
-    out: dict = {"workers": args.workers, "groups": args.groups, "envs_per_worker": args.envs_per_worker, "episodes": args.episodes, "horizon": args.steps}
+    out: dict = {"workers": args.workers, "envs_per_worker": args.envs_per_worker, "episodes": args.episodes, "horizon": args.steps}
     with tempfile.TemporaryDirectory() as tmp:
         ds = demo_dataset(cfg, Path(tmp), 2)
         model = make_prior(cfg, ds).to(device)
@@ -84,7 +83,7 @@ def main() -> None:
     out["cuda_graph"] = policy.cuda_graph
     per_task = max(1, args.episodes // len(ds.task_names))
     runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), args.steps, per_task,
-                       num_workers=args.workers, groups=args.groups, envs_per_worker=args.envs_per_worker)
+                       num_workers=args.workers, envs_per_worker=args.envs_per_worker)
     runner.run(policy)  # warm-up: spawn workers, build envs, first kernels
     log: list = []
     timed_plans(policy, log)

@@ -49,7 +49,6 @@ class Task(Section):
 class WorkerLimits(Section):
     timeout_s: Rate       # a worker silent for this long is killed and replaced
     max_restarts: Size    # replaced workers allowed per run before it fails
-    groups: Union[Literal["auto"], Count]  # worker groups that take turns with the policy
     envs_per_worker: Union[Literal["auto"], Count]  # env slots per worker process (auto: the suite's choice)
 
 

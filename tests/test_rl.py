@@ -95,19 +95,18 @@ def test_groups_drawn_per_round():
 def test_a_sampling_round_keeps_the_same_groups_on_any_layout_and_cancels_the_rest(stage1_run):
     """Six groups drawn for the one informative group needed: the round ends once the first groups in draw
     order settle it and cancels the others (waiting or running), and the kept groups, the sampler's estimates
-    and the next round (on slots left mid-episode) are the same on one env slot, 8 in lock-step, or 2 x 2 in
-    two groups."""
+    and the next round (on slots left mid-episode) are the same on one env slot, 2 workers of 4, or 2 of 2."""
     from ript.utils.distributed import DistInfo
 
     model, ckpt = load_model(stage1_run)
     render = ckpt["metadata"]["env_args"]["render"]
     settings = sampling_settings(ckpt["metadata"], {"temperature": 3.0}, ckpt["cfg"])
     runs = []
-    for workers, per_worker, groups in ((1, 1, 1), (2, 4, 1), (2, 2, 2)):
+    for workers, per_worker in ((1, 1), (2, 4), (2, 2)):
         policy = make_policy(model, settings, "cpu", seed=7)
         policy.record = True
         runner = EnvRunner("metaworld", ["drawer-close-v3"], render, 36, 1, num_workers=workers,
-                           envs_per_worker=per_worker, groups=groups)
+                           envs_per_worker=per_worker)
         sampler = InitialConditionSampler(["drawer-close-v3"], seed=0, k=2)
         try:
             rounds = [collect_groups(runner, policy, sampler, GroupSampling(2, 1, 1, 6.0), DistInfo())
@@ -342,10 +341,9 @@ def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
 
 def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage1_run):
     """Each episode samples from its own noise stream (seeded by its key and the run's draw of the policy's
-    generator): the same specs give the same sampled decisions with 1 worker (batches of 1), 3 workers in
-    lock-step (batches of up to 3), 3 workers in 2 groups taking turns with the policy (the pipelined
-    runner), and envs sharing a worker (3 in one; 2 workers of 2 envs in 2 groups), so results depend on
-    neither the machine's core count nor the schedule nor the slot an episode lands in."""
+    generator): the same specs give the same sampled decisions with 1 worker (batches of 1), 3 workers answering
+    in whatever order (batches of 1 to 3), and envs sharing a worker (3 in one; 2 workers of 2 envs), so results
+    depend on neither the machine's core count nor the schedule nor the slot an episode lands in."""
     model, ckpt = load_model(stage1_run)
     render = ckpt["metadata"]["env_args"]["render"]
     settings = sampling_settings(ckpt["metadata"], {}, ckpt["cfg"])
@@ -353,10 +351,10 @@ def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage
     specs = [EpisodeSpec(t, s, j) for j, (t, s) in enumerate([("button-press-v3", 3), ("drawer-close-v3", 3),
                                                                ("button-press-v3", 3), ("drawer-close-v3", 5)])]
     runs = []
-    for workers, groups, per_worker in ((1, 1, 1), (3, 1, 1), (3, 2, 1), (1, 1, 3), (2, 2, 2)):
+    for workers, per_worker in ((1, 1), (3, 1), (1, 3), (2, 2)):
         policy = make_policy(model, settings, "cpu", seed=7)
         policy.record = True
-        runner = EnvRunner("metaworld", model.task_names, render, 24, 1, num_workers=workers, groups=groups,
+        runner = EnvRunner("metaworld", model.task_names, render, 24, 1, num_workers=workers,
                            envs_per_worker=per_worker)
         try:
             out = runner.run(policy, specs=specs)

@@ -103,7 +103,7 @@ def test_recorded_values_rewards_and_bootstraps_match_a_step_by_step_oracle(stag
     render = ckpt["metadata"]["env_args"]["render"]
     specs = [EpisodeSpec("button-press-v3", 3, 0), EpisodeSpec("drawer-close-v3", 3, 1),
              EpisodeSpec("button-press-v3", 4, 2)]
-    runner = EnvRunner("metaworld", model.task_names, render, 20, 1, num_workers=2, envs_per_worker=2, groups=2)
+    runner = EnvRunner("metaworld", model.task_names, render, 20, 1, num_workers=2, envs_per_worker=2)
     try:
         episodes = sorted(runner.run(policy, specs=specs)["episodes"], key=lambda e: e["episode"])
     finally:

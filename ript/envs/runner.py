@@ -3,10 +3,11 @@
 Workers are replaceable processes (``envs/workers.py``), each hosting ``envs_per_worker`` env slots
 (``envs/worker_env.py``) and driven through two calls: ``begin`` (start episodes: task, seed) and ``advance``
 (each env's whole chunk of actions; images only for the frames the next decision reads, through shared
-memory). The workers form ``groups`` that take turns: while one group simulates its chunks, the policy plans,
-in one batched call, for the next group (``groups=1``: lock-step, one call for every env). A slot keeps its
-simulator tasks built and takes the next episode of its own task while one is left. Each episode samples from
-its own noise stream, so neither the grouping nor the slot an episode lands in changes it. A worker that dies
+memory). Each worker runs on its own: as soon as it answers it gets its next call (episodes started, or its
+envs' next chunks, planned in one batched call with every other worker that answered meanwhile), so a slow
+reset or a task being built holds up no other worker. A slot keeps its simulator tasks built and takes the next
+episode of its own task while one is left. Each episode samples from its own noise stream, so neither the
+schedule nor the batch nor the slot an episode lands in changes it. A worker that dies
 or hangs is replaced; its episodes are run again from their seeds (``on_worker_failure="rerun"``,
 evaluation) or dropped (``"drop"``, RL), and the results count both.
 """
@@ -23,6 +24,7 @@ import numpy as np
 
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.worker_env import EpisodeSpec, WorkerSet
+from ript.envs.workers import Pending
 from ript.policies.base import ChunkingPolicy
 from ript.utils.atomic import atomic_write_text
 from ript.utils.video import write_mp4
@@ -68,7 +70,6 @@ class EnvRunner:
         worker_timeout_s: float = 600.0,
         max_worker_restarts: int = 3,
         on_worker_failure: str = "rerun",
-        groups: int | str = 1,
         envs_per_worker: int = 1,
         episodes_at_once: int | None = None,
     ):
@@ -89,7 +90,6 @@ class EnvRunner:
             raise ValueError(f"on_worker_failure={on_worker_failure!r}: expected 'rerun' or 'drop'")
         self.worker_timeout_s, self.max_worker_restarts = worker_timeout_s, max_worker_restarts
         self.rerun_failed = on_worker_failure == "rerun"
-        self.groups = groups  # "auto": 2 when the policy runs on a GPU and there are 4+ workers, else 1
         self.workers: WorkerSet | None = None
         self.slot_tasks: list[list[str]] = []  # set with the workers
 
@@ -130,6 +130,7 @@ class EnvRunner:
         built = self.slot_tasks
         running: list[EpisodeSpec | None] = [None] * n
         steps = [0] * n
+        chunks: list = [None] * n
         rewards: list[list[float]] = [[] for _ in range(n)]  # each decision's chunk reward (the suite's own)
         frames: list[list] = [[] for _ in range(n)]
         episodes: list[dict] = []
@@ -139,51 +140,74 @@ class EnvRunner:
         t0 = time.perf_counter()
         env_steps = reruns = dropped = cancelled = 0
         build_s, startup_s = 0.0, None
+        stopping = False
         restarts_before, busy_before, inference_before = pool.restarts, pool.busy_s, policy.inference_seconds
+        in_flight: dict[int, Pending] = {}  # worker -> its call not yet answered (at most one each)
 
-        def per_worker(items: dict[int, tuple]) -> list[tuple | None]:
-            """{slot: item} as each worker's call arguments (its list of (env, *item)), None for idle workers."""
-            lists: list[list] = [[] for _ in range(n_workers)]
-            for s, item in sorted(items.items()):
-                lists[s // per].append((s % per, *item))
-            return [(todo,) if todo else None for todo in lists]
+        def slots(w: int) -> range:
+            return range(w * per, (w + 1) * per)
 
-        def start(slots: list[int]) -> None:
-            nonlocal build_s, startup_s
+        def send(w: int, name: str, items: dict[int, tuple]) -> None:
+            """One call to worker w: its list of (env, *item) for the slots in ``items``."""
+            args: list[tuple | None] = [None] * n_workers
+            args[w] = ([(s % per, *item) for s, item in sorted(items.items())],)
+            in_flight[w] = pool.send(name, args)
+
+        def begin(w: int) -> None:
             assigned: dict[int, tuple] = {}
-            for s in slots:
-                if pending:
-                    # the next episode of a task the slot has built if one is left (building one takes ~1 s)
+            for s in slots(w):
+                if running[s] is None and pending:
+                    # the next episode of a task the slot has built if one is left (building one takes seconds)
                     j = next((j for j in range(len(pending) - 1, -1, -1) if pending[j].task_name in built[s]),
                              len(pending) - 1)
                     running[s] = pending.pop(j)
                     assigned[s] = (running[s],)
-                    steps[s], rewards[s] = 0, []
-                    frames[s] = []
-            results, failed = pool.call("begin", per_worker(assigned))
-            lost(failed)
-            if startup_s is None:
-                startup_s = time.perf_counter() - t0  # worker start-up included on a fresh runner
-            for w, answers in enumerate(results):
-                for j, obs, seconds, tasks in answers or ():
-                    build_s += seconds
-                    s, obs = w * per + j, shared[w].get(obs)
-                    built[s] = tasks  # as the worker's env keeps them (the suite's limit applies there)
-                    policy.reset_env(s, running[s].task_name, running[s].key)
-                    policy.observe(s, obs)
+                    steps[s], rewards[s], frames[s] = 0, [], []
+            send(w, "begin", assigned)
+
+        def begun(w: int, answers: list) -> None:
+            nonlocal build_s
+            for j, obs, seconds, tasks in answers:
+                build_s += seconds
+                s, obs = w * per + j, shared[w].get(obs)
+                built[s] = tasks  # as the worker's env keeps them (the suite's limit applies there)
+                policy.reset_env(s, running[s].task_name, running[s].key)
+                policy.observe(s, obs)
+                if running[s].record:
+                    frames[s].append(_video_frame(obs, video_keys))
+                if running[s].index == 0 and running[s].task_name not in first_frames:
+                    first_frames[running[s].task_name] = _video_frame(obs, video_keys)
+
+        def advanced(w: int, answers: list) -> None:
+            nonlocal env_steps
+            ended = []
+            for j, rendered, taken, reward, done, success in answers:
+                s = w * per + j
+                steps[s] += taken
+                env_steps += taken
+                rewards[s].append(reward)
+                for t, obs in rendered:
+                    obs = shared[w].get(obs)
+                    # an episode cut by the time limit: its last frames are the state a critic bootstraps from
+                    if t >= len(chunks[s]) - keep or (done and not success):
+                        policy.observe(s, obs)
                     if running[s].record:
                         frames[s].append(_video_frame(obs, video_keys))
-                    if running[s].index == 0 and running[s].task_name not in first_frames:
-                        first_frames[running[s].task_name] = _video_frame(obs, video_keys)
+                if done:
+                    ended.append((s, success))
+            if policy.record:
+                policy.bootstrap([s for s, success in ended if not success])
+            for s, success in ended:
+                finish(s, success)
 
         def lost(failed_workers: list[int]) -> None:
             """Episodes whose worker died or hung: queued again from their seed, or dropped."""
             nonlocal reruns, dropped
-            for s in [w * per + j for w in failed_workers for j in range(per)]:
+            for s in [s for w in failed_workers for s in slots(w)]:
                 built[s] = []  # a replaced worker starts with nothing built
                 if running[s] is None:
                     continue
-                if self.rerun_failed:
+                if self.rerun_failed and not stopping:
                     pending.append(running[s])  # popped next
                     reruns += 1
                 else:
@@ -208,73 +232,70 @@ class EnvRunner:
             if stop is not None:
                 stop.finished(episodes[-1])
 
-        def cancel(slots: list[int]) -> None:
-            """The stop rule is satisfied: nothing more starts, and these slots' episodes end unfinished (their
-            workers reset them on their next begin)."""
+        def cancel(w: int) -> None:
+            """The stop rule is satisfied: worker w's episodes end unfinished (it resets them on its next begin)."""
             nonlocal cancelled
-            cancelled += len(pending)
-            pending.clear()
-            for s in slots:
+            for s in slots(w):
                 if running[s] is not None:
                     if policy.record:
                         policy.take_record(s)
                     running[s], frames[s] = None, []
                     cancelled += 1
 
-        # on a CPU the policy competes with the workers for the same cores: taking turns only costs calls there
-        turns = (2 if policy.device.type == "cuda" and n_workers >= 4 else 1) if self.groups == "auto" \
-            else int(self.groups)
-        turns = max(1, min(turns, n_workers))
-        members = [[s for s in range(n) if (s // per) % turns == g] for g in range(turns)]
-        in_flight: list = [None] * turns  # each group's advance calls, sent and not yet received
-        chunks: list = [None] * n
+        def next_call(w: int, to_plan: list[int]) -> None:
+            """Worker w has answered: start episodes on its idle slots, or plan its running ones' next chunks."""
+            if stopping:
+                cancel(w)
+            elif pending and any(running[s] is None for s in slots(w)):
+                begin(w)
+            elif any(running[s] is not None for s in slots(w)):
+                to_plan.append(w)
 
-        def receive(g: int) -> None:
-            nonlocal env_steps
-            results, failed = pool.receive(in_flight[g])
-            in_flight[g] = None
-            lost(failed)
-            ended = []
-            for w, answers in enumerate(results):
-                for j, rendered, taken, reward, done, success in answers or ():
-                    s = w * per + j
-                    steps[s] += taken
-                    env_steps += taken
-                    rewards[s].append(reward)
-                    for t, obs in rendered:
-                        obs = shared[w].get(obs)
-                        # an episode cut by the time limit: its last frames are the state a critic bootstraps from
-                        if t >= len(chunks[s]) - keep or (done and not success):
-                            policy.observe(s, obs)
-                        if running[s].record:
-                            frames[s].append(_video_frame(obs, video_keys))
-                    if done:
-                        ended.append((s, success))
-            if policy.record:
-                policy.bootstrap([s for s, success in ended if not success])
-            for s, success in ended:
-                finish(s, success)
-
-        while any(s is not None for s in running) or pending or any(f is not None for f in in_flight):
-            for g, group in enumerate(members):
-                if in_flight[g] is not None:
-                    receive(g)
-                if stop is not None and stop.satisfied():
-                    cancel(group)  # the other groups' calls in flight are received on their turns first
-                # every turn is a decision round for the group: episodes started now plan in its batched call
-                idle = [s for s in group if running[s] is None]
-                if idle and pending:
-                    start(idle)
-                active = [running[s] is not None and (s // per) % turns == g for s in range(n)]
-                if not any(active):  # done, or every worker starting an episode was replaced: next turn
-                    continue
-                # one call per worker and decision round: each env runs its whole chunk, rendering only what
-                # is read; the other groups' workers simulate meanwhile
-                planned = policy.act_chunk(active)
-                for s in group:
+        def plan(ws: list[int]) -> None:
+            """One batched decision for every running env of these workers, then each worker's advance call:
+            each env runs its whole chunk, rendering only the frames the next decision reads."""
+            nonlocal startup_s
+            if not ws:
+                return
+            if startup_s is None:
+                startup_s = time.perf_counter() - t0  # worker start-up included on a fresh runner
+            active = [False] * n
+            for w in ws:
+                for s in slots(w):
+                    active[s] = running[s] is not None
+            planned = policy.act_chunk(active)
+            for w in ws:
+                items = {s: (planned[s], keep, running[s].record) for s in slots(w) if active[s]}
+                for s in items:
                     chunks[s] = planned[s]
-                in_flight[g] = pool.send("advance", per_worker(
-                    {s: (planned[s], keep, running[s].record) for s in range(n) if active[s]}))
+                send(w, "advance", items)
+
+        # Each worker runs on its own: when one answers, it gets its next call at once (episodes started, or a
+        # chunk planned together with whoever else has answered meanwhile), so a slow reset or a task being
+        # built holds up only its own worker. Episodes sample from their own noise streams and a stop rule
+        # decides from which episodes ended, so the schedule changes no result.
+        to_plan: list[int] = []
+        for w in range(n_workers):
+            next_call(w, to_plan)
+        plan(to_plan)
+        while in_flight:
+            to_plan = []
+            for w in pool.ready(in_flight):
+                call = in_flight.pop(w)
+                results, failed = pool.receive(call)
+                lost(failed)
+                if results[w] is not None:
+                    (begun if call.name == "begin" else advanced)(w, results[w])
+                if stop is not None and not stopping and stop.satisfied():
+                    stopping = True
+                    cancelled += len(pending)
+                    pending.clear()
+                    for other in range(n_workers):
+                        if other not in in_flight and other != w:
+                            cancel(other)  # workers with a call in flight are cancelled when they answer
+                    to_plan = []
+                next_call(w, to_plan)
+            plan(to_plan)
         if len(episodes) + dropped + cancelled != n_specs:
             raise RuntimeError(f"runner finished {len(episodes)} episodes of {n_specs} ({dropped} dropped, "
                                f"{cancelled} cancelled)")

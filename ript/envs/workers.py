@@ -1,4 +1,4 @@
-"""Env worker processes that a runner drives in lock-step, each one replaceable.
+"""Env worker processes that a runner drives, each one replaceable and answering on its own.
 
 gymnasium's ``AsyncVectorEnv`` ends the whole vector env when one worker dies and waits forever on one that
 hangs. Here each worker gets its own call, answers through its own pipe, and one that dies or stays silent
@@ -115,6 +115,18 @@ class WorkerPool:
             except (BrokenPipeError, EOFError, OSError):
                 pending.failed.append(i)
         return pending
+
+    def ready(self, calls: dict[int, "Pending"]) -> list[int]:
+        """Blocks until some of these calls (one worker's each) can be received without waiting: answered,
+        failed to send, or past their deadline. Returns their keys."""
+        now = time.monotonic()
+        due = [w for w, c in calls.items() if not c.waiting or c.deadline <= now]
+        if due:
+            return due
+        owner = {conn: w for w, c in calls.items() for conn in c.waiting}
+        answered = wait(list(owner), timeout=max(0.0, min(c.deadline for c in calls.values()) - now))
+        now = time.monotonic()
+        return sorted({owner[conn] for conn in answered} | {w for w, c in calls.items() if c.deadline <= now})
 
     def receive(self, pending: "Pending") -> tuple[list[Any], list[int]]:
         """The answers of ``send``'s calls: (per-worker results, the workers that failed and were replaced)."""
