@@ -5,6 +5,7 @@
 #                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps the bottle videos,
 #                 or with CKPT=1 the stage-1 checkpoint in pieces
 #   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-1 checkpoint kept in pieces
+#   ae            stage 0 alone on AE_TASKS of LIBERO-Object for each of AE_STEPS; checkpoints kept in pieces
 #   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
 #   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_session18.sh libero_speed libero
@@ -31,8 +32,11 @@ for part in "$@"; do
       s=${LIBERO_SUITE:-libero_object}
       phase "$s"
       if [ -n "${CKPT:-}" ]; then  # the imitation checkpoint first, kept before the lease can run out
+        # the extras that set the phases left out here would not apply to a null phase
+        imitation=$(for o in ${PROTOCOL_EXTRA:-}; do case "$o" in phases.rl*|+phases.rl*|phases.eval*|+phases.eval*) ;;
+                    *) printf '%s ' "$o" ;; esac; done)
         python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
-          phases.eval=null phases.rl=null phases.eval_rl=null ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+          phases.eval=null phases.rl=null phases.eval_rl=null $imitation 2>&1 | quiet
         keep_ckpt $s
       fi
       python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
@@ -49,6 +53,22 @@ for part in "$@"; do
       python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
         phases.eval=null phases.rl=null phases.eval_rl=null ${PROTOCOL_EXTRA:-} 2>&1 | quiet
       keep_ckpt $s ;;
+    ae)
+      # stage 0 alone on three LIBERO-Object tasks, trained for each of AE_STEPS; the checkpoints come back in
+      # pieces for benchmarks/autoencoder_loop.py on a CPU
+      d=runs/ae; tasks="[$(echo ${AE_TASKS:-salad_dressing butter ketchup} | sed -E 's/(\w+)/pick_up_the_\1_and_place_it_in_the_basket/g; s/ /,/g')]"
+      phase "collect $tasks"
+      python3 -m ript.cli collect task=libero_object task.data_dir=$d/data "task.task_names=$tasks" num_workers=16 \
+        episodes_per_job=5 2>&1 | quiet
+      for steps in ${AE_STEPS:-3000 15000}; do
+        phase "stage0 $steps steps"
+        python3 -m ript.cli stage0 task=libero_object task.data_dir=$d/data "task.task_names=$tasks" \
+          run_dir=$d/s0_$steps train.steps=$steps train.val_every=1000 train.save_every=$steps progress=false 2>&1 | quiet
+        mkdir -p runs/session18/ae
+        tar -C "$(readlink -f $d/s0_$steps/checkpoints/last)" -cf - config.json model.safetensors \
+          | split -b 15M - runs/session18/ae/s0_$steps.tar.part
+      done
+      ls -la runs/session18/ae ;;
     ml45)
       phase "ml45_multitask"
       python3 -m ript.cli protocol ml45_multitask $workers +phases.stage0.progress=false \
@@ -62,7 +82,7 @@ for part in "$@"; do
           out_dir=runs/protocols/$p/eval_topk$k 2>&1 | quiet
         cp runs/protocols/$p/eval_topk$k/results.json runs/session18/${p}_eval_topk$k.json
       done ;;
-    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ml45, topk)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, topk)" >&2; exit 2 ;;
   esac
 done
 phase "all done"

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import time
 from pathlib import Path
+
+from benchmarks.render_floor import at_once
 
 
 def _count_steps(suite: str, task_index: int, render_every: int, seconds: float, barrier) -> dict:
@@ -54,27 +55,9 @@ def _count_steps(suite: str, task_index: int, render_every: int, seconds: float,
     return {"steps": steps, "wall": wall, "step_ms": 1e3 * step_s / steps, "render_ms": 1e3 * render_s / steps}
 
 
-def _worker(args: tuple, barrier, out) -> None:
-    try:
-        out.put(_count_steps(*args, barrier))
-    except Exception as e:  # noqa: BLE001  (reported by the parent)
-        barrier.abort()
-        out.put(f"{type(e).__name__}: {e}")
-
-
 def measure(suite: str, procs: int, render_every: int, seconds: float) -> dict:
-    ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=_worker, args=((suite, i % 10, render_every, seconds), barrier, out), daemon=True)
-               for i in range(procs)]
-    for w in workers:
-        w.start()
-    results = [out.get(timeout=seconds + 600) for _ in workers]
-    for w in workers:
-        w.join()
-    failed = [r for r in results if isinstance(r, str)]
-    if failed:
-        raise SystemExit(f"libero_step_speed: a worker failed ({failed[0]})")
+    results = at_once(_count_steps, [(suite, i % 10, render_every, seconds) for i in range(procs)], seconds + 600,
+                      "libero_step_speed")
     steps, wall = sum(r["steps"] for r in results), max(r["wall"] for r in results)
     return {"suite": suite, "procs": procs, "render_every": render_every, "env_steps_per_s": steps / wall,
             "per_proc_steps_per_s": steps / wall / procs,

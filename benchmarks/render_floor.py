@@ -37,13 +37,29 @@ def _separate_frames(task) -> callable:
     return frames
 
 
-def _worker(task_name: str, size: int, cameras: tuple, envs: int, render_every: int, seconds: float,
-            egl_device: str | None, renderer: str, barrier, out) -> None:
+def _report(count, args: tuple, barrier, out) -> None:
     try:
-        out.put(_count_steps(task_name, size, cameras, envs, render_every, seconds, egl_device, renderer, barrier))
+        out.put(count(*args, barrier))
     except Exception as e:  # noqa: BLE001  (reported by the parent, which stops the others)
         barrier.abort()  # the others stop waiting at the barrier
         out.put(f"{type(e).__name__}: {e}")
+
+
+def at_once(count, per_process: list[tuple], timeout_s: float, label: str) -> list:
+    """``count(*args, barrier)`` in one spawned process per entry of ``per_process``, all timing from one
+    barrier; their results in arrival order, or exit naming the first process that failed."""
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(len(per_process)), ctx.Queue()
+    workers = [ctx.Process(target=_report, args=(count, args, barrier, out), daemon=True) for args in per_process]
+    for w in workers:
+        w.start()
+    results = [out.get(timeout=timeout_s) for _ in workers]
+    for w in workers:
+        w.join()
+    failed = [r for r in results if isinstance(r, str)]
+    if failed:
+        raise SystemExit(f"{label}: a worker failed ({failed[0]})")
+    return results
 
 
 def _count_steps(task_name: str, size: int, cameras: tuple, envs: int, render_every: int, seconds: float,
@@ -88,20 +104,9 @@ def measure(procs: int, envs: int, render_every: int, devices: list[str] | None,
             renderer: str = "side-by-side") -> dict:
     """Env steps/s that ``procs`` processes of ``envs`` envs each reach together, rendering every
     ``render_every``-th step (0: never)."""
-    ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(procs), ctx.Queue()
-    workers = [ctx.Process(target=_worker, args=(task, image_size, tuple(cameras), envs, render_every, seconds,
-                                                 devices[i % len(devices)] if devices else None, renderer,
-                                                 barrier, out), daemon=True)
-               for i in range(procs)]
-    for w in workers:
-        w.start()
-    results = [out.get(timeout=seconds + 400) for _ in workers]
-    for w in workers:
-        w.join()
-    failed = [r for r in results if isinstance(r, str)]
-    if failed:
-        raise SystemExit(f"render_floor: a worker failed ({failed[0]})")
+    results = at_once(_count_steps, [(task, image_size, tuple(cameras), envs, render_every, seconds,
+                                      devices[i % len(devices)] if devices else None, renderer)
+                                     for i in range(procs)], seconds + 400, "render_floor")
     steps = sum(r[0] for r in results)
     wall = max(r[2] for r in results)
     return {"procs": procs, "envs_per_proc": envs, "render_every": render_every, "egl_devices": devices,
