@@ -149,9 +149,7 @@ class EnvRunner:
 
         def send(w: int, name: str, items: dict[int, tuple]) -> None:
             """One call to worker w: its list of (env, *item) for the slots in ``items``."""
-            args: list[tuple | None] = [None] * n_workers
-            args[w] = ([(s % per, *item) for s, item in sorted(items.items())],)
-            in_flight[w] = pool.send(name, args)
+            in_flight[w] = pool.send(w, name, ([(s % per, *item) for s, item in sorted(items.items())],))
 
         def begin(w: int) -> None:
             assigned: dict[int, tuple] = {}

@@ -2,7 +2,7 @@
 
 gymnasium's ``AsyncVectorEnv`` ends the whole vector env when one worker dies and waits forever on one that
 hangs. Here each worker gets its own call, answers through its own pipe, and one that dies or stays silent
-past ``timeout_s`` is killed and started afresh; ``call`` reports which workers failed so the runner can run
+past ``timeout_s`` is killed and started afresh; ``receive`` reports which workers failed so the runner can run
 their episodes again (evaluation) or drop them (RL). Past ``max_restarts`` replacements the run fails with one
 line. Workers are spawned (a forked child inherits a GL context and hangs) and die with their parent.
 """
@@ -50,7 +50,7 @@ def _serve(make_env: Callable[[], Any], conn: Connection, egl_device: str | None
 
 @dataclass
 class Pending:
-    """Calls sent to some workers and not yet answered."""
+    """A call sent to one worker and not yet answered."""
 
     name: str
     deadline: float
@@ -98,22 +98,15 @@ class WorkerPool:
                     self.max_restarts)
         self._start(i)
 
-    def call(self, name: str, per_worker: list[tuple | None]) -> tuple[list[Any], list[int]]:
-        """Call ``name(*per_worker[i])`` on every worker whose entry is not None, all at once. Returns each
-        worker's answer (None where not called or failed) and the workers that failed and were replaced."""
-        return self.receive(self.send(name, per_worker))
-
-    def send(self, name: str, per_worker: list[tuple | None]) -> "Pending":
-        """Start the calls without waiting (other workers' calls may be in flight); ``receive`` collects them."""
+    def send(self, i: int, name: str, args: tuple) -> "Pending":
+        """Start ``name(*args)`` on worker i without waiting (other workers' calls may be in flight); ``receive``
+        collects it."""
         pending = Pending(name, time.monotonic() + self.timeout_s)
-        for i, args in enumerate(per_worker):
-            if args is None:
-                continue
-            try:
-                self.conns[i].send((name, args))
-                pending.waiting[self.conns[i]] = i
-            except (BrokenPipeError, EOFError, OSError):
-                pending.failed.append(i)
+        try:
+            self.conns[i].send((name, args))
+            pending.waiting[self.conns[i]] = i
+        except (BrokenPipeError, EOFError, OSError):
+            pending.failed.append(i)
         return pending
 
     def ready(self, calls: dict[int, "Pending"]) -> list[int]:
@@ -129,7 +122,7 @@ class WorkerPool:
         return sorted({owner[conn] for conn in answered} | {w for w, c in calls.items() if c.deadline <= now})
 
     def receive(self, pending: "Pending") -> tuple[list[Any], list[int]]:
-        """The answers of ``send``'s calls: (per-worker results, the workers that failed and were replaced)."""
+        """The answer of a ``send``: (per-worker results, the workers that failed and were replaced)."""
         results: list[Any] = [None] * len(self)
         failed, waiting, name = pending.failed, pending.waiting, pending.name
         error = None
