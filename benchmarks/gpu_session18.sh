@@ -21,6 +21,14 @@ keep_ckpt() { mkdir -p runs/session18/ckpt; tar -C "$(readlink -f runs/protocols
               ls -la runs/session18/ckpt; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
 workers="+phases.collect.num_workers=16"
+# collect and stages 0-1 of protocol $1, then its stage-1 checkpoint in pieces (PROTOCOL_EXTRA's settings of the
+# phases left out are dropped: they cannot apply to a null phase)
+imitation_ckpt() {
+  local extra; extra=$(for o in ${PROTOCOL_EXTRA:-}; do case "$o" in phases.rl*|+phases.rl*|phases.eval*|+phases.eval*) ;;
+                       *) printf '%s ' "$o" ;; esac; done)
+  python3 -m ript.cli protocol $1 $workers +phases.stage0.progress=false +phases.stage1.progress=false \
+    phases.eval=null phases.rl=null phases.eval_rl=null $extra 2>&1 | quiet
+  keep_ckpt $1; }
 mkdir -p runs/session18
 for part in "$@"; do
   case "$part" in
@@ -31,14 +39,7 @@ for part in "$@"; do
     libero)
       s=${LIBERO_SUITE:-libero_object}
       phase "$s"
-      if [ -n "${CKPT:-}" ]; then  # the imitation checkpoint first, kept before the lease can run out
-        # the extras that set the phases left out here would not apply to a null phase
-        imitation=$(for o in ${PROTOCOL_EXTRA:-}; do case "$o" in phases.rl*|+phases.rl*|phases.eval*|+phases.eval*) ;;
-                    *) printf '%s ' "$o" ;; esac; done)
-        python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
-          phases.eval=null phases.rl=null phases.eval_rl=null $imitation 2>&1 | quiet
-        keep_ckpt $s
-      fi
+      [ -n "${CKPT:-}" ] && imitation_ckpt $s  # the imitation checkpoint first, kept before the lease can run out
       python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
         ${PROTOCOL_EXTRA:-} 2>&1 | quiet
       keep $s
@@ -50,9 +51,7 @@ for part in "$@"; do
     libero_ckpt)
       s=${LIBERO_SUITE:-libero_object}
       phase "$s (imitation checkpoint)"
-      python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
-        phases.eval=null phases.rl=null phases.eval_rl=null ${PROTOCOL_EXTRA:-} 2>&1 | quiet
-      keep_ckpt $s ;;
+      imitation_ckpt $s ;;
     ae)
       # stage 0 alone on three LIBERO-Object tasks, trained for each of AE_STEPS; the checkpoints come back in
       # pieces for benchmarks/autoencoder_loop.py on a CPU
