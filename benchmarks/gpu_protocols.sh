@@ -3,22 +3,25 @@
 #   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering
 #   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
 #                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps the bottle videos,
-#                 or with CKPT=1 the stage-1 checkpoint in pieces
+#                 or with CKPT=1 the stage-0 and stage-1 checkpoints in pieces
 #   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-1 checkpoint kept in pieces
 #   ae            stage 0 alone on AE_TASKS of LIBERO-Object for each of AE_STEPS; checkpoints kept in pieces
 #   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
-#   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_session18.sh libero_speed libero
-#   bash benchmarks/gpu_background.sh poll 560 runs/protocols/libero_object runs/session18
+#   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_protocols.sh libero_speed libero
+#   bash benchmarks/gpu_background.sh poll 560 runs/protocols/libero_object runs/session_results
 # Carry .whl and data/metaworld/lang_cache.safetensors (LIBERO: .libero and its suite's lang_cache instead).
 set -uo pipefail
+R=${RESULTS:-runs/session_results}   # what comes back through the poll
 phase() { echo "== $1 at ${SECONDS}s"; }
-keep() { mkdir -p runs/session18; cp "runs/protocols/$1/results.json" "runs/session18/$1.json" 2>/dev/null
-         cp "runs/protocols/$1/protocol.json" "runs/session18/$1.protocol.json" 2>/dev/null; }
+keep() { mkdir -p $R; cp "runs/protocols/$1/results.json" "$R/$1.json" 2>/dev/null
+         cp "runs/protocols/$1/protocol.json" "$R/$1.protocol.json" 2>/dev/null
+         cp "runs/protocols/$1/rl/rl_history.json" "$R/$1.rl_history.json" 2>/dev/null; }
 # the stage-1 checkpoint (weights and config) as 15 MiB pieces of one tar: $OUT takes files of 16 MiB at most
-keep_ckpt() { mkdir -p runs/session18/ckpt; tar -C "$(readlink -f runs/protocols/$1/stage1/checkpoints/last)" -cf - \
-                config.json model.safetensors | split -b 15M - runs/session18/ckpt/stage1.tar.part
-              ls -la runs/session18/ckpt; }
+keep_ckpt() { mkdir -p $R/ckpt; for s in stage0 stage1; do
+                tar -C "$(readlink -f runs/protocols/$1/$s/checkpoints/last)" -cf - config.json model.safetensors \
+                  | split -b 15M - $R/ckpt/$s.tar.part; done
+              ls -la $R/ckpt; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
 workers="+phases.collect.num_workers=16"
 # collect and stages 0-1 of protocol $1, then its stage-1 checkpoint in pieces (PROTOCOL_EXTRA's settings of the
@@ -29,13 +32,13 @@ imitation_ckpt() {
   python3 -m ript.cli protocol $1 $workers +phases.stage0.progress=false +phases.stage1.progress=false \
     phases.eval=null phases.rl=null phases.eval_rl=null $extra 2>&1 | quiet
   keep_ckpt $1; }
-mkdir -p runs/session18
+mkdir -p $R
 for part in "$@"; do
   case "$part" in
     libero_speed)
       phase "libero_speed"
       MUJOCO_GL=egl python3 -m benchmarks.libero_step_speed --procs 1,16 --render-every 0,8 --seconds 8 \
-        --out runs/session18/libero_step_speed.json 2>&1 | grep -v -i warning ;;
+        --out $R/libero_step_speed.json 2>&1 | grep -v -i warning ;;
     libero)
       s=${LIBERO_SUITE:-libero_object}
       phase "$s"
@@ -44,9 +47,9 @@ for part in "$@"; do
         ${PROTOCOL_EXTRA:-} 2>&1 | quiet
       keep $s
       if [ -z "${CKPT:-}" ]; then
-        mkdir -p runs/session18/videos
+        mkdir -p $R/videos
         find runs/protocols/$s/eval -name "*.mp4" | grep -E "ketchup|salad|tomato" | head -3 \
-          | xargs -r -I{} cp {} runs/session18/videos/
+          | xargs -r -I{} cp {} $R/videos/
       fi ;;
     libero_ckpt)
       s=${LIBERO_SUITE:-libero_object}
@@ -63,11 +66,11 @@ for part in "$@"; do
         phase "stage0 $steps steps"
         python3 -m ript.cli stage0 task=libero_object task.data_dir=$d/data "task.task_names=$tasks" \
           run_dir=$d/s0_$steps train.steps=$steps train.val_every=1000 train.save_every=$steps progress=false 2>&1 | quiet
-        mkdir -p runs/session18/ae
+        mkdir -p $R/ae
         tar -C "$(readlink -f $d/s0_$steps/checkpoints/last)" -cf - config.json model.safetensors \
-          | split -b 15M - runs/session18/ae/s0_$steps.tar.part
+          | split -b 15M - $R/ae/s0_$steps.tar.part
       done
-      ls -la runs/session18/ae ;;
+      ls -la $R/ae ;;
     ml45)
       phase "ml45_multitask"
       python3 -m ript.cli protocol ml45_multitask $workers +phases.stage0.progress=false \
@@ -79,7 +82,7 @@ for part in "$@"; do
         phase "$p eval top_k=$k"
         python3 -m ript.cli eval checkpoint=runs/protocols/$p/stage1 sampling.top_k=$k n_videos=0 \
           out_dir=runs/protocols/$p/eval_topk$k 2>&1 | quiet
-        cp runs/protocols/$p/eval_topk$k/results.json runs/session18/${p}_eval_topk$k.json
+        cp runs/protocols/$p/eval_topk$k/results.json $R/${p}_eval_topk$k.json
       done ;;
     *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, topk)" >&2; exit 2 ;;
   esac
