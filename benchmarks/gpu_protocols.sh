@@ -18,9 +18,9 @@ keep() { mkdir -p $R; cp "runs/protocols/$1/results.json" "$R/$1.json" 2>/dev/nu
          cp "runs/protocols/$1/protocol.json" "$R/$1.protocol.json" 2>/dev/null
          cp "runs/protocols/$1/rl/rl_history.json" "$R/$1.rl_history.json" 2>/dev/null; }
 # the stage-1 checkpoint (weights and config) as 15 MiB pieces of one tar: $OUT takes files of 16 MiB at most
-keep_ckpt() { mkdir -p $R/ckpt; for s in stage0 stage1; do
-                tar -C "$(readlink -f runs/protocols/$1/$s/checkpoints/last)" -cf - config.json model.safetensors \
-                  | split -b 15M - $R/ckpt/$s.tar.part; done
+keep_ckpt() { local stage; mkdir -p $R/ckpt; for stage in stage0 stage1; do
+                tar -C "$(readlink -f runs/protocols/$1/$stage/checkpoints/last)" -cf - config.json model.safetensors \
+                  | split -b 15M - $R/ckpt/$stage.tar.part; done
               ls -la $R/ckpt; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
 workers="+phases.collect.num_workers=16"
