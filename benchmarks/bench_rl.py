@@ -1,7 +1,11 @@
 """Speed of one RL iteration: rollout time, training time, env-steps/s, the policy's share of rollout time,
 and rollout throughput against the number of env workers.
 
-    python benchmarks/bench_rl.py [--overrides ...] [--workers 1,2,4] [--groups 8] [--k 8] [--steps 100]
+    python benchmarks/bench_rl.py [--overrides ...] [--workers 1,2,4] [--envs-per-worker 1] [--groups 8] [--k 8]
+        [--steps 100] [--plan-alone]
+
+``--plan-alone`` times the schedule recording runs had before the chunk policy's fixed batch layout: every
+env's decision planned in a call of its own.
 
 Uses an untrained prior of the configured size (speed does not depend on the weights; every episode runs
 to the horizon, the slowest case).
@@ -23,6 +27,7 @@ from benchmarks.bench import demo_dataset, make_prior
 from ript.config import compose, resolve_device
 from ript.envs.runner import EnvRunner
 from ript.policies.build import make_policy
+from ript.policies.chunk_policy import ChunkPolicy
 from ript.rl.advantages import build_estimator
 from ript.rl.learners import ChunkLearner
 from ript.rl.rollout import GroupSampling, collect_groups, group_episodes
@@ -35,6 +40,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--overrides", nargs="*", default=[])
     ap.add_argument("--workers", default=None)
+    ap.add_argument("--envs-per-worker", type=int, default=1)
+    ap.add_argument("--plan-alone", action="store_true", help="each env's decision in a call of its own")
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--steps", type=int, default=100, help="episode horizon")
@@ -45,20 +52,30 @@ def main() -> None:
     cores = os.cpu_count() or 1
     workers = [int(w) for w in args.workers.split(",")] if args.workers else sorted(
         {min(cores, 2**i) for i in range(8) if 2**i <= cores} | {cores})
-    out = bench_rl(cfg, workers, device, args.groups, args.k, args.steps)
+    out = bench_rl(cfg, workers, device, args.groups, args.k, args.steps, args.envs_per_worker, args.plan_alone)
     text = json.dumps(out, indent=2)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
 
 
-def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon: int) -> dict:
+class PlannedAlone(ChunkPolicy):
+    """A chunk policy without the fixed batch layout: a recording run then plans each env alone."""
+
+    @property
+    def fixed_layout(self) -> bool:
+        return False
+
+
+def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon: int, envs_per_worker: int = 1,
+             plan_alone: bool = False) -> dict:
     """One RL iteration per worker count (after a warm-up one): rollout and training seconds, env-steps/s."""
     rl_cfg = compose("rl", [f"rl.groups_per_iteration={groups}", f"rl.rollouts_per_group={k}",
                             "rl.max_sampling_rounds=1", "rl.oversample=1"])
     cores = os.cpu_count() or 1
     out: dict = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu x{cores}",
-                 "groups": groups, "k": k, "horizon": horizon, "per_workers": {}}
+                 "groups": groups, "k": k, "horizon": horizon,
+                 "envs_per_worker": envs_per_worker, "plan_alone": plan_alone, "per_workers": {}}
     with tempfile.TemporaryDirectory() as tmp:
         ds = demo_dataset(cfg, Path(tmp), 2)
         model = make_prior(cfg, ds).to(device)
@@ -69,8 +86,10 @@ def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon:
         sampling = GroupSampling.from_config(rl_cfg.rl)
         for w in workers:
             runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), horizon, 1, num_workers=w,
-                               episodes_at_once=sampling.most_episodes_per_round(1))
+                               envs_per_worker=envs_per_worker, episodes_at_once=sampling.most_episodes_per_round(1))
             policy = make_policy(model, settings, device, seed=0)
+            if plan_alone:
+                policy.__class__ = PlannedAlone  # the same policy, only its batch layout differs
             policy.record = True
             sampler = InitialConditionSampler(ds.task_names, seed=0)
             collect_groups(runner, policy, sampler, sampling, DistInfo())  # warm-up: spawn workers, build envs

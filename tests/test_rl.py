@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -154,6 +155,36 @@ def test_recorded_log_probs_equal_recomputed_ones(stage1_run):
     with torch.no_grad():
         recomputed = token_log_probs(model, ctx, tokens, 0.8, 5)
     assert torch.allclose(recomputed, torch.stack([d["log_probs"] for d in decisions]), atol=1e-5)
+
+
+def test_a_recorded_decision_is_the_same_whichever_envs_share_its_batch(stage1_run, tiny_data):
+    """RL's ratio uses the recorded log-probs bit for bit, and the runner plans whichever envs have answered:
+    a recording chunk policy lays its batch out by env index, so env 1's decision (context, tokens, log-probs,
+    actions) is identical planned alone, with envs 0 and 3, or with all four."""
+    import h5py
+
+    model, ckpt = load_model(stage1_run)
+    settings = sampling_settings(ckpt["metadata"], {}, ckpt["cfg"])
+    demo = sorted(tiny_data.rglob("*.hdf5"))[0]
+    with h5py.File(demo, "r") as f:
+        obs = f["data"][sorted(f["data"])[0]]["obs"]
+        frames = [{k: obs[k][t] for k in model.image_keys + model.lowdim_keys} for t in range(4)]
+    task = model.task_names[0]
+    decisions = []
+    for batch in ([1], [0, 1, 3], [0, 1, 2, 3]):
+        policy = make_policy(model, settings, "cpu", seed=3)
+        policy.record = True
+        assert policy.fixed_layout
+        policy.reset(4)
+        for i in range(4):
+            policy.reset_env(i, task, episode_key=i)
+            policy.observe(i, frames[i])  # each env sees its own frame
+        chunks = policy.act_chunk([i in batch for i in range(4)])
+        decisions.append((chunks[1], policy.take_record(1)[0]))
+    for chunk, record in decisions[1:]:
+        assert np.array_equal(chunk, decisions[0][0])
+        for key in ("context", "tokens", "log_probs"):
+            assert torch.equal(record[key], decisions[0][1][key]), key
 
 
 def test_encoders_train_from_recorded_observations_and_micro_batches_add_up(stage1_run):

@@ -261,14 +261,7 @@ class EnvRunner:
             for w in ws:
                 for s in slots(w):
                     active[s] = running[s] is not None
-            if policy.record:
-                # RL's ratio uses the recorded log-probs bit for bit, and a batch's composition moves their last
-                # bits; which envs answered together is timing, so a recording run plans each env on its own
-                planned: list = [None] * n
-                for s in [s for s in range(n) if active[s]]:
-                    planned[s] = policy.act_chunk([i == s for i in range(n)])[s]
-            else:
-                planned = policy.act_chunk(active)
+            planned = policy.act_chunk(active)  # the same whichever envs share the batch (ChunkingPolicy)
             for w in ws:
                 items = {s: (planned[s], keep, running[s].record) for s in slots(w) if active[s]}
                 for s in items:

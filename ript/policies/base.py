@@ -71,11 +71,22 @@ class ChunkingPolicy(ABC):
         out: list[np.ndarray | None] = [None] * len(active)
         if envs:
             t0 = time.perf_counter()
-            chunks = self.plan(envs)
+            if self.record and not self.fixed_layout:
+                # RL's ratio uses the recorded log-probs bit for bit and a batch's composition moves their last
+                # bits; which envs are planned together is the runner's timing, so each env is planned alone
+                chunks = np.concatenate([self.plan([i]) for i in envs])
+            else:
+                chunks = self.plan(envs)
             self.inference_seconds += time.perf_counter() - t0
             for i, chunk in zip(envs, chunks):
                 out[i] = np.asarray(chunk[: self.action_horizon], dtype=np.float32)
         return out
+
+    @property
+    def fixed_layout(self) -> bool:
+        """Whether ``plan`` gives each env the same result whichever envs share its batch (a family that lays
+        its batch out by env index says so); a recording run of a policy without it plans each env alone."""
+        return False
 
     def take_record(self, i: int) -> list[dict]:
         """The decisions of env i's episode so far (empty unless ``record``), handed over and cleared."""

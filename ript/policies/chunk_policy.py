@@ -70,22 +70,42 @@ class ChunkPolicy(ChunkingPolicy):
         return host_obs, {"obs": {k: v.to(self.device) for k, v in host_obs.items()},
                           "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
 
+    @property
+    def fixed_layout(self) -> bool:
+        # a graph's batch has n rows anyway; eagerly, only RL's recorded decisions pay for the padding rows
+        return self.record or self.cuda_graph
+
+    def _layout(self, envs: list[int]) -> tuple[list[int], list[int]]:
+        """(the env each batch row reads, the rows holding ``envs``' results). With ``fixed_layout``, env i
+        always sits in row i of an n-row batch (the other rows repeat ``envs[0]``): a row's result then does
+        not depend on which envs were planned with it, which the batch's shape and an env's row otherwise
+        move in the last bits (RL's ratio uses the recorded log-probs as they are; resume must match)."""
+        if not self.fixed_layout:
+            return envs, list(range(len(envs)))
+        planned = set(envs)
+        return [i if i in planned else envs[0] for i in range(len(self.history))], envs
+
     def state_values(self, envs: list[int]) -> torch.Tensor:
-        _, inputs = self._inputs(envs)
+        rows, picked = self._layout(envs)
+        _, inputs = self._inputs(rows)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
             context = self.model.context(inputs["obs"], inputs["task_ids"])
-        return self.critic(context.float())
+        return self.critic(context.float())[picked]
 
     @torch.no_grad()
     def plan(self, envs: list[int]) -> np.ndarray:
-        host_obs, inputs = self._inputs(envs)
+        rows, picked = self._layout(envs)
+        host_obs, inputs = self._inputs(rows)
         if not self.sample_kwargs["greedy"]:
-            inputs["noise"] = self.env_draws(envs, lambda g: self.model.sampling_noise(1, self.device, g)[0])
+            noise = self.env_draws(envs, lambda g: self.model.sampling_noise(1, self.device, g)[0])
+            inputs["noise"] = noise[[envs.index(i) if i in envs else 0 for i in rows]]
         graphed = self._graph_for(len(self.history), inputs) if self.cuda_graph and not self.model.training else None
         if graphed is not None:
-            context, tokens, log_probs, chunks, values = graphed(inputs)
+            outputs = graphed(inputs)
         else:
-            context, tokens, log_probs, chunks, values = self._infer(**inputs)
+            outputs = self._infer(**inputs)
+        context, tokens, log_probs, chunks, values = (x[picked] for x in outputs)
+        host_obs = {k: v[picked] for k, v in host_obs.items()}
         if self.record:
             # what RL training needs, so it recomputes only the prior: context, sampled tokens, old log-probs
             # (cloned: a graph's outputs are overwritten by its next replay)
