@@ -17,6 +17,8 @@ from ript.errors import RiptError
 POS_SCALE = 0.05  # metres per unit action of OSC_POSE's position delta (its output_max)
 OPEN, CLOSE = -1.0, 1.0
 MAX_GRASP_WIDTH = 0.07  # the Panda hand opens to about 8 cm
+HAND_HALF_SPAN = 0.10  # the Panda hand reaches this far each way along the fingers' closing direction
+HAND_CLEARANCE = 0.02  # room around the hand that needs no turn of the grasp
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
 HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles
 
@@ -182,7 +184,10 @@ class PickPlaceExpert:
         for a bowl in a drawer)."""
         self.grasp_yaw, width = narrow_direction(obj_pts)
         self.rim = None
-        if width <= MAX_GRASP_WIDTH or self.by_handle:
+        if self.by_handle:
+            return
+        if width <= MAX_GRASP_WIDTH:
+            self.grasp_yaw = self._clear_hand_yaw(sim, obj_pts, obj_xy)
             return
         lo, hi = obj_pts.min(0), obj_pts.max(0)
         # from just above the object's bottom: what it stands on (a drawer's floor) is no obstacle
@@ -197,6 +202,27 @@ class PickPlaceExpert:
             if score > best:
                 best, self.rim = score, d
         self.grasp_yaw = float(np.arctan2(self.rim[1], self.rim[0]))
+
+    def _clear_hand_yaw(self, sim, obj_pts: np.ndarray, obj_xy: np.ndarray) -> float:
+        """The finger direction for a grasp across the narrow side, turned by up to 30 degrees while the
+        object still fits between the fingers, that keeps the hand (wide along the fingers) farthest from
+        taller neighbours: a carton beside a flat box stops the hand above the box (the narrow direction
+        itself whenever its hand has HAND_CLEARANCE)."""
+        top = float(obj_pts[:, 2].max())
+        others = ObstacleBoxes(sim, {self.obj}, top + 0.005, top + 0.15)
+        best, best_score = self.grasp_yaw, -np.inf
+        for turn in np.deg2rad([0, 10, -10, 20, -20, 30, -30]):
+            yaw = self.grasp_yaw + turn
+            d = np.array([np.cos(yaw), np.sin(yaw)])
+            if np.ptp(obj_pts[:, :2] @ d) > MAX_GRASP_WIDTH:
+                continue
+            clear = min(others.distance(obj_xy + d * t) for t in np.linspace(-HAND_HALF_SPAN, HAND_HALF_SPAN, 9))
+            if turn == 0 and clear >= HAND_CLEARANCE:
+                return float(yaw)
+            score = min(clear, HAND_CLEARANCE) - 0.001 * abs(turn)
+            if score > best_score:
+                best, best_score = float(yaw), score
+        return best
 
     def _slot_yaw(self, sim, obj_pts: np.ndarray) -> float | None:
         """For a goal region that is a box narrower than the held object is wide (a caddy's compartment), the
