@@ -1,5 +1,6 @@
-"""LIBERO's articulated goals on the real simulator: the scripted experts open a drawer, turn on the stove and
-close a drawer, and ``ript collect`` writes those episodes as successful demos in the official layout."""
+"""LIBERO's articulated and leaning goals on the real simulator: the scripted experts open a drawer, turn on the
+stove, lay the wine bottle on its rack's slanted tray and close a drawer, and ``ript collect`` writes those
+episodes as successful demos in the official layout."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from ript.config import compose
 
 GOAL_TASKS = {"open_the_middle_drawer_of_the_cabinet": ("open", 0.14),  # LIBERO's test: the slide past -0.14 m
-              "turn_on_the_stove": ("turnon", 0.5)}  # the knob past 0.5 rad
+              "turn_on_the_stove": ("turnon", 0.5),  # the knob past 0.5 rad
+              "put_the_wine_bottle_on_the_rack": ("on", None)}  # the rack's top region leans 62 degrees
 CLOSE_TASK = "KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet"
 
 
@@ -28,7 +30,7 @@ def goal_demos(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", list(GOAL_TASKS))
-def test_open_and_turn_on_demos_succeed_in_the_official_layout(goal_demos, name):
+def test_open_turn_on_and_rack_demos_succeed_in_the_official_layout(goal_demos, name):
     from ript.data.libero_experts import goal_predicates
 
     with h5py.File(goal_demos / f"{name}_demo.hdf5", "r") as f:

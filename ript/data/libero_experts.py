@@ -395,11 +395,12 @@ GOAL_ORDER = {"open": 0, "turnon": 1, "turnoff": 1, "on": 2, "in": 2, "close": 3
 
 
 def make_expert(task):
-    """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements and (Close X) / (TurnOn X) /
+    """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements (onto a leaning region too: libero_slanted) and (Close X) / (TurnOn X) /
     (TurnOff X) articulations, worked in GOAL_ORDER; other goals have none yet (a one-line error)."""
     import mujoco
 
     from ript.data.libero_articulated import articulated_expert, closed_container, drawer_body
+    from ript.data.libero_slanted import SlantedPlaceExpert, is_slanted
 
     model = task.sim.model._model
     bodies = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or "" for b in range(model.nbody)}
@@ -425,6 +426,9 @@ def make_expert(task):
         if obj not in objects or (target is None and not table_region):
             raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")
         site = None if region == target else region
+        if target is not None and site is not None and is_slanted(task.sim, site):
+            steps.append(SlantedPlaceExpert(obj, target, site))  # a wine rack's leaning tray
+            continue
         step = PickPlaceExpert(obj, target, site, surface_body=drawer_body(task, region))
         sharing = [p for p in preds if p[0] in ("on", "in") and len(p) == 3 and p[2] == region]
         if site is not None and len(sharing) > 1:

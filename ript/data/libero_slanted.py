@@ -1,0 +1,109 @@
+"""A LIBERO expert for goal regions that lean: the wine rack's top region, whose "up" axis is 62 degrees from
+vertical, holds a bottle only lying along its slanted tray.
+
+LIBERO's ``On`` for such a region (``SiteObject.under``) tests the object's body origin in the region's own
+frame: within the region's extent across, and at most 10 cm along the region's "up" axis. So the object is
+picked by its top with the fingers closing along the region's long axis, lifted clear of the target, tilted
+about the fingers' axis until its own axis lies along the region's "up" (a rotation about the grip axis keeps
+both fingers beside the object, neither between it and the tray), and laid on the tray from above it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ript.data.libero_experts import CLOSE, OPEN, POS_SCALE, PickPlaceExpert, _body_id, _site_id, collision_corners
+
+SLANTED = np.deg2rad(30)  # a region whose "up" leans more than this from vertical gets this expert
+TILT_RATE = 0.4  # largest rotation action while tilting (OSC_POSE: x 0.5 rad per step)
+TILT_TOLERANCE = 0.05  # radians
+LAY_ABOVE = 0.08  # the held object approaches its resting place from this far above the tray
+CLEAR = 0.05  # the object's bottom passes this far above the target's top
+SIDE = 0.6  # laid at this fraction of the region's half-length from its centre (a rack's middle post)
+
+
+def region_up(sim, site: str) -> np.ndarray:
+    data = sim.data._data
+    return data.site_xmat[_site_id(sim.model._model, site)].reshape(3, 3)[:, 2].copy()
+
+
+def is_slanted(sim, site: str) -> bool:
+    return float(np.arccos(np.clip(region_up(sim, site)[2], -1.0, 1.0))) > SLANTED
+
+
+class SlantedPlaceExpert(PickPlaceExpert):
+    """Pick ``obj`` by its top and lay it along the leaning region ``site`` of ``target``."""
+
+    def __init__(self, obj: str, target: str, site: str):
+        super().__init__(obj, target, site)
+        self.reach = 0.0  # grip site to the object's body origin, along the object's axis
+        self.hold: np.ndarray | None = None
+
+    def _frame(self, sim) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(site position, the region's long axis, its "up" along the tray, the tray's upward normal)."""
+        model, data = sim.model._model, sim.data._data
+        i = _site_id(model, self.target_site)
+        rot = data.site_xmat[i].reshape(3, 3)
+        long_axis, up = rot[:, 0], rot[:, 2]
+        normal = np.cross(long_axis, up)
+        return data.site_xpos[i].copy(), long_axis, up, normal if normal[2] > 0 else -normal
+
+    def _plan_grasp(self, sim, obj_pts: np.ndarray, obj_xy: np.ndarray) -> None:
+        _, long_axis, _, _ = self._frame(sim)
+        self.grasp_yaw, self.rim = float(np.arctan2(long_axis[1], long_axis[0])), None
+
+    def _lay_point(self, sim) -> np.ndarray:
+        """Where the object's body origin rests: off the region's centre towards the object's side, a little up
+        the tray and a bottle's radius above it."""
+        site, long_axis, up, normal = self._frame(sim)
+        half = float(sim.model._model.site_size[_site_id(sim.model._model, self.target_site)][0])
+        start = sim.data._data.xpos[_body_id(sim.model._model, f"{self.obj}_main")]
+        side = 1.0 if (start - site) @ long_axis >= 0 else -1.0
+        return site + side * SIDE * half * long_axis + 0.015 * up + 0.02 * normal
+
+    def get_action(self, task) -> np.ndarray:
+        if self.phase in ("align", "descend", "grasp"):
+            action = super().get_action(task)
+            if self.phase == "lift":
+                self.phase = "raise"
+            return action
+        sim = task.sim
+        model, data = sim.model._model, sim.data._data
+        eef = task.privileged()["robot0_eef_pos"]
+        body = _body_id(model, f"{self.obj}_main")
+        axis, origin = data.xmat[body].reshape(3, 3)[:, 2], data.xpos[body]
+        _, long_axis, up, normal = self._frame(sim)
+        # tilt about the long axis (the fingers' axis), measured in the plane across it
+        across = np.cross(long_axis, [0.0, 0.0, 1.0])
+        tilt = np.arctan2(axis @ across, axis[2])
+        tilt_error = np.arctan2(up @ across, up[2]) - tilt
+        turn = np.clip(2.0 * tilt_error, -TILT_RATE, TILT_RATE)
+        gripper, goal = CLOSE, eef.copy()
+        if self.phase == "raise":
+            turn = 0.0
+            top = float(collision_corners(sim, f"{self.target}_main")[:, 2].max())
+            goal = np.array([eef[0], eef[1], top + float((eef - origin) @ axis) + CLEAR])
+            if eef[2] > goal[2] - 0.03:
+                self.phase, self.hold = "tilt", eef.copy()
+        elif self.phase == "tilt":
+            goal = self.hold
+            if abs(tilt_error) < TILT_TOLERANCE:
+                self.phase, self.reach = "over", float((eef - origin) @ axis)
+        else:
+            rest = self._lay_point(sim) + self.reach * axis / np.linalg.norm(axis)
+            if self.phase == "over":
+                goal = rest + LAY_ABOVE * normal
+                if np.linalg.norm(goal - eef) < 0.015:
+                    self.phase, self.timer = "lay", 0
+            elif self.phase == "lay":
+                goal, self.timer = rest, self.timer + 1
+                if np.linalg.norm(goal - eef) < 0.01 or self.timer > 60:
+                    self.phase, self.timer = "release", 0
+            else:  # release, then back off along the tray's normal
+                gripper, self.timer = OPEN, self.timer + 1
+                goal = eef + (0.05 * normal if self.timer > 10 else 0.0)
+        action = np.zeros(7)
+        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
+        action[3:6] = turn * long_axis  # OSC_POSE's rotation delta is an axis-angle in the world frame
+        action[6] = gripper
+        return action
