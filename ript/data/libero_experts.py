@@ -426,7 +426,7 @@ def make_expert(task):
         if obj not in objects or (target is None and not table_region):
             raise RiptError(f"{task.suite}/{task.task_name}: no scripted expert for the goal ({' '.join(pred)})")
         site = None if region == target else region
-        if target is not None and site is not None and is_slanted(task.sim, site):
+        if pred[0] == "on" and target is not None and site is not None and is_slanted(task.sim, site):
             steps.append(SlantedPlaceExpert(obj, target, site))  # a wine rack's leaning tray
             continue
         step = PickPlaceExpert(obj, target, site, surface_body=drawer_body(task, region))

@@ -14,7 +14,8 @@ import numpy as np
 
 from ript.data.libero_experts import CLOSE, OPEN, POS_SCALE, PickPlaceExpert, _body_id, _site_id, collision_corners
 
-SLANTED = np.deg2rad(30)  # a region whose "up" leans more than this from vertical gets this expert
+SLANTED = np.deg2rad([30, 75])  # an On goal's region whose "up" leans this far from vertical gets this expert
+# (a drawer's region "up" is horizontal: LIBERO tests In for it by containment, not by this frame)
 TILT_RATE = 0.4  # largest rotation action while tilting (OSC_POSE: x 0.5 rad per step)
 TILT_TOLERANCE = 0.05  # radians
 LAY_ABOVE = 0.08  # the held object approaches its resting place from this far above the tray
@@ -28,7 +29,8 @@ def region_up(sim, site: str) -> np.ndarray:
 
 
 def is_slanted(sim, site: str) -> bool:
-    return float(np.arccos(np.clip(region_up(sim, site)[2], -1.0, 1.0))) > SLANTED
+    lean = float(np.arccos(np.clip(region_up(sim, site)[2], -1.0, 1.0)))
+    return bool(SLANTED[0] < lean < SLANTED[1])
 
 
 class SlantedPlaceExpert(PickPlaceExpert):
