@@ -4,7 +4,7 @@
 #   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
 #                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps the bottle videos,
 #                 or with CKPT=1 the stage-0 and stage-1 checkpoints in pieces
-#   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-1 checkpoint kept in pieces
+#   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-0 and stage-1 checkpoints kept in pieces
 #   ae            stage 0 alone on AE_TASKS of LIBERO-Object for each of AE_STEPS; checkpoints kept in pieces
 #   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
@@ -17,14 +17,15 @@ phase() { echo "== $1 at ${SECONDS}s"; }
 keep() { mkdir -p $R; cp "runs/protocols/$1/results.json" "$R/$1.json" 2>/dev/null
          cp "runs/protocols/$1/protocol.json" "$R/$1.protocol.json" 2>/dev/null
          cp "runs/protocols/$1/rl/rl_history.json" "$R/$1.rl_history.json" 2>/dev/null; }
-# the stage-1 checkpoint (weights and config) as 15 MiB pieces of one tar: $OUT takes files of 16 MiB at most
+# the stage-0 and stage-1 checkpoints (weights and config) as 15 MiB pieces of a tar each: $OUT takes files of
+# 16 MiB at most
 keep_ckpt() { local stage; mkdir -p $R/ckpt; for stage in stage0 stage1; do
                 tar -C "$(readlink -f runs/protocols/$1/$stage/checkpoints/last)" -cf - config.json model.safetensors \
                   | split -b 15M - $R/ckpt/$stage.tar.part; done
               ls -la $R/ckpt; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
 workers="+phases.collect.num_workers=16"
-# collect and stages 0-1 of protocol $1, then its stage-1 checkpoint in pieces (PROTOCOL_EXTRA's settings of the
+# collect and stages 0-1 of protocol $1, then its checkpoints in pieces (PROTOCOL_EXTRA's settings of the
 # phases left out are dropped: they cannot apply to a null phase)
 imitation_ckpt() {
   local extra; extra=$(for o in ${PROTOCOL_EXTRA:-}; do case "$o" in phases.rl*|+phases.rl*|phases.eval*|+phases.eval*) ;;

@@ -395,8 +395,9 @@ GOAL_ORDER = {"open": 0, "turnon": 1, "turnoff": 1, "on": 2, "in": 2, "close": 3
 
 
 def make_expert(task):
-    """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements (onto a leaning region too: libero_slanted) and (Close X) / (TurnOn X) /
-    (TurnOff X) articulations, worked in GOAL_ORDER; other goals have none yet (a one-line error)."""
+    """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements (onto a leaning region:
+    ``libero_slanted``) and (Close X) / (TurnOn X) / (TurnOff X) articulations, worked in GOAL_ORDER; other
+    goals have none yet (a one-line error)."""
     import mujoco
 
     from ript.data.libero_articulated import articulated_expert, closed_container, drawer_body

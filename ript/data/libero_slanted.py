@@ -39,7 +39,8 @@ class SlantedPlaceExpert(PickPlaceExpert):
     def __init__(self, obj: str, target: str, site: str):
         super().__init__(obj, target, site)
         self.reach = 0.0  # grip site to the object's body origin, along the object's axis
-        self.hold: np.ndarray | None = None
+        self.hold: np.ndarray | None = None  # where the hand stays while it tilts
+        self.lay: np.ndarray | None = None  # where the object's body origin comes to rest
 
     def _frame(self, sim) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(site position, the region's long axis, its "up" along the tray, the tray's upward normal)."""
@@ -55,8 +56,8 @@ class SlantedPlaceExpert(PickPlaceExpert):
         self.grasp_yaw, self.rim = float(np.arctan2(long_axis[1], long_axis[0])), None
 
     def _lay_point(self, sim) -> np.ndarray:
-        """Where the object's body origin rests: off the region's centre towards the object's side, a little up
-        the tray and a bottle's radius above it."""
+        """Where the object's body origin rests: off the region's centre towards the side the object comes from
+        (decided once, before it is carried over), a little up the tray and a bottle's radius above it."""
         site, long_axis, up, normal = self._frame(sim)
         half = float(sim.model._model.site_size[_site_id(sim.model._model, self.target_site)][0])
         start = sim.data._data.xpos[_body_id(sim.model._model, f"{self.obj}_main")]
@@ -86,13 +87,13 @@ class SlantedPlaceExpert(PickPlaceExpert):
             top = float(collision_corners(sim, f"{self.target}_main")[:, 2].max())
             goal = np.array([eef[0], eef[1], top + float((eef - origin) @ axis) + CLEAR])
             if eef[2] > goal[2] - 0.03:
-                self.phase, self.hold = "tilt", eef.copy()
+                self.phase, self.hold, self.lay = "tilt", eef.copy(), self._lay_point(sim)
         elif self.phase == "tilt":
             goal = self.hold
             if abs(tilt_error) < TILT_TOLERANCE:
                 self.phase, self.reach = "over", float((eef - origin) @ axis)
         else:
-            rest = self._lay_point(sim) + self.reach * axis / np.linalg.norm(axis)
+            rest = self.lay + self.reach * axis  # the hand where the origin rests (xmat's columns are unit)
             if self.phase == "over":
                 goal = rest + LAY_ABOVE * normal
                 if np.linalg.norm(goal - eef) < 0.015:

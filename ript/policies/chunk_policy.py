@@ -98,7 +98,7 @@ class ChunkPolicy(ChunkingPolicy):
         host_obs, inputs = self._inputs(rows)
         if not self.sample_kwargs["greedy"]:
             noise = self.env_draws(envs, lambda g: self.model.sampling_noise(1, self.device, g)[0])
-            inputs["noise"] = noise[[envs.index(i) if i in envs else 0 for i in rows]]
+            inputs["noise"] = noise[[envs.index(i) for i in rows]]  # every row reads one of envs
         graphed = self._graph_for(len(self.history), inputs) if self.cuda_graph and not self.model.training else None
         if graphed is not None:
             outputs = graphed(inputs)
