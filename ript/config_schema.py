@@ -110,6 +110,7 @@ class Data(Section):
     demos_per_task: Optional[Count]
     val_fraction: Annotated[float, Field(ge=0, lt=1)]
     on_device: Auto
+    action_key: Literal["actions", "expert_actions"] = "actions"
 
 
 class Autoencoder(Section):

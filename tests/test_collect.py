@@ -28,6 +28,11 @@ def test_collected_files_have_the_robomimic_layout(tiny_data):
                 assert g["obs/corner_rgb"].shape == (t, 32, 32, 3)
                 assert g["obs/gripperPOV_rgb"].dtype == np.uint8
                 assert g["obs/robot_states"].shape == (t, 4)
+                # the expert's command before the collection noise (metaworld: std 0.2), clipped as the env clips
+                clean, executed = g["expert_actions"][()], g["actions"][()]
+                assert clean.shape == (t, 4) and np.abs(clean).max() <= 1.0
+                moved = np.abs(executed - clean)[np.abs(clean) < 0.5]  # away from the clip, the full noise shows
+                assert 0.1 < moved.mean() < 0.25, moved.mean()
                 assert g["states"].shape[0] == t and g["rewards"].shape == (t,)
                 assert g["dones"][-1] == 1 and g["dones"][:-1].sum() == 0
                 assert bool(g.attrs["success"])  # success filtering is on by default

@@ -59,6 +59,16 @@ def test_split_by_demo_is_disjoint_and_seeded(tmp_path):
     assert [d.actions[0, 0] for d in picked] == [400, 100]
 
 
+def test_the_learnt_labels_are_chosen_by_action_key(tmp_path):
+    path = write_synthetic(tmp_path / "a.hdf5")
+    with h5py.File(path, "a") as f:
+        for name in ("demo_0", "demo_1"):
+            f[f"data/{name}/expert_actions"] = -f[f"data/{name}/actions"][()]
+    executed = ChunkDataset(spec([path]), "all").actions
+    clean = ChunkDataset(spec([path], action_key="expert_actions"), "all").actions
+    assert torch.equal(clean, -executed) and executed.abs().sum() > 0
+
+
 def test_batch_order_depends_only_on_seed_and_epoch():
     assert torch.equal(batch_indices(10, 4, 3, 0), batch_indices(10, 4, 3, 0))
     assert not torch.equal(batch_indices(10, 4, 3, 0), batch_indices(10, 4, 4, 0))
@@ -84,6 +94,9 @@ def test_bad_files_give_one_line_errors(tmp_path):
         read_demos(good, keys)
     for err in (RiptError,):
         assert "\n" not in str(pytest.raises(err, read_demos, good, keys).value)
+    # an official-layout file has no noise-free labels: say which key, and where it comes from
+    with pytest.raises(RiptError, match=r"good.hdf5:data/demo_0/expert_actions is missing \(only files `ript collect`"):
+        read_demos(good, keys, action_key="expert_actions")
 
 
 def test_a_dataset_too_large_for_the_gpu_stays_in_host_memory():

@@ -3,6 +3,7 @@ written in the layout of LIBERO's own ``create_dataset.py`` so that official fil
 
     data.attrs: problem_info, bddl_file_name, env_args (JSON), plus suite/task_name/instruction
     data/demo_i/{actions, states, robot_states, rewards, dones}
+    data/demo_i/expert_actions (ript's own: the expert's command before the noise; ``data.action_key``)
     data/demo_i/obs/{agentview_rgb, eye_in_hand_rgb (upside down, as robosuite renders and LIBERO stores),
                      joint_states, gripper_states, ee_states, ee_pos, ee_ori}
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ript.data.hdf5 import Demo
+from ript.data.hdf5 import EXPERT_ACTIONS, Demo
 from ript.data.libero_experts import make_expert
 from ript.envs.libero import LiberoRender, LiberoTask
 
@@ -28,8 +29,8 @@ def run_episode(task: LiberoTask, layout_seed: int, noise_rng: np.random.Generat
     init state). Noise is added to the arm's motion, not to the gripper command."""
     task.reset(layout_seed, render=False)
     expert = make_expert(task)
-    steps: dict[str, list] = {k: [] for k in ("actions", "states", "robot_states", "rewards", "joint_states",
-                                              "gripper_states", "ee_states", "ee_pos", "ee_ori")}
+    steps: dict[str, list] = {k: [] for k in ("actions", EXPERT_ACTIONS, "states", "robot_states", "rewards",
+                                              "joint_states", "gripper_states", "ee_states", "ee_pos", "ee_ori")}
     images: dict[str, list] = {}
     while not task.done:
         raw = task.privileged()
@@ -45,6 +46,7 @@ def run_episode(task: LiberoTask, layout_seed: int, noise_rng: np.random.Generat
         steps["ee_pos"].append(obs["ee_states"][:3])
         steps["ee_ori"].append(obs["ee_states"][3:])
         action = expert.get_action(task)
+        steps[EXPERT_ACTIONS].append(np.clip(action, -1.0, 1.0).astype(np.float32))  # the controller clips too
         action[:6] = np.clip(action[:6] + noise_rng.normal(0.0, noise, size=6), -1.0, 1.0)
         _, reward, _, _ = task.step(action, render=False)
         steps["actions"].append(action.astype(np.float32))
@@ -61,7 +63,8 @@ def run_episode(task: LiberoTask, layout_seed: int, noise_rng: np.random.Generat
         rewards=np.asarray(steps["rewards"], dtype=np.uint8),
         dones=dones,
         attrs={"success": bool(task.success), "layout_seed": layout_seed},
-        extra={"robot_states": np.stack(steps["robot_states"]).astype(np.float32)},
+        extra={"robot_states": np.stack(steps["robot_states"]).astype(np.float32),
+               EXPERT_ACTIONS: np.stack(steps[EXPERT_ACTIONS])},
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ript.data.hdf5 import Demo
+from ript.data.hdf5 import EXPERT_ACTIONS, Demo
 from ript.envs.metaworld import INSTRUCTIONS, MetaWorldTask, RenderSettings, expert_policy
 
 
@@ -22,12 +22,13 @@ def open_task(task_name: str, suite: str, render: dict, max_episode_steps: int) 
 def run_episode(task: MetaWorldTask, layout_seed: int, noise_rng: np.random.Generator, noise: float) -> Demo:
     obs = task.reset(layout_seed)
     frames: dict[str, list] = {k: [] for k in obs}
-    actions, rewards, states = [], [], []
+    actions, expert_actions, rewards, states = [], [], [], []
     while not task.done:
         for k, v in obs.items():
             frames[k].append(v)
         states.append(task.sim_state())
         action = task.expert.get_action(obs["env_state"].astype(np.float64))
+        expert_actions.append(np.clip(action, -1.0, 1.0).astype(np.float32))  # what the env would apply of it
         action = np.clip(action + noise_rng.normal(0.0, noise, size=action.shape), -1.0, 1.0).astype(np.float32)
         obs, reward, _, _ = task.step(action)
         actions.append(action)
@@ -41,6 +42,7 @@ def run_episode(task: MetaWorldTask, layout_seed: int, noise_rng: np.random.Gene
         rewards=np.asarray(rewards, dtype=np.float32),
         dones=dones,
         attrs={"success": bool(task.success), "layout_seed": layout_seed},
+        extra={EXPERT_ACTIONS: np.stack(expert_actions)},
     )
 
 

@@ -36,6 +36,7 @@ class DatasetSpec:
     seed: int = 0
     flip_keys: tuple[str, ...] = ()
     load_workers: int | None = None  # processes reading the files (None: by size, see ript.data.loading)
+    action_key: str = "actions"       # the per-demo dataset learnt as the actions (hdf5.EXPERT_ACTIONS: noise-free)
 
 
 class EmptySplitError(RiptError):
@@ -57,7 +58,7 @@ class ChunkDataset:
             self.instructions.append(instruction_from_attrs(attrs, Path(path)))
         picks = [functools.partial(self._split_indices, split=split, task_id=t) for t in range(len(spec.files))]
         arrays = load_split(list(spec.files), spec.obs_keys, spec.demos_per_task, spec.action_dim, spec.flip_keys,
-                            picks, spec.load_workers)
+                            picks, spec.load_workers, spec.action_key)
         lengths = [n for layout in arrays.layouts for n in layout.lengths]
         if not lengths:
             raise EmptySplitError(f"the {split} split is empty (files: {', '.join(map(str, spec.files))})")

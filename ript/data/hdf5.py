@@ -36,6 +36,11 @@ class Demo:
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # further per-step arrays, e.g. robot_states
 
 
+# Per-demo dataset of ript's own collections: the scripted expert's command before the collection's noise was
+# added (``actions`` holds what was executed, as the official layout has it).
+EXPERT_ACTIONS = "expert_actions"
+
+
 def _is_image_key(key: str) -> bool:
     return key.endswith("_rgb") or key.endswith("_image")
 
@@ -170,14 +175,16 @@ def _chosen_demos(f: h5py.File, path: Path, max_demos: int | None, pick: Callabl
     return [names[i] for i in (range(len(names)) if pick is None else pick(len(names)))]
 
 
-def _checked_shapes(g: h5py.Group, where: str, obs_keys: dict[str, str]) -> tuple[tuple[int, int], dict[str, h5py.Dataset]]:
-    """A demo group's actions shape (T, action_dim) and its obs datasets by canonical key, checked without
-    reading any values."""
-    if "actions" not in g:
-        raise RiptError(f"{where}/actions is missing")
-    shape = g["actions"].shape
+def _checked_shapes(g: h5py.Group, where: str, obs_keys: dict[str, str],
+                    action_key: str = "actions") -> tuple[tuple[int, int], dict[str, h5py.Dataset]]:
+    """A demo group's action labels' shape (T, action_dim) and its obs datasets by canonical key, checked
+    without reading any values."""
+    if action_key not in g:
+        hint = " (only files `ript collect` wrote have it)" if action_key == EXPERT_ACTIONS else ""
+        raise RiptError(f"{where}/{action_key} is missing{hint}")
+    shape = g[action_key].shape
     if len(shape) != 2 or shape[0] == 0:
-        raise RiptError(f"{where}/actions has shape {shape}; expected (T, action_dim)")
+        raise RiptError(f"{where}/{action_key} has shape {shape}; expected (T, action_dim)")
     obs = {}
     for canonical, key in obs_keys.items():
         if f"obs/{key}" not in g:
@@ -198,14 +205,15 @@ class DemoLayout:
 
 
 def demo_layout(path: Path, obs_keys: dict[str, str], max_demos: int | None = None,
-                pick: Callable[[int], list[int]] | None = None) -> DemoLayout:
+                pick: Callable[[int], list[int]] | None = None, action_key: str = "actions") -> DemoLayout:
     """The layout of the demos ``iter_demos`` yields with the same arguments (its shape checks too)."""
     path = Path(path)
     with _demo_file(path) as f:
         names = _chosen_demos(f, path, max_demos, pick)
         lengths, action_dim, obs = [], 0, {}
         for name in names:
-            (steps, action_dim), datasets = _checked_shapes(f["data"][name], f"{path}:data/{name}", obs_keys)
+            (steps, action_dim), datasets = _checked_shapes(f["data"][name], f"{path}:data/{name}", obs_keys,
+                                                            action_key)
             lengths.append(steps)
             for canonical, d in datasets.items():
                 dtype = np.dtype(np.uint8 if d.dtype == np.uint8 else np.float32)  # as iter_demos loads it
@@ -220,11 +228,13 @@ def iter_demos(
     action_dim: int | None = None,
     flip_keys: tuple[str, ...] = (),
     pick: Callable[[int], list[int]] | None = None,
+    action_key: str = "actions",
 ) -> Iterator[Demo]:
     """The demos one at a time, file obs keys mapped onto canonical keys (``obs_keys``: canonical -> key in file).
 
     ``pick`` maps the number of demos to the positions to read, so a split reads only its own demos (the
-    images are most of the file and decompressing them is most of the loading time).
+    images are most of the file and decompressing them is most of the loading time). ``action_key`` names
+    the dataset read as ``Demo.actions`` (``EXPERT_ACTIONS``: the noise-free labels of ript's collections).
 
     Every problem is reported as one line naming the file and the key.
     """
@@ -232,17 +242,18 @@ def iter_demos(
     with _demo_file(path) as f:
         for name in _chosen_demos(f, path, max_demos, pick):
             g, where = f["data"][name], f"{path}:data/{name}"
-            (steps, dim), datasets = _checked_shapes(g, where, obs_keys)
+            (steps, dim), datasets = _checked_shapes(g, where, obs_keys, action_key)
             if action_dim is not None and dim != action_dim:
-                raise RiptError(f"{where}/actions has action dim {dim} but the config expects {action_dim}")
-            actions = np.asarray(g["actions"][()], dtype=np.float32)
+                raise RiptError(f"{where}/{action_key} has action dim {dim} but the config expects {action_dim}")
+            actions = np.asarray(g[action_key][()], dtype=np.float32)
             if not np.isfinite(actions).all():
-                raise RiptError(f"{where}/actions contains NaN or inf")
+                raise RiptError(f"{where}/{action_key} contains NaN or inf")
             obs = {}
             for canonical, d in datasets.items():
                 value = d[()]
                 if len(value) != steps:
-                    raise RiptError(f"{where}/obs/{obs_keys[canonical]} has {len(value)} steps but actions has {steps}")
+                    raise RiptError(f"{where}/obs/{obs_keys[canonical]} has {len(value)} steps but {action_key} has "
+                                    f"{steps}")
                 if value.dtype != np.uint8:
                     value = value.astype(np.float32)
                     if not np.isfinite(value).all():
@@ -254,6 +265,7 @@ def iter_demos(
 
 
 def read_demos(path: Path, obs_keys: dict[str, str], max_demos: int | None = None, action_dim: int | None = None,
-               flip_keys: tuple[str, ...] = (), pick: Callable[[int], list[int]] | None = None) -> list[Demo]:
+               flip_keys: tuple[str, ...] = (), pick: Callable[[int], list[int]] | None = None,
+               action_key: str = "actions") -> list[Demo]:
     """Every demo ``iter_demos`` yields with the same arguments."""
-    return list(iter_demos(path, obs_keys, max_demos, action_dim, flip_keys, pick))
+    return list(iter_demos(path, obs_keys, max_demos, action_dim, flip_keys, pick, action_key))

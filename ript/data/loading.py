@@ -84,10 +84,11 @@ def _child(arrays, files, first_rows, read, errors) -> None:
 
 def load_split(files: list[Path], obs_keys: dict[str, str], max_demos: int | None, action_dim: int | None,
                flip_keys: tuple[str, ...], picks: list[Callable[[int], list[int]]],
-               workers: int | None = None) -> SplitArrays:
-    """Every chosen demo of ``files`` (``picks[i]`` chooses file i's demos) as one set of arrays.
-    ``workers``: reading processes (None: by size, see ``load_workers``)."""
-    layouts = [demo_layout(p, obs_keys, max_demos, pick) for p, pick in zip(files, picks)]
+               workers: int | None = None, action_key: str = "actions") -> SplitArrays:
+    """Every chosen demo of ``files`` (``picks[i]`` chooses file i's demos) as one set of arrays, the actions
+    read from each demo's ``action_key`` dataset. ``workers``: reading processes (None: by size, see
+    ``load_workers``)."""
+    layouts = [demo_layout(p, obs_keys, max_demos, pick, action_key) for p, pick in zip(files, picks)]
     rows = [sum(lay.lengths) for lay in layouts]
     total = sum(rows)
     first = next((lay for lay in layouts if lay.names), layouts[0])  # a wrong action dim: iter_demos says so
@@ -100,7 +101,7 @@ def load_split(files: list[Path], obs_keys: dict[str, str], max_demos: int | Non
     first_rows = [int(r) for r in np.cumsum([0] + rows)[:-1]]
 
     def read(i: int) -> Iterator[Demo]:  # one demo at a time, not a whole file
-        return iter_demos(files[i], obs_keys, max_demos, action_dim, flip_keys, picks[i])
+        return iter_demos(files[i], obs_keys, max_demos, action_dim, flip_keys, picks[i], action_key)
 
     if workers <= 1:
         _fill(arrays, list(range(len(files))), first_rows, read)

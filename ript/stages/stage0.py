@@ -67,7 +67,7 @@ def run(cfg) -> str:
     train_set, val_set = load_datasets(
         dict(files=data_files(cfg.task, names), obs_keys={}, chunk_size=int(cfg.algo.chunk_size),
              action_dim=int(cfg.task.action_dim), demos_per_task=cfg.data.demos_per_task,
-             val_fraction=float(cfg.data.val_fraction), seed=int(cfg.seed)),
+             val_fraction=float(cfg.data.val_fraction), seed=int(cfg.seed), action_key=str(cfg.data.action_key)),
         device, cfg.data.on_device)
     log.info("stage0: %d tasks, %d train samples, %d demos", len(names), len(train_set), train_set.num_demos)
 

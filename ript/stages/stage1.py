@@ -37,7 +37,7 @@ def _datasets(cfg, chunk_size: int, device: str):
         dict(files=data_files(cfg.task, names), obs_keys=dict(cfg.task.obs_keys), chunk_size=chunk_size,
              frame_stack=int(cfg.algo.frame_stack), action_dim=int(cfg.task.action_dim),
              demos_per_task=cfg.data.demos_per_task, val_fraction=float(cfg.data.val_fraction),
-             seed=int(cfg.seed), flip_keys=tuple(cfg.task.flip_obs_keys)),
+             seed=int(cfg.seed), flip_keys=tuple(cfg.task.flip_obs_keys), action_key=str(cfg.data.action_key)),
         device, cfg.data.on_device)
 
 
