@@ -83,3 +83,9 @@ def test_every_protocol_composes_with_its_task_and_phases():
         for phase in phases:
             compose(phase.job, phase.overrides)
     assert compose("protocol", ["protocol=libero_spatial"]).task.name == "libero_spatial"
+    # the LIBERO protocols learn the noise-free labels of their own collection, with QueST's image encoder
+    for name in ("libero_object", "libero_spatial"):
+        for phase in protocol.plan(compose("protocol", [f"protocol={name}"])):
+            if phase.name in ("stage0", "stage1"):
+                job = compose(phase.job, phase.overrides)
+                assert job.data.action_key == "expert_actions" and job.algo.prior.num_kp == 128, (name, phase.name)
