@@ -185,6 +185,15 @@ def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
             del f["data/demo_0/actions"]
             f["data/demo_0/actions"] = np.zeros((n, 7), dtype=np.float32)
 
+    def official_layout(p: Path) -> None:  # LIBERO's own files hold no noise-free labels
+        with h5py.File(p, "a") as f:
+            del f["data/demo_1/expert_actions"]
+
+    m.expect("noise-free labels missing", ["stage0", *damaged_data(m, "official", official_layout),
+                                           "data.action_key=expert_actions"], "demo_1/expert_actions is missing")
+    labels = m.path("labels")
+    m.expect("unknown label key", ["stage0", *data, *TRAIN, f"run_dir={labels}", "data.action_key=clean"],
+             "data.action_key='clean'", intact=lambda: not labels.exists())
     m.expect("truncated HDF5", ["stage0", *damaged_data(m, "trunc", truncate)], "corrupt or truncated")
     m.expect("NaN in an HDF5 action", ["stage0", *damaged_data(m, "nan", nan_action)], "NaN")
     m.expect("wrong action dimension", ["stage0", *damaged_data(m, "dim", wrong_dim)], "action dim 7")
