@@ -49,11 +49,21 @@ def lookahead(task, expert, chunk: int) -> np.ndarray:
     return np.concatenate([plan, np.repeat(plan[-1:], chunk - len(plan), 0)])
 
 
-def decoded(autoencoder, plan: np.ndarray) -> np.ndarray:
+@torch.no_grad()
+def encoded(autoencoder, chunks: np.ndarray) -> np.ndarray:
+    """The stage-0 tokens of a batch of action chunks (B, chunk, action_dim)."""
     norm = autoencoder.action_normalizer
-    with torch.no_grad():
-        tokens = autoencoder.encode(norm.normalize(torch.tensor(plan, dtype=torch.float32)[None]))[1]
-        return norm.unnormalize(autoencoder.decode_indices(tokens).float())[0].numpy()
+    return autoencoder.encode(norm.normalize(torch.tensor(chunks, dtype=torch.float32)))[1].numpy()
+
+
+@torch.no_grad()
+def decoded_tokens(autoencoder, tokens: np.ndarray) -> np.ndarray:
+    """The action chunks a batch of stage-0 tokens decodes to."""
+    return autoencoder.action_normalizer.unnormalize(autoencoder.decode_indices(torch.tensor(tokens)).float()).numpy()
+
+
+def decoded(autoencoder, plan: np.ndarray) -> np.ndarray:
+    return decoded_tokens(autoencoder, encoded(autoencoder, plan[None]))[0]
 
 
 def episode(task, seed: int, mode: str, autoencoder, horizon: int) -> tuple[bool, list[str]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-import torch
 
 
 def main() -> None:
@@ -30,6 +29,7 @@ def main() -> None:
     p.add_argument("--stride", type=int, default=8)
     a = p.parse_args()
 
+    from benchmarks.autoencoder_loop import decoded_tokens, encoded
     from ript.data.libero_experts import make_expert
     from ript.envs.libero import LiberoTask
     from ript.envs.seeds import demo_layout_seed
@@ -37,15 +37,7 @@ def main() -> None:
 
     model, ckpt = load_model(a.checkpoint)
     autoencoder = (model if ckpt["stage"] == "stage0" else model.autoencoder).eval()
-    norm, chunk = autoencoder.action_normalizer, autoencoder.chunk_size
-
-    @torch.no_grad()
-    def tokens(chunks: list[np.ndarray]) -> np.ndarray:
-        return autoencoder.encode(norm.normalize(torch.tensor(np.stack(chunks))))[1].numpy()
-
-    @torch.no_grad()
-    def decoded(tokens_: np.ndarray) -> np.ndarray:
-        return norm.unnormalize(autoencoder.decode_indices(torch.tensor(tokens_)).float()).numpy()
+    chunk = autoencoder.chunk_size
 
     rng = np.random.default_rng(0)
     rows = []
@@ -67,9 +59,9 @@ def main() -> None:
             x = [np.stack(executed[t:t + chunk]) for t in starts]
             y = [np.concatenate([np.clip(k[:, :6] + rng.normal(0.0, a.noise, (chunk, 6)), -1, 1), k[:, 6:]], 1)
                  .astype(np.float32) for k in c]
-            tc, tx, ty = tokens(c), tokens(x), tokens(y)
-            row = ((tc == tx).mean(), (tx == ty).mean(), np.abs(decoded(tc) - np.stack(c)).mean(),
-                   np.abs(decoded(tx) - np.stack(c)).mean())
+            tc, tx, ty = (encoded(autoencoder, np.stack(k)) for k in (c, x, y))
+            row = ((tc == tx).mean(), (tx == ty).mean(), np.abs(decoded_tokens(autoencoder, tc) - np.stack(c)).mean(),
+                   np.abs(decoded_tokens(autoencoder, tx) - np.stack(c)).mean())
             rows.append(row)
             print(f"{full[:40]} episode {e} (success {task.success}, {len(clean)} steps): tokens clean==executed "
                   f"{row[0]:.3f}, executed==another draw {row[1]:.3f}; L1 to the clean chunk: decoded clean "
