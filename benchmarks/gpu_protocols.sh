@@ -75,7 +75,7 @@ for part in "$@"; do
     ml45)
       phase "ml45_multitask"
       python3 -m ript.cli protocol ml45_multitask $workers +phases.stage0.progress=false \
-        +phases.stage1.progress=false phases.stage1.train.steps=${S1_STEPS:-24000} ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+        +phases.stage1.progress=false phases.stage1.train.steps=${S1_STEPS:-16000} ${PROTOCOL_EXTRA:-} 2>&1 | quiet
       keep ml45_multitask ;;
     topk)
       p=${PROTO:-ml45_multitask}

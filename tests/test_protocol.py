@@ -83,9 +83,10 @@ def test_every_protocol_composes_with_its_task_and_phases():
         for phase in phases:
             compose(phase.job, phase.overrides)
     assert compose("protocol", ["protocol=libero_spatial"]).task.name == "libero_spatial"
-    # the LIBERO protocols learn the noise-free labels of their own collection, with QueST's image encoder
-    for name in ("libero_object", "libero_spatial"):
+    # every protocol learns the noise-free labels of its own collection; LIBERO's with QueST's image encoder
+    for name in protocol.protocol_names():
         for phase in protocol.plan(compose("protocol", [f"protocol={name}"])):
-            if phase.name in ("stage0", "stage1"):
+            if phase.name in ("stage0", "stage1", "finetune"):
                 job = compose(phase.job, phase.overrides)
-                assert job.data.action_key == "expert_actions" and job.algo.prior.num_kp == 128, (name, phase.name)
+                assert job.data.action_key == "expert_actions", (name, phase.name)
+                assert job.algo.prior.num_kp == (128 if name.startswith("libero") else 32), (name, phase.name)
