@@ -401,7 +401,7 @@ def make_expert(task):
     import mujoco
 
     from ript.data.libero_articulated import articulated_expert, closed_container, drawer_body
-    from ript.data.libero_slanted import SlantedPlaceExpert, is_slanted
+    from ript.data.libero_slanted import DrawerLayExpert, SlantedPlaceExpert, is_slanted, too_tall_for
 
     model = task.sim.model._model
     bodies = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or "" for b in range(model.nbody)}
@@ -430,7 +430,11 @@ def make_expert(task):
         if pred[0] == "on" and target is not None and site is not None and is_slanted(task.sim, site):
             steps.append(SlantedPlaceExpert(obj, target, site))  # a wine rack's leaning tray
             continue
-        step = PickPlaceExpert(obj, target, site, surface_body=drawer_body(task, region))
+        surface = drawer_body(task, region)
+        if pred[0] == "in" and surface is not None and too_tall_for(task.sim, obj, region):
+            steps.append(DrawerLayExpert(obj, target, region))  # a bottle, lying in a shallow drawer
+            continue
+        step = PickPlaceExpert(obj, target, site, surface_body=surface)
         sharing = [p for p in preds if p[0] in ("on", "in") and len(p) == 3 and p[2] == region]
         if site is not None and len(sharing) > 1:
             step.offset = region_spot(task.sim, site, obj, sharing.index(pred), len(sharing))

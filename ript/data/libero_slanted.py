@@ -1,5 +1,6 @@
-"""A LIBERO expert for goal regions that lean: the wine rack's top region, whose "up" axis is 62 degrees from
-vertical, holds a bottle only lying along its slanted tray.
+"""LIBERO experts that lay a held object down: along a goal region that leans (the wine rack's top region, whose
+"up" axis is 62 degrees from vertical, holds a bottle only lying along its slanted tray), and flat into a drawer
+too shallow for it standing (``DrawerLayExpert``).
 
 LIBERO's ``On`` for such a region (``SiteObject.under``) tests the object's body origin in the region's own
 frame: within the region's extent across, and at most 10 cm along the region's "up" axis. So the object is
@@ -41,6 +42,7 @@ class SlantedPlaceExpert(PickPlaceExpert):
         self.reach = 0.0  # grip site to the object's body origin, along the object's axis
         self.hold: np.ndarray | None = None  # where the hand stays while it tilts
         self.lay: np.ndarray | None = None  # where the object's body origin comes to rest
+        self.upright = np.array([0.0, 0.0, 1.0])  # the object's axis in its body frame (set at the grasp)
 
     def _frame(self, sim) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(site position, the region's long axis, its "up" along the tray, the tray's upward normal)."""
@@ -65,16 +67,18 @@ class SlantedPlaceExpert(PickPlaceExpert):
         return site + side * SIDE * half * long_axis + 0.015 * up + 0.02 * normal
 
     def get_action(self, task) -> np.ndarray:
+        sim = task.sim
+        model, data = sim.model._model, sim.data._data
+        body = _body_id(model, f"{self.obj}_main")
         if self.phase in ("align", "descend", "grasp"):
             action = super().get_action(task)
             if self.phase == "lift":
-                self.phase = "raise"
+                # the object's own axis, in its body frame, is the one that points up while it stands (a ketchup
+                # bottle's body z lies sideways)
+                self.phase, self.upright = "raise", data.xmat[body].reshape(3, 3)[2].copy()
             return action
-        sim = task.sim
-        model, data = sim.model._model, sim.data._data
         eef = task.privileged()["robot0_eef_pos"]
-        body = _body_id(model, f"{self.obj}_main")
-        axis, origin = data.xmat[body].reshape(3, 3)[:, 2], data.xpos[body]
+        axis, origin = data.xmat[body].reshape(3, 3) @ self.upright, data.xpos[body]
         _, long_axis, up, normal = self._frame(sim)
         # tilt about the long axis (the fingers' axis), measured in the plane across it
         across = np.cross(long_axis, [0.0, 0.0, 1.0])
@@ -93,7 +97,7 @@ class SlantedPlaceExpert(PickPlaceExpert):
             if abs(tilt_error) < TILT_TOLERANCE:
                 self.phase, self.reach = "over", float((eef - origin) @ axis)
         else:
-            rest = self.lay + self.reach * axis  # the hand where the origin rests (xmat's columns are unit)
+            rest = self.lay + self.reach * axis  # the hand where the origin rests (axis is a unit vector)
             if self.phase == "over":
                 goal = rest + LAY_ABOVE * normal
                 if np.linalg.norm(goal - eef) < 0.015:
@@ -110,3 +114,40 @@ class SlantedPlaceExpert(PickPlaceExpert):
         action[3:6] = turn * long_axis  # OSC_POSE's rotation delta is an axis-angle in the world frame
         action[6] = gripper
         return action
+
+
+def region_box(sim, site: str) -> tuple[np.ndarray, np.ndarray]:
+    """(centre, world half-extents) of a box region as LIBERO's ``in_box`` tests it: the site's size turned by
+    its rotation, axis by axis."""
+    model, data = sim.model._model, sim.data._data
+    i = _site_id(model, site)
+    return data.site_xpos[i].copy(), np.abs(data.site_xmat[i].reshape(3, 3) @ model.site_size[i])
+
+
+def too_tall_for(sim, obj: str, site: str) -> bool:
+    """Whether ``obj`` standing on the floor of the box region ``site`` would have its body origin above the
+    region's top, so that LIBERO's ``In`` (the origin inside the box) fails: a bottle in a shallow drawer."""
+    centre, half = region_box(sim, site)
+    body = _body_id(sim.model._model, f"{obj}_main")
+    origin_height = float(sim.data._data.xpos[body][2] - collision_corners(sim, f"{obj}_main")[:, 2].min())
+    return centre[2] - half[2] + origin_height > centre[2] + half[2] - 0.01
+
+
+class DrawerLayExpert(SlantedPlaceExpert):
+    """Pick ``obj`` by its top with the fingers closing across the drawer region's long side, tilt it about them
+    until it lies along the region's long side, its top towards the robot, hold it over the region's centre just
+    above the drawer's walls and let it drop in flat."""
+
+    def _frame(self, sim) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        centre, half = region_box(sim, self.target_site)
+        along = np.array([1.0, 0.0, 0.0]) if half[0] >= half[1] else np.array([0.0, 1.0, 0.0])
+        across = np.array([along[1], along[0], 0.0])
+        robot = sim.data._data.xpos[_body_id(sim.model._model, "robot0_base")]
+        up = along if (robot - centre) @ along > 0 else -along  # the held top (and the hand) nearer the robot
+        return centre, across, up, np.array([0.0, 0.0, 1.0])
+
+    def _lay_point(self, sim) -> np.ndarray:
+        centre, half = region_box(sim, self.target_site)
+        pts = collision_corners(sim, f"{self.obj}_main")
+        thickness = float(np.ptp(pts[:, :2] @ self._frame(sim)[1][:2]))  # lying, its width across the fingers
+        return np.array([centre[0], centre[1], centre[2] + half[2] + thickness / 2 + 0.02])
