@@ -1,5 +1,5 @@
 """LIBERO's articulated and leaning goals on the real simulator: the scripted experts open a drawer, turn on the
-stove, lay the wine bottle on its rack's slanted tray and close a drawer, and ``ript collect`` writes those
+stove, lay the wine bottle on its rack's slanted tray, close a drawer and lay a bottle flat in a shallow one, and ``ript collect`` writes those
 episodes as successful demos in the official layout."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ GOAL_TASKS = {"open_the_middle_drawer_of_the_cabinet": ("open", 0.14),  # LIBERO
               "turn_on_the_stove": ("turnon", 0.5),  # the knob past 0.5 rad
               "put_the_wine_bottle_on_the_rack": ("on", None)}  # the rack's top region leans 62 degrees
 CLOSE_TASK = "KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet"
+LAY_TASK = "KITCHEN_SCENE5_put_the_ketchup_in_the_top_drawer_of_the_cabinet"  # the drawer is open from the start
 
 
 @pytest.fixture(scope="module")
@@ -81,5 +82,26 @@ def test_close_expert_pushes_an_open_drawer_shut():
             "wooden_cabinet_1_top_region"].is_close()
         demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
         assert demo.attrs["success"] and len(demo.actions) < 200
+    finally:
+        task.close()
+
+
+def test_a_bottle_too_tall_for_the_open_drawer_is_laid_in_flat():
+    """Standing in the drawer the ketchup's body origin is above the region LIBERO's ``In`` tests (the old
+    expert's 0/5); the lay expert tilts it along the drawer and drops it in."""
+    from ript.data.collect_libero import run_episode
+    from ript.data.libero_experts import _body_id, make_expert
+    from ript.data.libero_slanted import DrawerLayExpert, region_box
+    from ript.envs.libero import LiberoTask
+
+    task = LiberoTask("libero_90", LAY_TASK, None)
+    try:
+        task.reset(0, render=False)
+        assert isinstance(make_expert(task), DrawerLayExpert)
+        demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
+        assert demo.attrs["success"] and len(demo.actions) < 250
+        origin = task.sim.data._data.xpos[_body_id(task.sim.model._model, "ketchup_1_main")]
+        centre, half = region_box(task.sim, "white_cabinet_1_top_region")
+        assert np.all(np.abs(origin - centre) < half + 0.01)  # in the box LIBERO tests, not standing above it
     finally:
         task.close()

@@ -135,7 +135,7 @@ def too_tall_for(sim, obj: str, site: str) -> bool:
 
 class DrawerLayExpert(SlantedPlaceExpert):
     """Pick ``obj`` by its top with the fingers closing across the drawer region's long side, tilt it about them
-    until it lies along the region's long side, its top towards the robot, hold it over the region's centre just
+    until it lies along the region's long side, its top away from the robot, hold it over the region's centre just
     above the drawer's walls and let it drop in flat."""
 
     def _frame(self, sim) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -143,7 +143,9 @@ class DrawerLayExpert(SlantedPlaceExpert):
         along = np.array([1.0, 0.0, 0.0]) if half[0] >= half[1] else np.array([0.0, 1.0, 0.0])
         across = np.array([along[1], along[0], 0.0])
         robot = sim.data._data.xpos[_body_id(sim.model._model, "robot0_base")]
-        up = along if (robot - centre) @ along > 0 else -along  # the held top (and the hand) nearer the robot
+        # the held top (and the hand) away from the robot: the wrist's last bend has room that way (turning the
+        # top towards the robot runs it into its 3.75 rad limit)
+        up = along if (robot - centre) @ along < 0 else -along
         return centre, across, up, np.array([0.0, 0.0, 1.0])
 
     def _lay_point(self, sim) -> np.ndarray:
