@@ -1,6 +1,6 @@
 """LIBERO's articulated and leaning goals on the real simulator: the scripted experts open a drawer, turn on the
-stove, lay the wine bottle on its rack's slanted tray, close a drawer and lay a bottle flat in a shallow one, and ``ript collect`` writes those
-episodes as successful demos in the official layout."""
+stove, lay the wine bottle on its rack's slanted tray, close a drawer and lay a bottle flat in a shallow one, and
+``ript collect`` writes those episodes as successful demos in the official layout."""
 
 from __future__ import annotations
 
