@@ -7,6 +7,9 @@
 #   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-0 and stage-1 checkpoints kept in pieces
 #   ae            stage 0 alone on AE_TASKS of LIBERO-Object for each of AE_STEPS; checkpoints kept in pieces
 #   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
+#   ml45_fewshot  ML45 few-shot through its protocol, from the ml45 part's stage 1 (FEWSHOT_EXTRA)
+#   steps         protocol PROTO's stage-1 checkpoints at EVAL_STEPS (e.g. "3000 6000") through its evaluation phase
+#                 (keep them: +phases.stage1.train.keep_last=20)
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
 #   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_protocols.sh libero_speed libero
 #   bash benchmarks/gpu_background.sh poll 560 runs/protocols/libero_object runs/session_results
@@ -77,6 +80,18 @@ for part in "$@"; do
       python3 -m ript.cli protocol ml45_multitask $workers +phases.stage0.progress=false \
         +phases.stage1.progress=false phases.stage1.train.steps=${S1_STEPS:-16000} ${PROTOCOL_EXTRA:-} 2>&1 | quiet
       keep ml45_multitask ;;
+    ml45_fewshot)
+      phase "ml45_fewshot"
+      python3 -m ript.cli protocol ml45_fewshot $workers +phases.finetune.progress=false ${FEWSHOT_EXTRA:-} 2>&1 | quiet
+      keep ml45_fewshot ;;
+    steps)
+      p=${PROTO:-ml45_multitask}
+      for s in ${EVAL_STEPS:-}; do
+        phase "$p eval of stage-1 step $s"
+        python3 -m ript.cli eval checkpoint=runs/protocols/$p/stage1/checkpoints/$(printf %07d $s) n_videos=0 \
+          out_dir=runs/protocols/$p/eval_step$s 2>&1 | quiet
+        cp runs/protocols/$p/eval_step$s/results.json $R/${p}_eval_step$s.json
+      done ;;
     topk)
       p=${PROTO:-ml45_multitask}
       for k in ${EVAL_TOPK:-5}; do
@@ -85,7 +100,7 @@ for part in "$@"; do
           out_dir=runs/protocols/$p/eval_topk$k 2>&1 | quiet
         cp runs/protocols/$p/eval_topk$k/results.json $R/${p}_eval_topk$k.json
       done ;;
-    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, topk)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, steps, topk)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
