@@ -17,6 +17,7 @@ GOAL_TASKS = {"open_the_middle_drawer_of_the_cabinet": ("open", 0.14),  # LIBERO
               "put_the_wine_bottle_on_the_rack": ("on", None)}  # the rack's top region leans 62 degrees
 CLOSE_TASK = "KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet"
 LAY_TASK = "KITCHEN_SCENE5_put_the_ketchup_in_the_top_drawer_of_the_cabinet"  # the drawer is open from the start
+ASIDE_TASK = "KITCHEN_SCENE1_open_the_top_drawer_of_the_cabinet_and_put_the_bowl_in_it"
 
 
 @pytest.fixture(scope="module")
@@ -103,5 +104,29 @@ def test_a_bottle_too_tall_for_the_open_drawer_is_laid_in_flat():
         origin = task.sim.data._data.xpos[_body_id(task.sim.model._model, "ketchup_1_main")]
         centre, half = region_box(task.sim, "white_cabinet_1_top_region")
         assert np.all(np.abs(origin - centre) < half + 0.01)  # in the box LIBERO tests, not standing above it
+    finally:
+        task.close()
+
+
+def test_a_bowl_the_opening_drawer_would_cover_is_set_aside_first():
+    """The top drawer, once open, hangs over the bowl in front of it and the hand coming down on the bowl stalls
+    on it (2/5 before); the bowl is moved out of the drawer's way first, then the drawer opened, then the bowl
+    put in."""
+    from ript.data.collect_libero import run_episode
+    from ript.data.libero_articulated import SetAsideExpert, SlideOpenExpert
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+
+    task = LiberoTask("libero_90", ASIDE_TASK, None)
+    try:
+        task.reset(0, render=False)
+        steps = make_expert(task).steps
+        assert isinstance(steps[0], SetAsideExpert) and isinstance(steps[1], SlideOpenExpert)
+        pull, across, box, _ = steps[1].swept()
+        spot = np.array([*steps[0].spot, 0.0])
+        u, v = spot @ pull, spot @ across  # the bowl's centre at least 5 cm outside the drawer's swept box
+        assert u > box[0, 1] + 0.05 or u < box[0, 0] - 0.05 or v > box[1, 1] + 0.05 or v < box[1, 0] - 0.05
+        demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
+        assert demo.attrs["success"]
     finally:
         task.close()

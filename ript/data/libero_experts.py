@@ -394,6 +394,20 @@ class SequenceExpert:
 GOAL_ORDER = {"open": 0, "turnon": 1, "turnoff": 1, "on": 2, "in": 2, "close": 3}
 
 
+def _clear_drawer_paths(task, steps: list) -> list:
+    """Each drawer opening preceded by moving out of its way the objects picked after it (an open drawer
+    hangs over what lies in front of it, and the hand cannot come down past it)."""
+    from ript.data.libero_articulated import SlideOpenExpert, set_aside
+
+    out = []
+    for i, step in enumerate(steps):
+        if isinstance(step, SlideOpenExpert):
+            picked = [s.obj for s in steps[i + 1:] if isinstance(s, PickPlaceExpert)]
+            out += [aside for aside in (set_aside(task, obj, step) for obj in picked) if aside is not None]
+        out.append(step)
+    return out
+
+
 def make_expert(task):
     """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements (onto a leaning region:
     ``libero_slanted``) and (Close X) / (TurnOn X) / (TurnOff X) articulations, worked in GOAL_ORDER; other
@@ -441,4 +455,5 @@ def make_expert(task):
         steps.append(step)
     if not steps:
         raise RiptError(f"{task.suite}/{task.task_name}: the BDDL goal is empty")
+    steps = _clear_drawer_paths(task, steps)
     return steps[0] if len(steps) == 1 else SequenceExpert(steps)
