@@ -18,6 +18,7 @@ GOAL_TASKS = {"open_the_middle_drawer_of_the_cabinet": ("open", 0.14),  # LIBERO
 CLOSE_TASK = "KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet"
 LAY_TASK = "KITCHEN_SCENE5_put_the_ketchup_in_the_top_drawer_of_the_cabinet"  # the drawer is open from the start
 ASIDE_TASK = "KITCHEN_SCENE1_open_the_top_drawer_of_the_cabinet_and_put_the_bowl_in_it"
+DOOR_TASK = "KITCHEN_SCENE7_open_the_microwave"
 
 
 @pytest.fixture(scope="module")
@@ -128,5 +129,26 @@ def test_a_bowl_the_opening_drawer_would_cover_is_set_aside_first():
         assert u > box[0, 1] + 0.05 or u < box[0, 0] - 0.05 or v > box[1, 1] + 0.05 or v < box[1, 0] - 0.05
         demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
         assert demo.attrs["success"]
+    finally:
+        task.close()
+
+
+def test_the_microwave_door_is_pulled_ajar_by_its_handle_then_pushed_open():
+    """A hinged door had no Open expert: it is pulled by its upright bar (the hand turning with the door) until
+    ajar, then pushed from behind until LIBERO's open test holds (75 degrees)."""
+    from ript.data.collect_libero import run_episode
+    from ript.data.libero_articulated import Articulation, HingeOpenExpert, JointPushExpert, _joint_for
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+
+    task = LiberoTask("libero_90", DOOR_TASK, None)
+    try:
+        task.reset(0, render=False)
+        steps = make_expert(task).steps
+        assert isinstance(steps[0], HingeOpenExpert) and isinstance(steps[1], JointPushExpert)
+        demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
+        assert demo.attrs["success"] and len(demo.actions) < 300
+        door, joint = _joint_for(task, "microwave_1")
+        assert door.is_open(Articulation(task, joint).qpos)
     finally:
         task.close()

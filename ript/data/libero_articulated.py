@@ -1,5 +1,5 @@
 """Privileged-state scripted experts for LIBERO's articulated goals: ``Close`` (drawers, the microwave door),
-``TurnOn`` / ``TurnOff`` (stove knobs), ``Open`` (drawers).
+``TurnOn`` / ``TurnOff`` (stove knobs), ``Open`` (drawers, the microwave door).
 
 Each pushes the moving part with the closed gripper: the joint, its axis and its limits come from the
 simulator, the part's shape from its collision geometry, and the target from the LIBERO object's own
@@ -7,15 +7,17 @@ open/close/on/off ranges, so the experts are not written per scene. A slide join
 its axis at its outermost point (the handle); a hinge (a door, a knob's lever) at the point farthest from its
 axis, tangentially, the fingertip following the arc. The push target is kept a few centimetres beyond the
 part, so the compliant OSC controller presses on it until the goal predicate holds. A drawer is opened by
-grasping its handle's bar with the hand turned level and pulling along the slide.
+grasping its handle's bar with the hand turned level and pulling along the slide, a door by grasping its
+upright bar and pulling it along its arc.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_experts import (CLOSE, POS_SCALE, ObstacleBoxes, PickPlaceExpert, _body_id, _geom_box_corners,
-                                      _is_collision_geom, _wrap_half_turn, collision_corners, finger_angle)
+from ript.data.libero_experts import (CLOSE, POS_SCALE, ObstacleBoxes, PickPlaceExpert, SequenceExpert, _body_id,
+                                      _geom_box_corners, _is_collision_geom, _wrap_half_turn, collision_corners,
+                                      finger_angle)
 from ript.errors import RiptError
 
 SLIDE, HINGE = 2, 3  # MuJoCo joint types
@@ -25,6 +27,7 @@ HOVER = 0.06  # clearance above the moving part while getting into place
 HOLD_STEPS = 5  # steps the goal must hold before the expert backs away
 FINGER_BELOW = 0.013  # the closed fingertips reach this far below the grip site
 HAND_HALF_WIDTH = 0.035  # the Panda hand's half thickness across its fingers' closing direction
+AJAR = 0.4  # radians a door is pulled open by its handle before it is pushed from behind
 MAX_SET_ASIDE = 0.20  # the farthest an object is moved out of an opening drawer's way (metres)
 # setting the bowl aside, opening the drawer and putting the bowl in took 347 steps on average (libero_90, 5/5);
 # within libero_goal's 300 it cannot finish (0/5), where reaching in past the open drawer sometimes does (2/5)
@@ -74,6 +77,16 @@ class Articulation:
         model, data = self.sim.model._model, self.sim.data._data
         return np.array([data.geom_xpos[g] + data.geom_xmat[g].reshape(3, 3) @ model.geom_aabb[g, :3] for g in self.geoms])
 
+    def _radial(self, points: np.ndarray) -> np.ndarray:
+        """From a hinge's axis to each point, square to the axis."""
+        anchor, axis = self.sim.data._data.xanchor[self.joint], self.axis()
+        radial = points - anchor
+        return radial - np.outer(radial @ axis, axis)
+
+    def farthest(self) -> int:
+        """Index of the moving geom farthest from the hinge's axis (a door's handle, a knob's lever)."""
+        return int(np.argmax(np.linalg.norm(self._radial(self.centers()), axis=1)))
+
     def contact(self, sign: float) -> tuple[np.ndarray, np.ndarray]:
         """(point to push, unit horizontal push direction) that moves qpos in the direction of ``sign``."""
         centers = self.centers()
@@ -82,11 +95,9 @@ class Articulation:
             push[2] = 0.0
             push /= np.linalg.norm(push)
             return centers[int(np.argmax(centers @ -push))], push  # the outermost part: the handle
-        anchor, axis = self.sim.data._data.xanchor[self.joint], self.axis()
-        radial = centers - anchor
-        radial -= np.outer(radial @ axis, axis)
-        far = int(np.argmax(np.linalg.norm(radial, axis=1)))
-        push = sign * np.cross(axis, radial[far])
+        far = self.farthest()
+        radial = self._radial(centers)
+        push = sign * np.cross(self.axis(), radial[far])
         push[2] = 0.0
         return centers[far], push / np.linalg.norm(push)
 
@@ -156,10 +167,11 @@ def _rotation_vector(r: np.ndarray) -> np.ndarray:
     return axis * angle
 
 
-class SlideOpenExpert:
-    """Open a drawer: turn the hand to point into the drawer with the fingers one above the other (a top grasp
-    would hit the drawer above), come in level with the handle, close the fingers around its bar, pull along
-    the slide until LIBERO's open test holds, let go and back away."""
+class PullOpenExpert:
+    """Open a drawer or a door by its handle: turn the hand to point into it with the fingers across the
+    handle's bar (one above the other for a level bar: a top grasp would hit the drawer above), come in level
+    with the handle, close the fingers around the bar, pull until LIBERO's open test holds, let go and back
+    away. Subclasses say which geom is the handle and which way it is pulled now."""
 
     def __init__(self, task, articulation: Articulation, done):
         self.art, self.done = articulation, done
@@ -177,16 +189,93 @@ class SlideOpenExpert:
         a_local, f_local = r0.T @ approach, r0.T @ fingers
         self.local = np.stack([a_local, f_local, np.cross(a_local, f_local)], axis=1)
         # LIBERO's open test is a threshold near one joint limit: pull toward the side where it holds
-        _, self.pull = self.art.contact(-1.0 if done(self.art.qpos - 10.0) else 1.0)
-        # fingers one above the other, whichever finger on top needs the smaller turn (the hand is symmetric)
-        turns = [np.stack([-self.pull, up, np.cross(-self.pull, up)], axis=1) @ self.local.T
-                 for up in (np.array([0.0, 0.0, 1.0]), np.array([0.0, 0.0, -1.0]))]
+        self.sign = -1.0 if done(self.art.qpos - 10.0) else 1.0
+        _, self.pull = self.art.contact(self.sign)
+        # the fingers across the handle's bar: vertical for a level bar, level for an upright one (a door's),
+        # whichever way round needs the smaller turn (the hand is symmetric)
+        g = self.handle_geom
+        bar = data.geom_xmat[g].reshape(3, 3)[:, int(np.argmax(model.geom_aabb[g, 3:]))]
+        across = np.array([0.0, 0.0, 1.0])
+        if abs(bar[2]) > 0.7:
+            across = np.cross(-self.pull, bar)
+            across /= np.linalg.norm(across)
+        turns = [np.stack([-self.pull, f, np.cross(-self.pull, f)], axis=1) @ self.local.T for f in (across, -across)]
         self.target_rot = min(turns, key=lambda r: np.linalg.norm(_rotation_vector(r @ r0.T)))
         self.start_rot = r0  # turned back to at the end: the next expert expects the hand pointing down
+        self.start_qpos = self.art.qpos
 
     @property
     def finished(self) -> bool:
         return self.phase == "away" and self.timer > 10 and self.rot_err < 0.1
+
+    @property
+    def handle_geom(self) -> int:
+        raise NotImplementedError
+
+    def _grip(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the handle's centre, the unit horizontal direction it is pulled in now)."""
+        raise NotImplementedError
+
+    def _hand_rotation(self) -> np.ndarray:
+        """The hand's target orientation while it works the handle."""
+        return self.target_rot
+
+    def get_action(self, task) -> np.ndarray:
+        raw = task.privileged()
+        eef = raw["robot0_eef_pos"]
+        handle, pull = self._grip()
+        turning_back = self.phase == "away" and self.timer > 10
+        rot_err = _rotation_vector((self.start_rot if turning_back else self._hand_rotation())
+                                   @ _rotation(raw["robot0_eef_quat"]).T)
+        self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
+        gripper, goal = -1.0, eef.copy()
+        if self.phase == "turn":  # in place, away from the furniture (up to above the handle if lower: the
+            goal[2] = max(eef[2], handle[2] + HOVER)  # hand may have just set something down on the table)
+            if np.linalg.norm(rot_err) < 0.1:
+                self.phase = "approach"
+        elif self.phase == "approach":
+            goal = handle + pull * 0.10
+            if np.linalg.norm(goal - eef) < 0.015:
+                self.phase = "insert"
+        elif self.phase == "insert":
+            goal = handle - pull * 0.005
+            self.timer += 1
+            if np.linalg.norm(goal - eef) < 0.008 or self.timer > 40:
+                self.phase, self.timer = "grasp", 0
+        elif self.phase == "grasp":
+            goal, gripper = handle - pull * 0.005, CLOSE
+            self.timer += 1
+            if self.timer >= 12:
+                self.phase, self.timer = "pull", 0
+        elif self.phase == "pull":
+            goal, gripper = handle + pull * 0.05, CLOSE
+            self.timer = self.timer + 1 if self.done(self.art.qpos) else 0
+            if self.timer >= HOLD_STEPS:
+                self.phase, self.timer = "release", 0
+        elif self.phase == "release":
+            self.timer += 1
+            if self.timer > 8:
+                self.phase, self.timer = "away", 0
+        else:  # out along the pull and up, then the hand turned back down
+            goal = eef + (pull * 0.03 + np.array([0.0, 0.0, 0.02]) if self.timer <= 10 else 0.0)
+            self.timer += 1
+        action = np.zeros(7)
+        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
+        action[3:6] = np.clip(rot_err * 2.0, -1.0, 1.0)
+        action[6] = gripper
+        return action
+
+
+class SlideOpenExpert(PullOpenExpert):
+    """A drawer: the handle is its outermost geom along the slide, pulled straight out."""
+
+    @property
+    def handle_geom(self) -> int:
+        return self.art.geoms[int(np.argmax(self.art.centers() @ self.pull))]
+
+    def _grip(self) -> tuple[np.ndarray, np.ndarray]:
+        centers = self.art.centers()
+        return centers[int(np.argmax(centers @ self.pull))], self.pull
 
     def swept(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """The drawer's footprint from now until open, as a box in the frame of the pull: (pull, across,
@@ -202,51 +291,25 @@ class SlideOpenExpert:
         box = np.array([[u.min(), u.max() + travel], [v.min(), v.max()]])
         return self.pull, across, box, float(corners[:, 2].min())
 
-    def get_action(self, task) -> np.ndarray:
-        raw = task.privileged()
-        eef = raw["robot0_eef_pos"]
-        centers = self.art.centers()
-        handle = centers[int(np.argmax(centers @ self.pull))]  # the outermost geom along the pull
-        turning_back = self.phase == "away" and self.timer > 10
-        rot_err = _rotation_vector((self.start_rot if turning_back else self.target_rot)
-                                   @ _rotation(raw["robot0_eef_quat"]).T)
-        self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
-        gripper, goal = -1.0, eef.copy()
-        if self.phase == "turn":  # in place, away from the furniture (up to above the handle if lower: the
-            goal[2] = max(eef[2], handle[2] + HOVER)  # hand may have just set something down on the table)
-            if np.linalg.norm(rot_err) < 0.1:
-                self.phase = "approach"
-        elif self.phase == "approach":
-            goal = handle + self.pull * 0.10
-            if np.linalg.norm(goal - eef) < 0.015:
-                self.phase = "insert"
-        elif self.phase == "insert":
-            goal = handle - self.pull * 0.005
-            self.timer += 1
-            if np.linalg.norm(goal - eef) < 0.008 or self.timer > 40:
-                self.phase, self.timer = "grasp", 0
-        elif self.phase == "grasp":
-            goal, gripper = handle - self.pull * 0.005, CLOSE
-            self.timer += 1
-            if self.timer >= 12:
-                self.phase, self.timer = "pull", 0
-        elif self.phase == "pull":
-            goal, gripper = handle + self.pull * 0.05, CLOSE
-            self.timer = self.timer + 1 if self.done(self.art.qpos) else 0
-            if self.timer >= HOLD_STEPS:
-                self.phase, self.timer = "release", 0
-        elif self.phase == "release":
-            self.timer += 1
-            if self.timer > 8:
-                self.phase, self.timer = "away", 0
-        else:  # out along the pull and up, then the hand turned back down
-            goal = eef + (self.pull * 0.03 + np.array([0.0, 0.0, 0.02]) if self.timer <= 10 else 0.0)
-            self.timer += 1
-        action = np.zeros(7)
-        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
-        action[3:6] = np.clip(rot_err * 2.0, -1.0, 1.0)
-        action[6] = gripper
-        return action
+
+class HingeOpenExpert(PullOpenExpert):
+    """A door (the microwave's): the handle is the geom farthest from the hinge, pulled along its arc (the
+    fingers hold an upright bar loosely enough for it to turn between them)."""
+
+    @property
+    def handle_geom(self) -> int:
+        return self.art.geoms[self.art.farthest()]
+
+    def _grip(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.art.contact(self.sign)
+
+    def _hand_rotation(self) -> np.ndarray:
+        # turned with the door, so the fingers keep pointing into it (a fixed hand meets the turning door's face)
+        angle = self.art.qpos - self.start_qpos
+        k = self.art.axis()
+        cross = np.array([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]])
+        turn = np.eye(3) + np.sin(angle) * cross + (1 - np.cos(angle)) * cross @ cross
+        return turn @ self.target_rot
 
 
 class SetAsideExpert(PickPlaceExpert):
@@ -343,15 +406,22 @@ def drawer_body(task, region: str) -> str | None:
     return mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, int(model.jnt_bodyid[j]))
 
 
-def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert | SlideOpenExpert:
-    """The expert for one ``(open X)`` (a drawer) / ``(close X)`` / ``(turnon X)`` / ``(turnoff X)`` goal, with
+def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert | PullOpenExpert | SequenceExpert:
+    """The expert for one ``(open X)`` (a drawer, a door) / ``(close X)`` / ``(turnon X)`` / ``(turnoff X)`` goal, with
     LIBERO's own thresholds."""
     kind, name = pred[0], pred[1]
     obj, joint = _joint_for(task, name)
     art = Articulation(task, joint)
     ranges = obj.object_properties["articulation"]
     if kind == "open":
-        return SlideOpenExpert(task, art, obj.is_open) if art.kind == SLIDE else _no_expert(task, pred)
+        if art.kind == SLIDE:
+            return SlideOpenExpert(task, art, obj.is_open)
+        # a door: pulled by its handle until ajar (the bar slips from the fingers as it turns past ~30 degrees),
+        # then pushed the rest of the way from behind, where the gap now lets the fingertip in
+        q0 = art.qpos
+        sign = -1.0 if obj.is_open(q0 - 10.0) else 1.0
+        return SequenceExpert([HingeOpenExpert(task, art, lambda q: (q - q0) * sign > AJAR),
+                               JointPushExpert(art, sign, obj.is_open)])
     if kind == "close":
         # LIBERO's test is a threshold near the joint's closed limit: push toward the side where it holds
         sign = 1.0 if obj.is_close(art.qpos + 10.0) else -1.0

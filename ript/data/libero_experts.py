@@ -383,6 +383,10 @@ class SequenceExpert:
     def phase(self) -> str:
         return f"{self.index}:{self.steps[self.index].phase}"
 
+    @property
+    def finished(self) -> bool:
+        return self.index + 1 == len(self.steps) and self.steps[-1].finished
+
     def get_action(self, task) -> np.ndarray:
         if self.steps[self.index].finished and self.index + 1 < len(self.steps):
             self.index += 1
