@@ -114,7 +114,8 @@ def test_a_bowl_the_opening_drawer_would_cover_is_set_aside_first():
     on it (2/5 before); the bowl is moved out of the drawer's way first, then the drawer opened, then the bowl
     put in."""
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_articulated import SetAsideExpert, SlideOpenExpert
+    from ript.data.libero_articulated import SlideOpenExpert
+    from ript.data.libero_set_aside import SetAsideExpert
     from ript.data.libero_experts import make_expert
     from ript.envs.libero import LiberoTask
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_experts import (CLOSE, POS_SCALE, ObstacleBoxes, PickPlaceExpert, SequenceExpert, _body_id,
-                                      _geom_box_corners, _is_collision_geom, _wrap_half_turn, collision_corners,
-                                      finger_angle)
+from ript.data.libero_experts import (CLOSE, POS_SCALE, SequenceExpert, _body_id, _geom_box_corners,
+                                      _is_collision_geom, _wrap_half_turn, finger_angle)
 from ript.errors import RiptError
 
 SLIDE, HINGE = 2, 3  # MuJoCo joint types
@@ -26,12 +25,7 @@ APPROACH = 0.05  # the fingertip starts this far behind the part, against the pu
 HOVER = 0.06  # clearance above the moving part while getting into place
 HOLD_STEPS = 5  # steps the goal must hold before the expert backs away
 FINGER_BELOW = 0.013  # the closed fingertips reach this far below the grip site
-HAND_HALF_WIDTH = 0.035  # the Panda hand's half thickness across its fingers' closing direction
 AJAR = 0.4  # radians a door is pulled open by its handle before it is pushed from behind
-MAX_SET_ASIDE = 0.20  # the farthest an object is moved out of an opening drawer's way (metres)
-# setting the bowl aside, opening the drawer and putting the bowl in took 347 steps on average (libero_90, 5/5);
-# within libero_goal's 300 it cannot finish (0/5), where reaching in past the open drawer sometimes does (2/5)
-SET_ASIDE_HORIZON = 360
 
 
 class Articulation:
@@ -310,61 +304,6 @@ class HingeOpenExpert(PullOpenExpert):
         cross = np.array([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]])
         turn = np.eye(3) + np.sin(angle) * cross + (1 - np.cos(angle)) * cross @ cross
         return turn @ self.target_rot
-
-
-class SetAsideExpert(PickPlaceExpert):
-    """Move an object a short way across the table to ``spot`` (low carry, short settle): out from under a
-    drawer that is about to be opened over it, where the hand could no longer reach it."""
-
-    def __init__(self, obj: str, spot: np.ndarray, surface_z: float):
-        super().__init__(obj, None, None, release_height=0.01, clearance=0.04, settle=4)
-        self.spot, self.surface_z = spot, surface_z
-
-    def _target(self, sim) -> tuple[np.ndarray, float]:
-        return self.spot, self.surface_z
-
-
-def set_aside(task, obj: str, opener: SlideOpenExpert) -> SetAsideExpert | None:
-    """The step that clears ``obj`` out of the way of ``opener``'s drawer, or None when the hand, coming down on
-    the object, stays clear of the open drawer anyway (or no spot is free, or the episode is too short for it).
-    The object goes to the nearest spot (in any direction, at most MAX_SET_ASIDE away) where the hand's narrow
-    side clears the drawer and the object clears its neighbours (2 cm around it)."""
-    if task.max_episode_steps < SET_ASIDE_HORIZON:
-        return None
-    pull, across, box, drawer_bottom = opener.swept()
-    pts = collision_corners(task.sim, f"{obj}_main")
-    if pts[:, 2].max() > drawer_bottom:
-        return None  # as tall as the drawer: it is beside it, not under it
-
-    def blocked(offset: np.ndarray, margin: float) -> bool:
-        u, v = (pts + offset) @ pull, (pts + offset) @ across
-        return bool(u.max() + margin > box[0, 0] and u.min() - margin < box[0, 1]
-                    and v.max() + margin > box[1, 0] and v.min() - margin < box[1, 1])
-
-    if not blocked(np.zeros(3), HAND_HALF_WIDTH):
-        return None
-    lo, hi = pts.min(0), pts.max(0)
-    # where it goes: clear of everything up to the hand's height above it; on the way (carried 4 cm up):
-    # clear of whatever stands taller than that
-    at_spot = ObstacleBoxes(task.sim, {obj}, lo[2] + 0.005, hi[2] + 0.15)
-    on_way = ObstacleBoxes(task.sim, {obj}, lo[2] + 0.045, hi[2] + 0.15)
-    centre, half = (lo + hi) / 2, float(np.max(hi[:2] - lo[:2])) / 2
-    disc = [np.zeros(2)] + [r * np.array([np.cos(a), np.sin(a)]) for r in (half / 2, half)
-                            for a in np.linspace(0, 2 * np.pi, 12, endpoint=False)]
-    directions = [np.array([np.cos(a), np.sin(a), 0.0]) for a in np.deg2rad(np.arange(0, 360, 15))]
-    for dist in np.arange(0.02, MAX_SET_ASIDE + 1e-9, 0.01):
-        for direction in directions:
-            offset = direction * dist
-            if blocked(offset, HAND_HALF_WIDTH + 0.01):
-                continue
-            moved = centre + offset
-            if min(at_spot.distance(moved[:2] + p) for p in disc) < 0.02:
-                continue
-            path = [centre[:2] + offset[:2] * t + p for t in np.linspace(0, 1, 6) for p in disc[13:]]
-            if min(on_way.distance(p) for p in path) < 0.01:
-                continue
-            return SetAsideExpert(obj, moved[:2], float(lo[2]))
-    return None  # crowded all round: the pick goes on as before, reaching in past the drawer
 
 
 def _region_joint(task, region: str) -> str | None:

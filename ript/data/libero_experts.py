@@ -401,7 +401,8 @@ GOAL_ORDER = {"open": 0, "turnon": 1, "turnoff": 1, "on": 2, "in": 2, "close": 3
 def _clear_drawer_paths(task, steps: list) -> list:
     """Each drawer opening preceded by moving out of its way the objects picked after it (an open drawer
     hangs over what lies in front of it, and the hand cannot come down past it)."""
-    from ript.data.libero_articulated import SlideOpenExpert, set_aside
+    from ript.data.libero_articulated import SlideOpenExpert
+    from ript.data.libero_set_aside import set_aside
 
     out = []
     for i, step in enumerate(steps):
