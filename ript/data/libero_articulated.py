@@ -346,8 +346,8 @@ def drawer_body(task, region: str) -> str | None:
 
 
 def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert | PullOpenExpert | SequenceExpert:
-    """The expert for one ``(open X)`` (a drawer, a door) / ``(close X)`` / ``(turnon X)`` / ``(turnoff X)`` goal, with
-    LIBERO's own thresholds."""
+    """The expert for one ``(open X)`` (a drawer, a door) / ``(close X)`` / ``(turnon X)`` / ``(turnoff X)``
+    goal, with LIBERO's own thresholds."""
     kind, name = pred[0], pred[1]
     obj, joint = _joint_for(task, name)
     art = Articulation(task, joint)

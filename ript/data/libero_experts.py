@@ -415,8 +415,9 @@ def _clear_drawer_paths(task, steps: list) -> list:
 
 def make_expert(task):
     """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements (onto a leaning region:
-    ``libero_slanted``) and (Close X) / (TurnOn X) / (TurnOff X) articulations, worked in GOAL_ORDER; other
-    goals have none yet (a one-line error)."""
+    ``libero_slanted``) and (Open X) / (Close X) / (TurnOn X) / (TurnOff X) articulations, worked in GOAL_ORDER
+    (objects an opening drawer would cover set aside first: ``libero_set_aside``); other goals have none yet (a
+    one-line error)."""
     import mujoco
 
     from ript.data.libero_articulated import articulated_expert, closed_container, drawer_body

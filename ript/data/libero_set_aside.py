@@ -55,8 +55,9 @@ def set_aside(task, obj: str, opener: SlideOpenExpert) -> SetAsideExpert | None:
     at_spot = ObstacleBoxes(task.sim, {obj}, lo[2] + 0.005, hi[2] + 0.15)
     on_way = ObstacleBoxes(task.sim, {obj}, lo[2] + 0.045, hi[2] + 0.15)
     centre, half = (lo + hi) / 2, float(np.max(hi[:2] - lo[:2])) / 2
-    disc = [np.zeros(2)] + [r * np.array([np.cos(a), np.sin(a)]) for r in (half / 2, half)
-                            for a in np.linspace(0, 2 * np.pi, 12, endpoint=False)]
+    around = [np.array([np.cos(a), np.sin(a)]) for a in np.linspace(0, 2 * np.pi, 12, endpoint=False)]
+    edge = [half * r for r in around]  # the object's outline, roughly
+    disc = [np.zeros(2)] + [half / 2 * r for r in around] + edge
     directions = [np.array([np.cos(a), np.sin(a), 0.0]) for a in np.deg2rad(np.arange(0, 360, 15))]
     for dist in np.arange(0.02, MAX_SET_ASIDE + 1e-9, 0.01):
         for direction in directions:
@@ -66,7 +67,7 @@ def set_aside(task, obj: str, opener: SlideOpenExpert) -> SetAsideExpert | None:
             moved = centre + offset
             if min(at_spot.distance(moved[:2] + p) for p in disc) < 0.02:
                 continue
-            path = [centre[:2] + offset[:2] * t + p for t in np.linspace(0, 1, 6) for p in disc[13:]]
+            path = [centre[:2] + offset[:2] * t + p for t in np.linspace(0, 1, 6) for p in edge]
             if min(on_way.distance(p) for p in path) < 0.01:
                 continue
             return SetAsideExpert(obj, moved[:2], float(lo[2]))
