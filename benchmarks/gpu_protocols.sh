@@ -27,7 +27,7 @@ keep_ckpt() { local stage; mkdir -p $R/ckpt; for stage in stage0 stage1; do
                   | split -b 15M - $R/ckpt/$stage.tar.part; done
               ls -la $R/ckpt; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
-workers="+phases.collect.num_workers=16"
+workers="+phases.collect.num_workers=${COLLECT_WORKERS:-$(nproc)}"  # 16 on the H100 host, 32 on nvidia-h200-x2
 # collect and stages 0-1 of protocol $1, then its checkpoints in pieces (PROTOCOL_EXTRA's settings of the
 # phases left out are dropped: they cannot apply to a null phase)
 imitation_ckpt() {
