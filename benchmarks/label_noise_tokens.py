@@ -15,7 +15,6 @@ even knowing the clean plan), and the L1 of each decoded chunk against the clean
 from __future__ import annotations
 
 import argparse
-import zlib
 
 import numpy as np
 
@@ -35,7 +34,7 @@ def main() -> None:
     from ript.data.collect_libero import run_episode
     from ript.data.hdf5 import EXPERT_ACTIONS
     from ript.envs.libero import LiberoTask
-    from ript.envs.seeds import demo_layout_seed
+    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
     from ript.model_loader import load_model
 
     model, ckpt = load_model(a.checkpoint)
@@ -49,7 +48,7 @@ def main() -> None:
         task = LiberoTask(a.suite, full, None)
         for e in range(a.episodes):
             # the collection's own episode and noise draws: it records the clean command beside the executed one
-            noise_rng = np.random.default_rng([0, zlib.crc32(full.encode()), e, 0])
+            noise_rng = demo_noise_rng(0, full, e, 0)
             demo = run_episode(task, demo_layout_seed(0, e, 0), noise_rng, a.noise, render=False)
             clean, executed = demo.extra[EXPERT_ACTIONS], demo.actions
             starts = range(0, len(clean) - chunk, a.stride)

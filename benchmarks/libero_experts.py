@@ -13,12 +13,11 @@ import json
 import multiprocessing as mp
 import re
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 
-from ript.envs.seeds import demo_layout_seed
+from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 
 
 def run_task(args: tuple[str, str, int, int, float]) -> dict:
@@ -39,7 +38,7 @@ def run_task(args: tuple[str, str, int, int, float]) -> dict:
                 "no_expert": str(e).split(": ", 1)[-1]}
     for episode in range(episodes):
         layout_seed = demo_layout_seed(seed, episode, 0)  # first try of each demo, as collect draws it
-        rng = np.random.default_rng([seed, zlib.crc32(name.encode()), episode, 0])
+        rng = demo_noise_rng(seed, name, episode, 0)
         demo = run_episode(task, layout_seed, rng, noise, render=False)
         outcomes.append(bool(demo.attrs["success"]))
         lengths.append(len(demo.actions))

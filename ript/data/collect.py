@@ -15,7 +15,6 @@ import json
 import multiprocessing as mp
 import os
 import time
-import zlib
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
@@ -27,7 +26,7 @@ import numpy as np
 
 from ript.data.hdf5 import Demo, merge_demo_files, write_demo_file
 from ript.envs.gl import use_egl_device, worker_egl_devices
-from ript.envs.seeds import demo_layout_seed
+from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.utils.logging import log
@@ -117,7 +116,7 @@ def _run_job(job: Job, task, open_s: float) -> dict[str, Any]:
     while len(demos) < job.num_episodes and attempts < job.max_attempts:
         episode = job.first_episode + len(demos)
         layout_seed = demo_layout_seed(job.seed, episode, retry)
-        noise_rng = np.random.default_rng([job.seed, zlib.crc32(job.task.encode()), episode, retry])
+        noise_rng = demo_noise_rng(job.seed, job.task, episode, retry)
         demo = source.run_episode(task, layout_seed, noise_rng, job.noise)
         attempts += 1
         retry += 1
