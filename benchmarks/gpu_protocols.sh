@@ -36,6 +36,14 @@ imitation_ckpt() {
   python3 -m ript.cli protocol $1 $workers +phases.stage0.progress=false +phases.stage1.progress=false \
     phases.eval=null phases.rl=null phases.eval_rl=null $extra 2>&1 | quiet
   keep_ckpt $1; }
+# protocol $1's checkpoint $2 (under its run folder) through the evaluation again, with overrides $4...;
+# results in eval_$3 and $R/$1_eval_$3.json
+eval_again() {
+  local p=$1 checkpoint=$2 tag=$3; shift 3
+  phase "$p eval $tag"
+  python3 -m ript.cli eval checkpoint=runs/protocols/$p/$checkpoint n_videos=0 out_dir=runs/protocols/$p/eval_$tag \
+    "$@" 2>&1 | quiet
+  cp runs/protocols/$p/eval_$tag/results.json $R/${p}_eval_$tag.json; }
 mkdir -p $R
 for part in "$@"; do
   case "$part" in
@@ -85,20 +93,12 @@ for part in "$@"; do
       python3 -m ript.cli protocol ml45_fewshot $workers +phases.finetune.progress=false ${FEWSHOT_EXTRA:-} 2>&1 | quiet
       keep ml45_fewshot ;;
     steps)
-      p=${PROTO:-ml45_multitask}
       for s in ${EVAL_STEPS:-}; do
-        phase "$p eval of stage-1 step $s"
-        python3 -m ript.cli eval checkpoint=runs/protocols/$p/stage1/checkpoints/$(printf %07d $s) n_videos=0 \
-          out_dir=runs/protocols/$p/eval_step$s 2>&1 | quiet
-        cp runs/protocols/$p/eval_step$s/results.json $R/${p}_eval_step$s.json
+        eval_again ${PROTO:-ml45_multitask} stage1/checkpoints/$(printf %07d $s) step$s
       done ;;
     topk)
-      p=${PROTO:-ml45_multitask}
       for k in ${EVAL_TOPK:-5}; do
-        phase "$p eval top_k=$k"
-        python3 -m ript.cli eval checkpoint=runs/protocols/$p/stage1 sampling.top_k=$k n_videos=0 \
-          out_dir=runs/protocols/$p/eval_topk$k 2>&1 | quiet
-        cp runs/protocols/$p/eval_topk$k/results.json $R/${p}_eval_topk$k.json
+        eval_again ${PROTO:-ml45_multitask} stage1 topk$k sampling.top_k=$k
       done ;;
     *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, steps, topk)" >&2; exit 2 ;;
   esac
