@@ -8,6 +8,9 @@
 #   ae            stage 0 alone on AE_TASKS of LIBERO-Object for each of AE_STEPS; checkpoints kept in pieces
 #   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
 #   ml45_fewshot  ML45 few-shot through its protocol, from the ml45 part's stage 1 (FEWSHOT_EXTRA)
+#   fewshot_variants  ML45 few-shot again for each variant of FEWSHOT_VARIANTS ("tag override...;tag ..."), each in
+#                 runs/protocols/ml45_fewshot_<tag> on the same demos (collection skips finished files) and base
+#                 checkpoint (FEWSHOT_EXTRA too)
 #   steps         protocol PROTO's stage-1 checkpoints at EVAL_STEPS (e.g. "3000 6000") through its evaluation phase
 #                 (keep them: +phases.stage1.train.keep_last=20)
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
@@ -44,6 +47,13 @@ eval_again() {
   python3 -m ript.cli eval checkpoint=runs/protocols/$p/$checkpoint n_videos=0 out_dir=runs/protocols/$p/eval_$tag \
     "$@" 2>&1 | quiet
   cp runs/protocols/$p/eval_$tag/results.json $R/${p}_eval_$tag.json; }
+# ML45 few-shot as variant $1 with overrides $2...
+fewshot_variant() {
+  local tag=$1; shift
+  phase "ml45_fewshot_$tag"
+  python3 -m ript.cli protocol ml45_fewshot name=ml45_fewshot_$tag $workers +phases.finetune.progress=false \
+    ${FEWSHOT_EXTRA:-} "$@" 2>&1 | quiet
+  keep ml45_fewshot_$tag; }
 mkdir -p $R
 for part in "$@"; do
   case "$part" in
@@ -92,6 +102,9 @@ for part in "$@"; do
       phase "ml45_fewshot"
       python3 -m ript.cli protocol ml45_fewshot $workers +phases.finetune.progress=false ${FEWSHOT_EXTRA:-} 2>&1 | quiet
       keep ml45_fewshot ;;
+    fewshot_variants)
+      IFS=';' read -ra variants <<< "${FEWSHOT_VARIANTS:-}"
+      for v in "${variants[@]}"; do fewshot_variant $v; done ;;
     steps)
       for s in ${EVAL_STEPS:-}; do
         eval_again ${PROTO:-ml45_multitask} stage1/checkpoints/$(printf %07d $s) step$s
@@ -100,7 +113,7 @@ for part in "$@"; do
       for k in ${EVAL_TOPK:-5}; do
         eval_again ${PROTO:-ml45_multitask} stage1 topk$k sampling.top_k=$k
       done ;;
-    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, steps, topk)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
