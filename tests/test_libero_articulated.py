@@ -153,3 +153,29 @@ def test_the_microwave_door_is_pulled_ajar_by_its_handle_then_pushed_open():
         assert door.is_open(Articulation(task, joint).qpos)
     finally:
         task.close()
+
+
+def test_the_hand_comes_in_over_what_stands_before_a_low_drawer():
+    """Pointing into the middle drawer with its fingers one above the other, the hand's lower edge is 10.6 cm
+    under the handle, below the bowl's and the plate's tops in front of the cabinet: it crosses over them at the
+    height it turned at, comes down where it lines up, and comes in that little above the handle (layout 6
+    pushed the bowl 10 cm and failed before)."""
+    from ript.data.collect_libero import run_episode
+    from ript.data.libero_articulated import SlideOpenExpert
+    from ript.data.libero_experts import collision_corners, make_expert
+    from ript.envs.libero import LiberoTask
+    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+
+    name = "open_the_middle_drawer_of_the_cabinet"
+    task = LiberoTask("libero_goal", name, None)
+    try:
+        layout = demo_layout_seed(0, 6, 0)
+        task.reset(layout, render=False)
+        bowl = collision_corners(task.sim, "akita_black_bowl_1_main").mean(0)
+        expert = make_expert(task)
+        assert isinstance(expert, SlideOpenExpert)
+        demo = run_episode(task, layout, demo_noise_rng(0, name, 6, 0), 0.05, render=False)
+        assert demo.attrs["success"] and len(demo.actions) < 150
+        assert np.linalg.norm(collision_corners(task.sim, "akita_black_bowl_1_main").mean(0) - bowl) < 0.02
+    finally:
+        task.close()

@@ -16,16 +16,20 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_experts import (CLOSE, POS_SCALE, SequenceExpert, _body_id, _geom_box_corners,
-                                      _is_collision_geom, _wrap_half_turn, finger_angle)
+                                      _is_collision_geom, _wrap_half_turn, collision_corners, finger_angle)
 from ript.errors import RiptError
 
-SLIDE, HINGE = 2, 3  # MuJoCo joint types
+FREE, SLIDE, HINGE = 0, 2, 3  # MuJoCo joint types
 PUSH_AHEAD = 0.03  # how far beyond the part the fingertip is sent (metres): the push force
 APPROACH = 0.05  # the fingertip starts this far behind the part, against the push direction
 HOVER = 0.06  # clearance above the moving part while getting into place
 HOLD_STEPS = 5  # steps the goal must hold before the expert backs away
 FINGER_BELOW = 0.013  # the closed fingertips reach this far below the grip site
 AJAR = 0.4  # radians a door is pulled open by its handle before it is pushed from behind
+# the hand pointing into a drawer, fingers one above the other: its half height about the grip site, its half
+# thickness, and how far it reaches back from the grip site (measured in that pose)
+HAND_HALF_HEIGHT, HAND_HALF_THICKNESS, HAND_BACK = 0.106, 0.033, 0.126
+MAX_RISE = 0.03  # the most the hand comes in above a handle to pass over what stands in front of the furniture
 
 
 class Articulation:
@@ -167,6 +171,8 @@ class PullOpenExpert:
     with the handle, close the fingers around the bar, pull until LIBERO's open test holds, let go and back
     away. Subclasses say which geom is the handle and which way it is pulled now."""
 
+    APPROACH_OUT = 0.10  # the hand lines up this far out along the pull before it comes in to the handle
+
     def __init__(self, task, articulation: Articulation, done):
         self.art, self.done = articulation, done
         self.phase, self.timer, self.rot_err = "turn", 0, np.inf
@@ -197,6 +203,7 @@ class PullOpenExpert:
         self.target_rot = min(turns, key=lambda r: np.linalg.norm(_rotation_vector(r @ r0.T)))
         self.start_rot = r0  # turned back to at the end: the next expert expects the hand pointing down
         self.start_qpos = self.art.qpos
+        self.rise: float | None = None  # how far above the handle the hand comes in (set on approach)
 
     @property
     def finished(self) -> bool:
@@ -214,6 +221,26 @@ class PullOpenExpert:
         """The hand's target orientation while it works the handle."""
         return self.target_rot
 
+    def _rise(self, sim, handle: np.ndarray, pull: np.ndarray) -> float:
+        """How far above the handle the hand comes in: enough for its lower edge to pass over the loose objects
+        standing in its way in front of the furniture (a plate before a middle drawer), at most MAX_RISE."""
+        import mujoco
+
+        model = sim.model._model
+        across = np.array([-pull[1], pull[0], 0.0])
+        top = -np.inf
+        for joint in range(model.njnt):
+            if int(model.jnt_type[joint]) != FREE:  # only loose objects have a free joint
+                continue
+            body = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, int(model.jnt_bodyid[joint]))
+            corners = collision_corners(sim, body)
+            u, v = (corners - handle) @ pull, (corners - handle) @ across
+            if (u.max() > -0.02 and u.min() < self.APPROACH_OUT + HAND_BACK
+                    and v.max() > -HAND_HALF_THICKNESS - 0.01 and v.min() < HAND_HALF_THICKNESS + 0.01):
+                top = max(top, float(corners[:, 2].max()))
+        lower_edge = handle[2] - HAND_HALF_HEIGHT
+        return float(np.clip(top + 0.005 - lower_edge, 0.0, MAX_RISE)) if np.isfinite(top) else 0.0
+
     def get_action(self, task) -> np.ndarray:
         raw = task.privileged()
         eef = raw["robot0_eef_pos"]
@@ -228,11 +255,16 @@ class PullOpenExpert:
             if np.linalg.norm(rot_err) < 0.1:
                 self.phase = "approach"
         elif self.phase == "approach":
-            goal = handle + pull * 0.10
+            if self.rise is None:
+                self.rise = self._rise(task.sim, handle, pull)
+            goal = handle + pull * self.APPROACH_OUT + np.array([0.0, 0.0, self.rise])
+            if np.linalg.norm(goal[:2] - eef[:2]) > 0.015:  # across at the turn's height, then down: the
+                goal[2] = max(goal[2], eef[2])  # hand's lower edge, 10.6 cm down, would sweep the table
             if np.linalg.norm(goal - eef) < 0.015:
                 self.phase = "insert"
-        elif self.phase == "insert":
-            goal = handle - pull * 0.005
+        elif self.phase == "insert":  # in above the handle by the rise, down to it once at the furniture
+            at_face = float((eef - handle) @ pull) < 0.015
+            goal = handle - pull * 0.005 + np.array([0.0, 0.0, 0.0 if at_face else self.rise or 0.0])
             self.timer += 1
             if np.linalg.norm(goal - eef) < 0.008 or self.timer > 40:
                 self.phase, self.timer = "grasp", 0
