@@ -258,8 +258,8 @@ class PullOpenExpert:
             if self.rise is None:
                 self.rise = self._rise(task.sim, handle, pull)
             goal = handle + pull * self.APPROACH_OUT + np.array([0.0, 0.0, self.rise])
-            if np.linalg.norm(goal[:2] - eef[:2]) > 0.015:  # across at the turn's height, then down: the
-                goal[2] = max(goal[2], eef[2])  # hand's lower edge, 10.6 cm down, would sweep the table
+            if self.rise > 0 and np.linalg.norm(goal[:2] - eef[:2]) > 0.015:  # across at the turn's height,
+                goal[2] = max(goal[2], eef[2])  # then down: the lower edge would sweep what stands there
             if np.linalg.norm(goal - eef) < 0.015:
                 self.phase = "insert"
         elif self.phase == "insert":  # in above the handle by the rise, down to it once at the furniture
