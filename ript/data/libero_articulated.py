@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_experts import (CLOSE, POS_SCALE, SequenceExpert, _body_id, _geom_box_corners,
-                                      _is_collision_geom, _wrap_half_turn, collision_corners, finger_angle)
+from ript.data.libero_experts import (CLOSE, HAND_HALF_SPAN, HAND_HALF_WIDTH, POS_SCALE, SequenceExpert, _body_id,
+                                      _geom_box_corners, _is_collision_geom, _wrap_half_turn, collision_corners,
+                                      finger_angle)
 from ript.errors import RiptError
 
 FREE, SLIDE, HINGE = 0, 2, 3  # MuJoCo joint types
@@ -26,9 +27,9 @@ HOVER = 0.06  # clearance above the moving part while getting into place
 HOLD_STEPS = 5  # steps the goal must hold before the expert backs away
 FINGER_BELOW = 0.013  # the closed fingertips reach this far below the grip site
 AJAR = 0.4  # radians a door is pulled open by its handle before it is pushed from behind
-# the hand pointing into a drawer, fingers one above the other: its half height about the grip site, its half
-# thickness, and how far it reaches back from the grip site (measured in that pose)
-HAND_HALF_HEIGHT, HAND_HALF_THICKNESS, HAND_BACK = 0.106, 0.033, 0.126
+# the hand pointing into a drawer, fingers one above the other: its lower edge under the grip site (measured in
+# that pose: 10.6 cm, where HAND_HALF_SPAN rounds to 10) and how far it reaches back from the grip site
+HAND_HALF_HEIGHT, HAND_BACK = HAND_HALF_SPAN + 0.006, 0.126
 MAX_RISE = 0.03  # the most the hand comes in above a handle to pass over what stands in front of the furniture
 
 
@@ -236,7 +237,7 @@ class PullOpenExpert:
             corners = collision_corners(sim, body)
             u, v = (corners - handle) @ pull, (corners - handle) @ across
             if (u.max() > -0.02 and u.min() < self.APPROACH_OUT + HAND_BACK
-                    and v.max() > -HAND_HALF_THICKNESS - 0.01 and v.min() < HAND_HALF_THICKNESS + 0.01):
+                    and v.max() > -HAND_HALF_WIDTH - 0.01 and v.min() < HAND_HALF_WIDTH + 0.01):
                 top = max(top, float(corners[:, 2].max()))
         lower_edge = handle[2] - HAND_HALF_HEIGHT
         return float(np.clip(top + 0.005 - lower_edge, 0.0, MAX_RISE)) if np.isfinite(top) else 0.0

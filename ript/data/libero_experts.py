@@ -18,6 +18,7 @@ POS_SCALE = 0.05  # metres per unit action of OSC_POSE's position delta (its out
 OPEN, CLOSE = -1.0, 1.0
 MAX_GRASP_WIDTH = 0.07  # the Panda hand opens to about 8 cm
 HAND_HALF_SPAN = 0.10  # the Panda hand reaches this far each way along the fingers' closing direction
+HAND_HALF_WIDTH = 0.035  # ... and this far each way across it (its thickness)
 HAND_CLEARANCE = 0.02  # room around the hand that needs no turn of the grasp
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
 HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles

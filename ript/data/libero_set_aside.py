@@ -9,9 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_articulated import SlideOpenExpert
-from ript.data.libero_experts import ObstacleBoxes, PickPlaceExpert, collision_corners
+from ript.data.libero_experts import HAND_HALF_WIDTH, ObstacleBoxes, PickPlaceExpert, collision_corners
 
-HAND_HALF_WIDTH = 0.035  # the Panda hand's half thickness across its fingers' closing direction
 MAX_SET_ASIDE = 0.20  # the farthest an object is moved out of an opening drawer's way (metres)
 # setting the bowl aside, opening the drawer and putting the bowl in took 347 steps on average (libero_90, 5/5);
 # within libero_goal's 300 it cannot finish (0/5), where reaching in past the open drawer sometimes does (2/5)
