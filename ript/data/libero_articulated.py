@@ -265,7 +265,7 @@ class PullOpenExpert:
                 self.phase = "insert"
         elif self.phase == "insert":  # in above the handle by the rise, down to it once at the furniture
             at_face = float((eef - handle) @ pull) < 0.015
-            goal = handle - pull * 0.005 + np.array([0.0, 0.0, 0.0 if at_face else self.rise or 0.0])
+            goal = handle - pull * 0.005 + np.array([0.0, 0.0, 0.0 if at_face else self.rise])
             self.timer += 1
             if np.linalg.norm(goal - eef) < 0.008 or self.timer > 40:
                 self.phase, self.timer = "grasp", 0
@@ -296,13 +296,16 @@ class PullOpenExpert:
 class SlideOpenExpert(PullOpenExpert):
     """A drawer: the handle is its outermost geom along the slide, pulled straight out."""
 
+    def _handle_index(self, centers: np.ndarray) -> int:
+        return int(np.argmax(centers @ self.pull))  # the outermost geom along the pull
+
     @property
     def handle_geom(self) -> int:
-        return self.art.geoms[int(np.argmax(self.art.centers() @ self.pull))]
+        return self.art.geoms[self._handle_index(self.art.centers())]
 
     def _grip(self) -> tuple[np.ndarray, np.ndarray]:
         centers = self.art.centers()
-        return centers[int(np.argmax(centers @ self.pull))], self.pull
+        return centers[self._handle_index(centers)], self.pull
 
     def swept(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """The drawer's footprint from now until open, as a box in the frame of the pull: (pull, across,
