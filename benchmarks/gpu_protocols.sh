@@ -2,8 +2,9 @@
 # Issue 17's ablations on one GPU lease each, in the background (`ript protocol`, see the README):
 #   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering
 #   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
-#                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps the bottle videos,
-#                 or with CKPT=1 the stage-0 and stage-1 checkpoints in pieces
+#                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps three videos of the
+#                 tasks VIDEOS finds (a regular expression; LIBERO-Object's bottles by default), or with CKPT=1
+#                 the stage-0 and stage-1 checkpoints in pieces
 #   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-0 and stage-1 checkpoints kept in pieces
 #   ae            stage 0 alone on AE_TASKS of LIBERO-Object for each of AE_STEPS; checkpoints kept in pieces
 #   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
@@ -14,6 +15,8 @@
 #   steps         protocol PROTO's stage-1 checkpoints at EVAL_STEPS (e.g. "3000 6000") through its evaluation phase
 #                 (keep them: +phases.stage1.train.keep_last=20)
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
+#   sampling      protocol PROTO's imitation checkpoint evaluated again with each variant of EVAL_SAMPLING
+#                 ("tag override...;tag ...", e.g. "h4 sampling.action_horizon=4"): $R/<PROTO>_eval_<tag>.json
 #   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_protocols.sh libero_speed libero
 #   bash benchmarks/gpu_background.sh poll 560 runs/protocols/libero_object runs/session_results
 # Carry .whl and data/metaworld/lang_cache.safetensors (LIBERO: .libero and its suite's lang_cache instead).
@@ -70,7 +73,7 @@ for part in "$@"; do
       keep $s
       if [ -z "${CKPT:-}" ]; then
         mkdir -p $R/videos
-        find runs/protocols/$s/eval -name "*.mp4" | grep -E "ketchup|salad|tomato" | head -3 \
+        find runs/protocols/$s/eval -name "*.mp4" | grep -E "${VIDEOS:-ketchup|salad|tomato}" | head -3 \
           | xargs -r -I{} cp {} $R/videos/
       fi ;;
     libero_ckpt)
@@ -113,7 +116,10 @@ for part in "$@"; do
       for k in ${EVAL_TOPK:-5}; do
         eval_again ${PROTO:-ml45_multitask} stage1 topk$k sampling.top_k=$k
       done ;;
-    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk)" >&2; exit 2 ;;
+    sampling)
+      IFS=';' read -ra variants <<< "${EVAL_SAMPLING:-}"
+      for v in "${variants[@]}"; do eval_again ${PROTO:-ml45_multitask} stage1 $v; done ;;
+    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
