@@ -3,7 +3,9 @@
 only the asset files the chosen suites open (found by building, resetting, stepping and rendering every
 task of the suites here), xz-compressed, beside the wheels of .whl/ that LIBERO needs (MetaWorld's left out).
 
-    ../shared/offline-gpu/fetch-wheels.sh easydict future termcolor   # once, fills .whl/
+    # once, fills .whl/ (pydantic and its needs: the config schema; the GPU host has none)
+    ../shared/offline-gpu/fetch-wheels.sh easydict future termcolor pydantic pydantic-core annotated-types \
+        typing-inspection typing-extensions
     python -m benchmarks.libero_gpu_bundle --suites libero_object      # writes .libero/ (git-ignored)
     # on the GPU host (carry .libero):  source .libero/preamble.sh && python3 -m ript.cli ...
 
