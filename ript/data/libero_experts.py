@@ -21,6 +21,10 @@ HAND_HALF_SPAN = 0.10  # the Panda hand reaches this far each way along the fing
 HAND_HALF_WIDTH = 0.035  # ... and this far each way across it (its thickness)
 HAND_CLEARANCE = 0.02  # room around the hand that needs no turn of the grasp
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
+# a held object goes down into a walled region (a caddy's compartment) shifted by up to this much from the region's
+# centre, to where its outline has the most room from the walls, when at the centre it has less than WALL_ROOM
+MAX_SHIFT, WALL_ROOM = 0.02, 0.01
+SLOT_PLAY = 0.03  # a held object this much narrower than a box region fits it turned any way; closer, it is squared up
 HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles
 
 
@@ -173,6 +177,7 @@ class PickPlaceExpert:
         self.place_yaw: float | None = None  # finger direction while carrying, when the goal region is a slot
         self.by_handle = any(kind in obj for kind in HANDLED)
         self.offset = np.zeros(2)  # from the region's centre, when several objects go to one region
+        self.shift = np.zeros(2)  # from there, to where the held object has most room from a container's walls
 
     @property
     def finished(self) -> bool:
@@ -227,7 +232,8 @@ class PickPlaceExpert:
 
     def _slot_yaw(self, sim, obj_pts: np.ndarray) -> float | None:
         """For a goal region that is a box narrower than the held object is wide (a caddy's compartment), the
-        finger direction that turns the object's narrow side across the region's narrow side; else None (the
+        finger direction that turns the object's narrow side across the region's narrow side; for one barely wider
+        (within SLOT_PLAY), the nearer finger direction that squares the object up with the region; else None (the
         object keeps the yaw it was picked with). Fingers close across the object's narrow side, so turning the
         hand by an angle turns the object by it."""
         if self.target is None or self.target_site is None or self.rim is not None:
@@ -241,11 +247,39 @@ class PickPlaceExpert:
         half = model.site_size[i]
         object_width = float(np.ptp((obj_pts[:, :2] - obj_pts[:, :2].mean(0)) @ np.array(
             [-np.sin(self.grasp_yaw), np.cos(self.grasp_yaw)])))  # along the object's wide side
-        if object_width <= 2 * min(half[0], half[1]):
+        if object_width <= 2 * min(half[0], half[1]) - SLOT_PLAY:
             return None  # fits whichever way it is turned
-        axis = 0 if half[0] <= half[1] else 1  # the region's narrow axis, in the world
-        direction = data.site_xmat[i].reshape(3, 3)[:, axis]
-        return float(np.arctan2(direction[1], direction[0]))
+        axes = [0 if half[0] <= half[1] else 1]  # the region's narrow axis, in the world
+        if object_width <= 2 * min(half[0], half[1]):
+            axes = [0, 1]  # fits either way only squared up with the region (a book in a square compartment)
+        yaws = [float(np.arctan2(d[1], d[0])) for d in (data.site_xmat[i].reshape(3, 3)[:, a] for a in axes)]
+        return min(yaws, key=lambda y: abs(_wrap_half_turn(y - self.grasp_yaw)))
+
+    def _roomiest_shift(self, sim, outline: np.ndarray, tgt_xy: np.ndarray, tgt_top: float) -> np.ndarray:
+        """For a region inside a walled object (a compartment), the shift of at most MAX_SHIFT from ``tgt_xy`` that
+        gives the held object's outline (xy relative to the point put over ``tgt_xy``) the most room from the
+        walls; none where the centre leaves it WALL_ROOM or the region has no walls."""
+        if self.target is None or self.target_site is None:
+            return np.zeros(2)
+        bottom = float(site_position(sim, self.target_site)[2] - sim.model._model.site_size[
+            _site_id(sim.model._model, self.target_site)][2])
+        if tgt_top < bottom + 0.03:
+            return np.zeros(2)  # a plate or a tray: nothing to fit between
+        walls = ObstacleBoxes(sim, {self.obj}, bottom + 0.02, tgt_top)
+        corners = outline[[int(np.argmax(outline @ [np.cos(a), np.sin(a)]))
+                           for a in np.linspace(0, 2 * np.pi, 16, endpoint=False)]]
+        # along the edges every few millimetres: a corner can be past a thin wall while the edge is across it
+        rim = np.concatenate([a + (b - a) * t[:, None] for a, b in zip(corners, np.roll(corners, -1, axis=0))
+                              for t in [np.linspace(0, 1, max(2, int(np.linalg.norm(b - a) / 0.004)), endpoint=False)]])
+
+        def room(shift: np.ndarray) -> float:
+            return min(walls.distance(tgt_xy + shift + p, samples=3) for p in rim)
+
+        if room(np.zeros(2)) >= WALL_ROOM:
+            return np.zeros(2)
+        grid = np.arange(-MAX_SHIFT, MAX_SHIFT + 1e-9, 0.004)
+        shifts = [np.array([dx, dy]) for dx in grid for dy in grid]
+        return max(shifts, key=lambda d: room(d) - 0.01 * float(np.linalg.norm(d)))
 
     def _target(self, sim) -> tuple[np.ndarray, float]:
         """Where the object goes (the goal region's site, else the target's centre) and the height of the
@@ -314,16 +348,21 @@ class PickPlaceExpert:
             goal = np.array([eef[0], eef[1], carry_z])
             if eef[2] > carry_z - 0.03:
                 self.phase = "carry"
+                outline = obj_pts[:, :2] - place_xy
+                if self.place_yaw is not None:  # as it will be once turned into the slot's direction
+                    turn = _wrap_half_turn(self.place_yaw - fingers)
+                    outline = outline @ np.array([[np.cos(turn), np.sin(turn)], [-np.sin(turn), np.cos(turn)]])
+                self.shift = self._roomiest_shift(sim, outline, tgt_xy, tgt_top)
         elif self.phase == "carry":
             gripper = CLOSE
             carry_z = max(tgt_top, self.rest_z) + self.hang + self.clearance
             # the grip sits off the held object's centre for a rim grasp: put the object, not the hand, over it
-            goal = np.array([*(tgt_xy + eef[:2] - place_xy), carry_z])
+            goal = np.array([*(tgt_xy + self.shift + eef[:2] - place_xy), carry_z])
             if np.linalg.norm(goal[:2] - eef[:2]) < 0.02:
                 self.phase = "lower"
         elif self.phase == "lower":
             gripper = CLOSE
-            goal = np.array([*(tgt_xy + eef[:2] - place_xy), tgt_top + self.hang + self.release_height])
+            goal = np.array([*(tgt_xy + self.shift + eef[:2] - place_xy), tgt_top + self.hang + self.release_height])
             if eef[2] < goal[2] + 0.01:
                 self.phase, self.timer = "release", 0
         else:  # release, then back off upwards
