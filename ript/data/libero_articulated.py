@@ -17,7 +17,7 @@ import numpy as np
 
 from ript.data.libero_experts import (CLOSE, HAND_HALF_SPAN, HAND_HALF_WIDTH, POS_SCALE, SequenceExpert, _body_id,
                                       _geom_box_corners, _is_collision_geom, _wrap_half_turn, collision_corners,
-                                      finger_angle)
+                                      finger_angle, rotation_matrix)
 from ript.errors import RiptError
 
 FREE, SLIDE, HINGE = 0, 2, 3  # MuJoCo joint types
@@ -150,13 +150,6 @@ class JointPushExpert:
         return action
 
 
-def _rotation(quat_xyzw: np.ndarray) -> np.ndarray:
-    x, y, z, w = quat_xyzw / np.linalg.norm(quat_xyzw)
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
-
-
 def _rotation_vector(r: np.ndarray) -> np.ndarray:
     """Axis x angle of a rotation matrix (angles below pi)."""
     angle = float(np.arccos(np.clip((np.trace(r) - 1) / 2, -1.0, 1.0)))
@@ -183,7 +176,7 @@ class PullOpenExpert:
         hand = data.xpos[_body_id(model, "gripper0_right_gripper")]
         left = data.xpos[_body_id(model, "gripper0_leftfinger")]
         right = data.xpos[_body_id(model, "gripper0_rightfinger")]
-        r0 = _rotation(task.privileged()["robot0_eef_quat"])
+        r0 = rotation_matrix(task.privileged()["robot0_eef_quat"])
         approach = (eef - hand) / np.linalg.norm(eef - hand)  # hand -> fingertips, in the world
         fingers = (right - left) / np.linalg.norm(right - left)
         # the same two directions in the gripper's own frame, so a target frame can be written for them
@@ -248,7 +241,7 @@ class PullOpenExpert:
         handle, pull = self._grip()
         turning_back = self.phase == "away" and self.timer > 10
         rot_err = _rotation_vector((self.start_rot if turning_back else self._hand_rotation())
-                                   @ _rotation(raw["robot0_eef_quat"]).T)
+                                   @ rotation_matrix(raw["robot0_eef_quat"]).T)
         self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
         gripper, goal = -1.0, eef.copy()
         if self.phase == "turn":  # in place, away from the furniture (up to above the handle if lower: the

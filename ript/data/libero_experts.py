@@ -24,6 +24,7 @@ RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
 # a held object goes down into a walled region (a caddy's compartment) shifted by up to this much from the region's
 # centre, to where its outline has the most room from the walls, when at the centre it has less than WALL_ROOM
 MAX_SHIFT, WALL_ROOM = 0.02, 0.01
+SLOT_ALIGN = 0.005  # how close over a slot a held object must be before it goes down into it
 SLOT_PLAY = 0.03  # a held object this much narrower than a box region fits it turned any way; closer, it is squared up
 HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles
 
@@ -145,6 +146,21 @@ def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
     widths = proj.max(0) - proj.min(0)
     i = int(np.argmin(widths))
     return float(angles[i]), float(widths[i])
+
+
+def rotation_matrix(quat_xyzw: np.ndarray) -> np.ndarray:
+    x, y, z, w = quat_xyzw / np.linalg.norm(quat_xyzw)
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
+
+
+def level_hand(quat_xyzw: np.ndarray) -> np.ndarray:
+    """The roll and pitch actions that turn the hand back to pointing straight down. OSC_POSE's rotation deltas
+    with nothing commanded hold whatever tilt the hand has drifted to (a fast turn about the vertical tilts it:
+    a held book came to lean 25 degrees and no longer fit its compartment)."""
+    approach = rotation_matrix(quat_xyzw)[:, 2]  # the hand's pointing direction, in the world
+    return np.clip(2.0 * np.cross(approach, [0.0, 0.0, -1.0])[:2], -1.0, 1.0)
 
 
 def finger_angle(sim) -> float:
@@ -363,7 +379,9 @@ class PickPlaceExpert:
         elif self.phase == "lower":
             gripper = CLOSE
             goal = np.array([*(tgt_xy + self.shift + eef[:2] - place_xy), tgt_top + self.hang + self.release_height])
-            if eef[2] < goal[2] + 0.01:
+            # into a slot (a compartment a few millimetres wider than the object): let go only once over it
+            lined_up = self.place_yaw is None or np.linalg.norm(goal[:2] - eef[:2]) < SLOT_ALIGN
+            if eef[2] < goal[2] + 0.01 and lined_up:
                 self.phase, self.timer = "release", 0
         else:  # release, then back off upwards
             goal = np.array([eef[0], eef[1], eef[2] + (0.05 if self.timer > 8 else 0.0)])
@@ -380,8 +398,9 @@ class PickPlaceExpert:
         elif self.phase in ("lift", "carry", "lower") and self.place_yaw is not None:
             place_err = _wrap_half_turn(self.place_yaw - fingers)
             action[5] = np.clip(3.0 * place_err, -1.0, 1.0)
-            if self.phase == "lower" and abs(place_err) > 0.08:
-                action[2] = max(action[2], 0.0)  # turned into the slot's direction before going down
+            if self.phase == "lower" and (abs(place_err) > 0.08 or np.linalg.norm(goal[:2] - eef[:2]) > SLOT_ALIGN):
+                action[2] = max(action[2], 0.0)  # turned into the slot's direction and over it before going down
+        action[3:5] = level_hand(raw["robot0_eef_quat"])
         action[6] = gripper
         return action
 
