@@ -159,6 +159,22 @@ def _rotation_vector(r: np.ndarray) -> np.ndarray:
     return axis * angle
 
 
+def hand_frame(task) -> tuple[np.ndarray, np.ndarray]:
+    """(the hand's rotation now, its pointing and finger-closing directions in its own frame as the columns of
+    a 3x3 with their cross product): ``target @ local.T`` is the rotation that points the hand along
+    ``target[:, 0]`` with the fingers along ``target[:, 1]``."""
+    model, data = task.sim.model._model, task.sim.data._data
+    eef = task.privileged()["robot0_eef_pos"]
+    hand = data.xpos[_body_id(model, "gripper0_right_gripper")]
+    left = data.xpos[_body_id(model, "gripper0_leftfinger")]
+    right = data.xpos[_body_id(model, "gripper0_rightfinger")]
+    r0 = rotation_matrix(task.privileged()["robot0_eef_quat"])
+    approach = (eef - hand) / np.linalg.norm(eef - hand)  # hand -> fingertips, in the world
+    fingers = (right - left) / np.linalg.norm(right - left)
+    a_local, f_local = r0.T @ approach, r0.T @ fingers
+    return r0, np.stack([a_local, f_local, np.cross(a_local, f_local)], axis=1)
+
+
 class PullOpenExpert:
     """Open a drawer or a door by its handle: turn the hand to point into it with the fingers across the
     handle's bar (one above the other for a level bar: a top grasp would hit the drawer above), come in level
@@ -170,18 +186,8 @@ class PullOpenExpert:
     def __init__(self, task, articulation: Articulation, done):
         self.art, self.done = articulation, done
         self.phase, self.timer, self.rot_err = "turn", 0, np.inf
-        sim = task.sim
-        model, data = sim.model._model, sim.data._data
-        eef = task.privileged()["robot0_eef_pos"]
-        hand = data.xpos[_body_id(model, "gripper0_right_gripper")]
-        left = data.xpos[_body_id(model, "gripper0_leftfinger")]
-        right = data.xpos[_body_id(model, "gripper0_rightfinger")]
-        r0 = rotation_matrix(task.privileged()["robot0_eef_quat"])
-        approach = (eef - hand) / np.linalg.norm(eef - hand)  # hand -> fingertips, in the world
-        fingers = (right - left) / np.linalg.norm(right - left)
-        # the same two directions in the gripper's own frame, so a target frame can be written for them
-        a_local, f_local = r0.T @ approach, r0.T @ fingers
-        self.local = np.stack([a_local, f_local, np.cross(a_local, f_local)], axis=1)
+        model, data = task.sim.model._model, task.sim.data._data
+        r0, self.local = hand_frame(task)
         # LIBERO's open test is a threshold near one joint limit: pull toward the side where it holds
         self.sign = -1.0 if done(self.art.qpos - 10.0) else 1.0
         _, self.pull = self.art.contact(self.sign)
@@ -374,7 +380,7 @@ def drawer_body(task, region: str) -> str | None:
     return mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, int(model.jnt_bodyid[j]))
 
 
-def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert | PullOpenExpert | SequenceExpert:
+def articulated_expert(task, pred: tuple[str, ...]):
     """The expert for one ``(open X)`` (a drawer, a door) / ``(close X)`` / ``(turnon X)`` / ``(turnoff X)``
     goal, with LIBERO's own thresholds."""
     kind, name = pred[0], pred[1]
@@ -393,6 +399,10 @@ def articulated_expert(task, pred: tuple[str, ...]) -> JointPushExpert | PullOpe
     if kind == "close":
         # LIBERO's test is a threshold near the joint's closed limit: push toward the side where it holds
         sign = 1.0 if obj.is_close(art.qpos + 10.0) else -1.0
+        from ript.data.libero_tilted_push import LeaningPushExpert, is_low_drawer
+
+        if art.kind == SLIDE and is_low_drawer(art, float(collision_corners(task.sim, f"{obj.name}_main")[:, 2].max())):
+            return LeaningPushExpert(task, art, sign, obj.is_close)
         return JointPushExpert(art, sign, obj.is_close)
     if kind == "turnon":
         return JointPushExpert(art, 1.0, lambda q: obj.turn_on(q) and q > min(ranges["default_turnon_ranges"]) + 0.15)
