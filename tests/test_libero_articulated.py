@@ -197,3 +197,22 @@ def test_a_low_drawer_is_pushed_shut_with_the_hand_leaning_into_it():
         assert demo.attrs["success"] and len(demo.actions) < 120
     finally:
         task.close()
+
+
+def test_a_bowl_goes_into_the_front_of_a_low_drawer_then_the_drawer_is_pushed_shut():
+    """The bottom drawer's region reaches back under the cabinet's front: the bowl, lowered over its centre, stuck
+    on the cabinet 13 cm up (0/5). It now goes where it and the hand have most room, still inside the region
+    (LIBERO's In tests the bowl's origin), and the drawer is pushed shut with the hand leaning (3/3 traced)."""
+    from ript.data.collect_libero import run_episode
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+
+    task = LiberoTask("libero_10", "KITCHEN_SCENE4_put_the_black_bowl_in_the_bottom_drawer_of_the_cabinet_and_close_it",
+                      None)
+    try:
+        task.reset(0, render=False)
+        assert make_expert(task).steps[0].surface_body == "white_cabinet_1_cabinet_bottom"
+        demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
+        assert demo.attrs["success"] and len(demo.actions) < 260
+    finally:
+        task.close()

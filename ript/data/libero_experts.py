@@ -24,6 +24,7 @@ RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
 # a held object goes down into a walled region (a caddy's compartment) shifted by up to this much from the region's
 # centre, to where its outline has the most room from the walls, when at the centre it has less than WALL_ROOM
 MAX_SHIFT, WALL_ROOM = 0.02, 0.01
+DRAWER_SHIFT = 0.06  # ... and up to this much in an open drawer, out from under the furniture over its back
 SLOT_ALIGN = 0.005  # how close over a slot a held object must be before it goes down into it
 SLOT_PLAY = 0.03  # a held object this much narrower than a box region fits it turned any way; closer, it is squared up
 HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles
@@ -272,16 +273,23 @@ class PickPlaceExpert:
         return min(yaws, key=lambda y: abs(_wrap_half_turn(y - self.grasp_yaw)))
 
     def _roomiest_shift(self, sim, outline: np.ndarray, tgt_xy: np.ndarray, tgt_top: float) -> np.ndarray:
-        """For a region inside a walled object (a compartment), the shift of at most MAX_SHIFT from ``tgt_xy`` that
-        gives the held object's outline (xy relative to the point put over ``tgt_xy``) the most room from the
-        walls; none where the centre leaves it WALL_ROOM or the region has no walls."""
+        """For a region inside a walled object (a compartment, a drawer), the shift from ``tgt_xy`` (at most
+        MAX_SHIFT; in a drawer DRAWER_SHIFT, keeping the region's centre inside it) that gives the held object's
+        outline (xy relative to the point put over ``tgt_xy``) the most room from the walls, and in a drawer from
+        the furniture over it down to where the object is let go; none where the centre leaves it WALL_ROOM or
+        the region has no walls."""
         if self.target is None or self.target_site is None:
             return np.zeros(2)
-        bottom = float(site_position(sim, self.target_site)[2] - sim.model._model.site_size[
-            _site_id(sim.model._model, self.target_site)][2])
+        model, data = sim.model._model, sim.data._data
+        site = _site_id(model, self.target_site)
+        half = np.abs(data.site_xmat[site].reshape(3, 3)) @ model.site_size[site]  # the region's box, in the world
+        bottom = float(data.site_xpos[site][2] - half[2])
         if tgt_top < bottom + 0.03:
             return np.zeros(2)  # a plate or a tray: nothing to fit between
-        walls = ObstacleBoxes(sim, {self.obj}, bottom + 0.02, tgt_top)
+        reach, top = MAX_SHIFT, tgt_top
+        if self.surface_body is not None:  # a drawer, under the furniture's front: the hand comes down there too
+            reach, top = DRAWER_SHIFT, tgt_top + self.hang + self.clearance
+        walls = ObstacleBoxes(sim, {self.obj}, bottom + 0.02, top)
         corners = outline[[int(np.argmax(outline @ [np.cos(a), np.sin(a)]))
                            for a in np.linspace(0, 2 * np.pi, 16, endpoint=False)]]
         # along the edges every few millimetres: a corner can be past a thin wall while the edge is across it
@@ -293,8 +301,9 @@ class PickPlaceExpert:
 
         if room(np.zeros(2)) >= WALL_ROOM:
             return np.zeros(2)
-        grid = np.arange(-MAX_SHIFT, MAX_SHIFT + 1e-9, 0.004)
-        shifts = [np.array([dx, dy]) for dx in grid for dy in grid]
+        grid = np.arange(-reach, reach + 1e-9, 0.004)
+        inside = np.maximum(half[:2] - 0.01, 0.0)  # the object's origin stays in the region: LIBERO's In tests it
+        shifts = [np.array([dx, dy]) for dx in grid for dy in grid if abs(dx) <= inside[0] and abs(dy) <= inside[1]]
         return max(shifts, key=lambda d: room(d) - 0.01 * float(np.linalg.norm(d)))
 
     def _target(self, sim) -> tuple[np.ndarray, float]:
@@ -365,6 +374,10 @@ class PickPlaceExpert:
             if eef[2] > carry_z - 0.03:
                 self.phase = "carry"
                 outline = obj_pts[:, :2] - place_xy
+                if self.rim is not None:  # a rim pinch: the hand reaches out past the rim, as wide as it is thick
+                    side = np.array([-self.rim[1], self.rim[0]]) * HAND_HALF_WIDTH
+                    ends = [eef[:2] - place_xy + self.rim * r for r in (-HAND_HALF_SPAN, HAND_HALF_SPAN)]
+                    outline = np.concatenate([outline, [e + k * side for e in ends for k in (-1, 1)]])
                 if self.place_yaw is not None:  # as it will be once turned into the slot's direction
                     turn = _wrap_half_turn(self.place_yaw - fingers)
                     outline = outline @ np.array([[np.cos(turn), np.sin(turn)], [-np.sin(turn), np.cos(turn)]])
