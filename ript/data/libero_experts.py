@@ -159,7 +159,8 @@ def rotation_matrix(quat_xyzw: np.ndarray) -> np.ndarray:
 def level_hand(quat_xyzw: np.ndarray) -> np.ndarray:
     """The roll and pitch actions that turn the hand back to pointing straight down. OSC_POSE's rotation deltas
     with nothing commanded hold whatever tilt the hand has drifted to (a fast turn about the vertical tilts it:
-    a held book came to lean 25 degrees and no longer fit its compartment)."""
+    a held book came to lean 25 degrees and no longer fit its compartment). Used while a held object is turned
+    into a slot; on every pick and place it lost more (a rim-pinched bowl, a mug, a pan by its handle) than it won."""
     approach = rotation_matrix(quat_xyzw)[:, 2]  # the hand's pointing direction, in the world
     return np.clip(2.0 * np.cross(approach, [0.0, 0.0, -1.0])[:2], -1.0, 1.0)
 
@@ -192,6 +193,7 @@ class PickPlaceExpert:
         self.rest_z = 0.0  # height of the object's bottom where it was picked up
         self.settle = settle  # steps after the release before the next step of a sequence may start
         self.place_yaw: float | None = None  # finger direction while carrying, when the goal region is a slot
+        self.slotted = False  # the goal region is a walled slot the object is turned into
         self.by_handle = any(kind in obj for kind in HANDLED)
         self.offset = np.zeros(2)  # from the region's centre, when several objects go to one region
         self.shift = np.zeros(2)  # from there, to where the held object has most room from a container's walls
@@ -268,43 +270,57 @@ class PickPlaceExpert:
             return None  # fits whichever way it is turned
         axes = [0 if half[0] <= half[1] else 1]  # the region's narrow axis, in the world
         if object_width <= 2 * min(half[0], half[1]):
-            axes = [0, 1]  # fits either way only squared up with the region (a book in a square compartment)
+            # within SLOT_PLAY of fitting: squared up with the region, either way, where its walls leave the object
+            # too little room turned as it is (a book in a square compartment; not a bottle in a wide tray)
+            tgt_xy, tgt_top = self._target(sim)
+            walls = self._walls(sim, tgt_top)
+            if walls is None or self._room(walls[0], obj_pts[:, :2] - obj_pts[:, :2].mean(0), [tgt_xy])[0] >= WALL_ROOM:
+                return None
+            axes = [0, 1]
         yaws = [float(np.arctan2(d[1], d[0])) for d in (data.site_xmat[i].reshape(3, 3)[:, a] for a in axes)]
         return min(yaws, key=lambda y: abs(_wrap_half_turn(y - self.grasp_yaw)))
 
-    def _roomiest_shift(self, sim, outline: np.ndarray, tgt_xy: np.ndarray, tgt_top: float) -> np.ndarray:
-        """For a region inside a walled object (a compartment, a drawer), the shift from ``tgt_xy`` (at most
-        MAX_SHIFT; in a drawer DRAWER_SHIFT, keeping the region's centre inside it) that gives the held object's
-        outline (xy relative to the point put over ``tgt_xy``) the most room from the walls, and in a drawer from
-        the furniture over it down to where the object is let go; none where the centre leaves it WALL_ROOM or
-        the region has no walls."""
+    def _walls(self, sim, tgt_top: float) -> tuple[ObstacleBoxes, float, np.ndarray] | None:
+        """The walls around the goal region, as obstacles up to where the held object is let go (in a drawer, up to
+        where it is carried: the furniture over the drawer's back meets the hand on the way down), how far the
+        object may be shifted from the region's centre (MAX_SHIFT; DRAWER_SHIFT in a drawer) and the region's
+        half extent in the world; None for a region with no walls (a plate, a table region)."""
         if self.target is None or self.target_site is None:
-            return np.zeros(2)
+            return None
         model, data = sim.model._model, sim.data._data
         site = _site_id(model, self.target_site)
-        half = np.abs(data.site_xmat[site].reshape(3, 3)) @ model.site_size[site]  # the region's box, in the world
+        half = np.abs(data.site_xmat[site].reshape(3, 3)) @ model.site_size[site]
         bottom = float(data.site_xpos[site][2] - half[2])
         if tgt_top < bottom + 0.03:
-            return np.zeros(2)  # a plate or a tray: nothing to fit between
+            return None
         reach, top = MAX_SHIFT, tgt_top
-        if self.surface_body is not None:  # a drawer, under the furniture's front: the hand comes down there too
+        if self.surface_body is not None:
             reach, top = DRAWER_SHIFT, tgt_top + self.hang + self.clearance
-        walls = ObstacleBoxes(sim, {self.obj}, bottom + 0.02, top)
+        return ObstacleBoxes(sim, {self.obj}, bottom + 0.02, top), reach, half
+
+    @staticmethod
+    def _room(walls: ObstacleBoxes, outline: np.ndarray, points: list[np.ndarray]) -> list[float]:
+        """The least distance from the walls to an outline (xy) put at each of ``points``: along its convex hull's
+        edges every few millimetres, since a corner can be past a thin wall while the edge is across it."""
         corners = outline[[int(np.argmax(outline @ [np.cos(a), np.sin(a)]))
                            for a in np.linspace(0, 2 * np.pi, 16, endpoint=False)]]
-        # along the edges every few millimetres: a corner can be past a thin wall while the edge is across it
         rim = np.concatenate([a + (b - a) * t[:, None] for a, b in zip(corners, np.roll(corners, -1, axis=0))
                               for t in [np.linspace(0, 1, max(2, int(np.linalg.norm(b - a) / 0.004)), endpoint=False)]])
+        return [min(walls.distance(point + p, samples=3) for p in rim) for point in points]
 
-        def room(shift: np.ndarray) -> float:
-            return min(walls.distance(tgt_xy + shift + p, samples=3) for p in rim)
-
-        if room(np.zeros(2)) >= WALL_ROOM:
+    def _roomiest_shift(self, sim, outline: np.ndarray, tgt_xy: np.ndarray, tgt_top: float) -> np.ndarray:
+        """The shift from ``tgt_xy`` (within the walls' reach, the region's centre kept inside the region: LIBERO's
+        In tests it) that gives the held object's outline the most room from the region's walls; none where the
+        centre leaves it WALL_ROOM or the region has no walls."""
+        found = self._walls(sim, tgt_top)
+        if found is None or self._room(found[0], outline, [tgt_xy])[0] >= WALL_ROOM:
             return np.zeros(2)
+        walls, reach, half = found
         grid = np.arange(-reach, reach + 1e-9, 0.004)
-        inside = np.maximum(half[:2] - 0.01, 0.0)  # the object's origin stays in the region: LIBERO's In tests it
+        inside = np.maximum(half[:2] - 0.01, 0.0)
         shifts = [np.array([dx, dy]) for dx in grid for dy in grid if abs(dx) <= inside[0] and abs(dy) <= inside[1]]
-        return max(shifts, key=lambda d: room(d) - 0.01 * float(np.linalg.norm(d)))
+        rooms = self._room(walls, outline, [tgt_xy + d for d in shifts])
+        return shifts[int(np.argmax([r - 0.01 * float(np.linalg.norm(d)) for r, d in zip(rooms, shifts)]))]
 
     def _target(self, sim) -> tuple[np.ndarray, float]:
         """Where the object goes (the goal region's site, else the target's centre) and the height of the
@@ -367,6 +383,10 @@ class PickPlaceExpert:
             if self.timer >= 12:
                 self.phase, self.hang, self.rest_z = "lift", float(eef[2] - lo[2]), float(lo[2])
                 self.place_yaw = self._slot_yaw(sim, obj_pts)
+                # turned into a walled slot (a compartment): kept upright and let go only once over it (not a pan
+                # held by its handle: turned upright, it slips from the fingers)
+                self.slotted = (self.place_yaw is not None and not self.by_handle
+                                and self._walls(sim, tgt_top) is not None)
         elif self.phase == "lift":
             gripper = CLOSE
             carry_z = max(tgt_top, self.rest_z) + self.hang + self.clearance
@@ -393,7 +413,7 @@ class PickPlaceExpert:
             gripper = CLOSE
             goal = np.array([*(tgt_xy + self.shift + eef[:2] - place_xy), tgt_top + self.hang + self.release_height])
             # into a slot (a compartment a few millimetres wider than the object): let go only once over it
-            lined_up = self.place_yaw is None or np.linalg.norm(goal[:2] - eef[:2]) < SLOT_ALIGN
+            lined_up = not self.slotted or np.linalg.norm(goal[:2] - eef[:2]) < SLOT_ALIGN
             if eef[2] < goal[2] + 0.01 and lined_up:
                 self.phase, self.timer = "release", 0
         else:  # release, then back off upwards
@@ -411,9 +431,11 @@ class PickPlaceExpert:
         elif self.phase in ("lift", "carry", "lower") and self.place_yaw is not None:
             place_err = _wrap_half_turn(self.place_yaw - fingers)
             action[5] = np.clip(3.0 * place_err, -1.0, 1.0)
-            if self.phase == "lower" and (abs(place_err) > 0.08 or np.linalg.norm(goal[:2] - eef[:2]) > SLOT_ALIGN):
+            far = self.slotted and np.linalg.norm(goal[:2] - eef[:2]) > SLOT_ALIGN
+            if self.phase == "lower" and (abs(place_err) > 0.08 or far):
                 action[2] = max(action[2], 0.0)  # turned into the slot's direction and over it before going down
-        action[3:5] = level_hand(raw["robot0_eef_quat"])
+        if self.slotted and self.phase in ("lift", "carry", "lower"):
+            action[3:5] = level_hand(raw["robot0_eef_quat"])  # upright into the slot (elsewhere: measured worse)
         action[6] = gripper
         return action
 
