@@ -21,12 +21,7 @@ HAND_HALF_SPAN = 0.10  # the Panda hand reaches this far each way along the fing
 HAND_HALF_WIDTH = 0.035  # ... and this far each way across it (its thickness)
 HAND_CLEARANCE = 0.02  # room around the hand that needs no turn of the grasp
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
-# a held object goes down into a walled region (a caddy's compartment) shifted by up to this much from the region's
-# centre, to where its outline has the most room from the walls, when at the centre it has less than WALL_ROOM
-MAX_SHIFT, WALL_ROOM = 0.02, 0.01
-DRAWER_SHIFT = 0.06  # ... and up to this much in an open drawer, out from under the furniture over its back
 SLOT_ALIGN = 0.005  # how close over a slot a held object must be before it goes down into it
-SLOT_PLAY = 0.03  # a held object this much narrower than a box region fits it turned any way; closer, it is squared up
 HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles
 
 
@@ -249,79 +244,6 @@ class PickPlaceExpert:
                 best, best_score = float(yaw), score
         return best
 
-    def _slot_yaw(self, sim, obj_pts: np.ndarray) -> float | None:
-        """For a goal region that is a box narrower than the held object is wide (a caddy's compartment), the
-        finger direction that turns the object's narrow side across the region's narrow side; for one barely wider
-        (within SLOT_PLAY), the nearer finger direction that squares the object up with the region; else None (the
-        object keeps the yaw it was picked with). Fingers close across the object's narrow side, so turning the
-        hand by an angle turns the object by it."""
-        if self.target is None or self.target_site is None or self.rim is not None:
-            return None
-        import mujoco
-
-        model, data = sim.model._model, sim.data._data
-        i = _site_id(model, self.target_site)
-        if model.site_type[i] != mujoco.mjtGeom.mjGEOM_BOX:
-            return None
-        half = model.site_size[i]
-        object_width = float(np.ptp((obj_pts[:, :2] - obj_pts[:, :2].mean(0)) @ np.array(
-            [-np.sin(self.grasp_yaw), np.cos(self.grasp_yaw)])))  # along the object's wide side
-        if object_width <= 2 * min(half[0], half[1]) - SLOT_PLAY:
-            return None  # fits whichever way it is turned
-        axes = [0 if half[0] <= half[1] else 1]  # the region's narrow axis, in the world
-        if object_width <= 2 * min(half[0], half[1]):
-            # within SLOT_PLAY of fitting: squared up with the region, either way, where its walls leave the object
-            # too little room turned as it is (a book in a square compartment; not a bottle in a wide tray)
-            tgt_xy, tgt_top = self._target(sim)
-            walls = self._walls(sim, tgt_top)
-            if walls is None or self._room(walls[0], obj_pts[:, :2] - obj_pts[:, :2].mean(0), [tgt_xy])[0] >= WALL_ROOM:
-                return None
-            axes = [0, 1]
-        yaws = [float(np.arctan2(d[1], d[0])) for d in (data.site_xmat[i].reshape(3, 3)[:, a] for a in axes)]
-        return min(yaws, key=lambda y: abs(_wrap_half_turn(y - self.grasp_yaw)))
-
-    def _walls(self, sim, tgt_top: float) -> tuple[ObstacleBoxes, float, np.ndarray] | None:
-        """The walls around the goal region, as obstacles up to where the held object is let go (in a drawer, up to
-        where it is carried: the furniture over the drawer's back meets the hand on the way down), how far the
-        object may be shifted from the region's centre (MAX_SHIFT; DRAWER_SHIFT in a drawer) and the region's
-        half extent in the world; None for a region with no walls (a plate, a table region)."""
-        if self.target is None or self.target_site is None:
-            return None
-        model, data = sim.model._model, sim.data._data
-        site = _site_id(model, self.target_site)
-        half = np.abs(data.site_xmat[site].reshape(3, 3)) @ model.site_size[site]
-        bottom = float(data.site_xpos[site][2] - half[2])
-        if tgt_top < bottom + 0.03:
-            return None
-        reach, top = MAX_SHIFT, tgt_top
-        if self.surface_body is not None:
-            reach, top = DRAWER_SHIFT, tgt_top + self.hang + self.clearance
-        return ObstacleBoxes(sim, {self.obj}, bottom + 0.02, top), reach, half
-
-    @staticmethod
-    def _room(walls: ObstacleBoxes, outline: np.ndarray, points: list[np.ndarray]) -> list[float]:
-        """The least distance from the walls to an outline (xy) put at each of ``points``: along its convex hull's
-        edges every few millimetres, since a corner can be past a thin wall while the edge is across it."""
-        corners = outline[[int(np.argmax(outline @ [np.cos(a), np.sin(a)]))
-                           for a in np.linspace(0, 2 * np.pi, 16, endpoint=False)]]
-        rim = np.concatenate([a + (b - a) * t[:, None] for a, b in zip(corners, np.roll(corners, -1, axis=0))
-                              for t in [np.linspace(0, 1, max(2, int(np.linalg.norm(b - a) / 0.004)), endpoint=False)]])
-        return [min(walls.distance(point + p, samples=3) for p in rim) for point in points]
-
-    def _roomiest_shift(self, sim, outline: np.ndarray, tgt_xy: np.ndarray, tgt_top: float) -> np.ndarray:
-        """The shift from ``tgt_xy`` (within the walls' reach, the region's centre kept inside the region: LIBERO's
-        In tests it) that gives the held object's outline the most room from the region's walls; none where the
-        centre leaves it WALL_ROOM or the region has no walls."""
-        found = self._walls(sim, tgt_top)
-        if found is None or self._room(found[0], outline, [tgt_xy])[0] >= WALL_ROOM:
-            return np.zeros(2)
-        walls, reach, half = found
-        grid = np.arange(-reach, reach + 1e-9, 0.004)
-        inside = np.maximum(half[:2] - 0.01, 0.0)
-        shifts = [np.array([dx, dy]) for dx in grid for dy in grid if abs(dx) <= inside[0] and abs(dy) <= inside[1]]
-        rooms = self._room(walls, outline, [tgt_xy + d for d in shifts])
-        return shifts[int(np.argmax([r - 0.01 * float(np.linalg.norm(d)) for r, d in zip(rooms, shifts)]))]
-
     def _target(self, sim) -> tuple[np.ndarray, float]:
         """Where the object goes (the goal region's site, else the target's centre) and the height of the
         target's top around that point. A table region's site lies on the table's surface."""
@@ -336,6 +258,8 @@ class PickPlaceExpert:
         return xy, float((near if len(near) else pts)[:, 2].max())
 
     def get_action(self, task) -> np.ndarray:
+        from ript.data.libero_fit import goal_walls, roomiest_shift, slot_yaw
+
         sim, raw = task.sim, task.privileged()
         eef = raw["robot0_eef_pos"]
         obj_pts = collision_corners(sim, f"{self.obj}_main")
@@ -382,11 +306,11 @@ class PickPlaceExpert:
             self.timer += 1
             if self.timer >= 12:
                 self.phase, self.hang, self.rest_z = "lift", float(eef[2] - lo[2]), float(lo[2])
-                self.place_yaw = self._slot_yaw(sim, obj_pts)
+                self.place_yaw = slot_yaw(self, sim, obj_pts)
                 # turned into a walled slot (a compartment): kept upright and let go only once over it (not a pan
                 # held by its handle: turned upright, it slips from the fingers)
                 self.slotted = (self.place_yaw is not None and not self.by_handle
-                                and self._walls(sim, tgt_top) is not None)
+                                and goal_walls(self, sim, tgt_top) is not None)
         elif self.phase == "lift":
             gripper = CLOSE
             carry_z = max(tgt_top, self.rest_z) + self.hang + self.clearance
@@ -401,7 +325,7 @@ class PickPlaceExpert:
                 if self.place_yaw is not None:  # as it will be once turned into the slot's direction
                     turn = _wrap_half_turn(self.place_yaw - fingers)
                     outline = outline @ np.array([[np.cos(turn), np.sin(turn)], [-np.sin(turn), np.cos(turn)]])
-                self.shift = self._roomiest_shift(sim, outline, tgt_xy, tgt_top)
+                self.shift = roomiest_shift(self, sim, outline, tgt_xy, tgt_top)
         elif self.phase == "carry":
             gripper = CLOSE
             carry_z = max(tgt_top, self.rest_z) + self.hang + self.clearance
