@@ -216,3 +216,20 @@ def test_a_bowl_goes_into_the_front_of_a_low_drawer_then_the_drawer_is_pushed_sh
         assert demo.attrs["success"] and len(demo.actions) < 260
     finally:
         task.close()
+
+
+def test_a_close_nothing_goes_into_comes_before_an_open():
+    """(close bottom drawer) (open top drawer): opened first, the top drawer was pushed shut again by the hand on
+    its way to the bottom drawer (0/5); a close that no placement fills now comes first (4/5)."""
+    from ript.data.libero_articulated import PullOpenExpert
+    from ript.data.libero_experts import make_expert
+    from ript.data.libero_tilted_push import LeaningPushExpert
+    from ript.envs.libero import LiberoTask
+
+    task = LiberoTask("libero_90", "KITCHEN_SCENE4_close_the_bottom_drawer_of_the_cabinet_and_open_the_top_drawer", None)
+    try:
+        task.reset(0, render=False)
+        first, second = make_expert(task).steps
+        assert isinstance(first, LeaningPushExpert) and isinstance(second, PullOpenExpert)
+    finally:
+        task.close()

@@ -412,8 +412,10 @@ class SequenceExpert:
 
 
 # the order goals are worked in, whatever the BDDL lists first: open a container before putting things in, turn
-# a knob before a pot may hide it, close a drawer once its contents are in
+# a knob before a pot may hide it, close a drawer once its contents are in (a close nothing goes into comes first:
+# the hand on its way to a bottom drawer would push an opened top drawer shut again)
 GOAL_ORDER = {"open": 0, "turnon": 1, "turnoff": 1, "on": 2, "in": 2, "close": 3}
+FIRST = -1
 
 
 def _clear_drawer_paths(task, steps: list) -> list:
@@ -453,7 +455,14 @@ def make_expert(task):
         if pred[0] == "in" and len(pred) == 3 and ("open", pred[2]) not in preds and closed_container(task, pred[2]):
             preds.append(("open", pred[2]))
     steps = []
-    for pred in sorted(preds, key=lambda p: GOAL_ORDER[p[0]]):
+    filled = [p[2] for p in preds if p[0] in ("on", "in") and len(p) == 3]
+
+    def order(p: tuple[str, ...]) -> int:  # (close microwave_1) is filled by (in mug microwave_1_heating_region)
+        if p[0] == "close" and not any(r == p[1] or r.startswith(p[1] + "_") for r in filled):
+            return FIRST
+        return GOAL_ORDER[p[0]]
+
+    for pred in sorted(preds, key=order):
         if pred[0] not in ("on", "in"):
             steps.append(articulated_expert(task, pred))
             continue
