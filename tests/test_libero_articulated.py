@@ -202,7 +202,8 @@ def test_a_low_drawer_is_pushed_shut_with_the_hand_leaning_into_it():
 def test_a_bowl_goes_into_the_front_of_a_low_drawer_then_the_drawer_is_pushed_shut():
     """The bottom drawer's region reaches back under the cabinet's front: the bowl, lowered over its centre, stuck
     on the cabinet 13 cm up (0/5). It now goes where it and the hand have most room, still inside the region
-    (LIBERO's In tests the bowl's origin), and the drawer is pushed shut with the hand leaning (3/3 traced)."""
+    (LIBERO's In tests the bowl's origin), and the drawer is pushed shut with the hand leaning (2/5 in
+    benchmarks/libero_experts)."""
     from ript.data.collect_libero import run_episode
     from ript.data.libero_experts import make_expert
     from ript.envs.libero import LiberoTask
