@@ -159,10 +159,10 @@ def _rotation_vector(r: np.ndarray) -> np.ndarray:
     return axis * angle
 
 
-def hand_frame(task) -> tuple[np.ndarray, np.ndarray]:
-    """(the hand's rotation now, its pointing and finger-closing directions in its own frame as the columns of
-    a 3x3 with their cross product): ``target @ local.T`` is the rotation that points the hand along
-    ``target[:, 0]`` with the fingers along ``target[:, 1]``."""
+def hand_turn(task, pointing: np.ndarray, across: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the hand's rotation now, the rotation that points it along ``pointing`` with the fingers along ``across``
+    or ``-across``, whichever needs the smaller turn: the hand is symmetric). The two directions are found in the
+    gripper's own frame from its bodies, so a target frame can be written for them."""
     model, data = task.sim.model._model, task.sim.data._data
     eef = task.privileged()["robot0_eef_pos"]
     hand = data.xpos[_body_id(model, "gripper0_right_gripper")]
@@ -172,7 +172,9 @@ def hand_frame(task) -> tuple[np.ndarray, np.ndarray]:
     approach = (eef - hand) / np.linalg.norm(eef - hand)  # hand -> fingertips, in the world
     fingers = (right - left) / np.linalg.norm(right - left)
     a_local, f_local = r0.T @ approach, r0.T @ fingers
-    return r0, np.stack([a_local, f_local, np.cross(a_local, f_local)], axis=1)
+    local = np.stack([a_local, f_local, np.cross(a_local, f_local)], axis=1)
+    turns = [np.stack([pointing, f, np.cross(pointing, f)], axis=1) @ local.T for f in (across, -across)]
+    return r0, min(turns, key=lambda r: np.linalg.norm(_rotation_vector(r @ r0.T)))
 
 
 class PullOpenExpert:
@@ -187,7 +189,6 @@ class PullOpenExpert:
         self.art, self.done = articulation, done
         self.phase, self.timer, self.rot_err = "turn", 0, np.inf
         model, data = task.sim.model._model, task.sim.data._data
-        r0, self.local = hand_frame(task)
         # LIBERO's open test is a threshold near one joint limit: pull toward the side where it holds
         self.sign = -1.0 if done(self.art.qpos - 10.0) else 1.0
         _, self.pull = self.art.contact(self.sign)
@@ -199,8 +200,7 @@ class PullOpenExpert:
         if abs(bar[2]) > 0.7:
             across = np.cross(-self.pull, bar)
             across /= np.linalg.norm(across)
-        turns = [np.stack([-self.pull, f, np.cross(-self.pull, f)], axis=1) @ self.local.T for f in (across, -across)]
-        self.target_rot = min(turns, key=lambda r: np.linalg.norm(_rotation_vector(r @ r0.T)))
+        r0, self.target_rot = hand_turn(task, -self.pull, across)
         self.start_rot = r0  # turned back to at the end: the next expert expects the hand pointing down
         self.start_qpos = self.art.qpos
         self.rise: float | None = None  # how far above the handle the hand comes in (set on approach)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_articulated import (APPROACH, FINGER_BELOW, HOLD_STEPS, HOVER, PUSH_AHEAD, Articulation,
-                                          _rotation_vector, hand_frame)
+                                          _rotation_vector, hand_turn)
 from ript.data.libero_experts import CLOSE, POS_SCALE, rotation_matrix
 
 LOW_PART = 0.10  # a drawer whose top is this far under its furniture's top is pushed with the hand leaning
@@ -31,13 +31,10 @@ class LeaningPushExpert:
     def __init__(self, task, articulation: Articulation, sign: float, done):
         self.art, self.sign, self.done = articulation, sign, done
         self.phase, self.timer, self.rot_err = "turn", 0, np.inf
-        r0, local = hand_frame(task)
         _, push = articulation.contact(sign)
         pointing = np.cos(LEAN) * push + np.sin(LEAN) * np.array([0.0, 0.0, -1.0])
         across = np.cross(np.array([0.0, 0.0, 1.0]), push)
-        across /= np.linalg.norm(across)
-        turns = [np.stack([pointing, f, np.cross(pointing, f)], axis=1) @ local.T for f in (across, -across)]
-        self.target_rot = min(turns, key=lambda r: np.linalg.norm(_rotation_vector(r @ r0.T)))
+        r0, self.target_rot = hand_turn(task, pointing, across / np.linalg.norm(across))
         self.start_rot = r0  # turned back to at the end: the next expert expects the hand pointing down
 
     @property
