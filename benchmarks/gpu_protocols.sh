@@ -17,6 +17,10 @@
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
 #   sampling      protocol PROTO's imitation checkpoint evaluated again with each variant of EVAL_SAMPLING
 #                 ("tag override...;tag ...", e.g. "h4 sampling.action_horizon=4"): $R/<PROTO>_eval_<tag>.json
+#   state         protocol PROTO's run folder as far as a later lease needs it to go on (protocol.json, the
+#                 evaluations' results, the imitation checkpoint RL starts from): $R/state/<PROTO>.tar.part*
+#   resume        unpacks the pieces a later call carried in .resume/ (the `state` part's) into runs/protocols,
+#                 so that the same `ript protocol` command skips the finished phases and goes on (e.g. to RL)
 #   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_protocols.sh libero_speed libero
 #   bash benchmarks/gpu_background.sh poll 560 runs/protocols/libero_object runs/session_results
 # Carry .whl and data/metaworld/lang_cache.safetensors (LIBERO: .libero and its suite's lang_cache instead).
@@ -32,6 +36,14 @@ keep_ckpt() { local stage; mkdir -p $R/ckpt; for stage in stage0 stage1; do
                 tar -C "$(readlink -f runs/protocols/$1/$stage/checkpoints/last)" -cf - config.json model.safetensors \
                   | split -b 15M - $R/ckpt/$stage.tar.part; done
               ls -la $R/ckpt; }
+# protocol $1's run state for a later lease; the weights make it ~51 MiB for LIBERO, too much to carry beside
+# .libero (42 MiB) in one call, so the later lease carries .libero in a first call and .resume in a second
+keep_state() {
+  local step; step=$(readlink runs/protocols/$1/stage1/checkpoints/last); mkdir -p $R/state
+  (cd runs/protocols && tar -cf - $1/protocol.json $(ls $1/eval*/results.json 2>/dev/null) $1/stage1/checkpoints/last \
+     $1/stage1/checkpoints/$step/config.json $1/stage1/checkpoints/$step/model.safetensors) \
+    | split -b 15M - $R/state/$1.tar.part
+  ls -la $R/state; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
 workers="+phases.collect.num_workers=${COLLECT_WORKERS:-$(nproc)}"  # 16 on the H100 host, 32 on nvidia-h200-x2
 # collect and stages 0-1 of protocol $1, then its checkpoints in pieces (PROTOCOL_EXTRA's settings of the
@@ -119,7 +131,12 @@ for part in "$@"; do
     sampling)
       IFS=';' read -ra variants <<< "${EVAL_SAMPLING:-}"
       for v in "${variants[@]}"; do eval_again ${PROTO:-ml45_multitask} stage1 $v; done ;;
-    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling)" >&2; exit 2 ;;
+    state) keep_state ${PROTO:-libero_object} ;;
+    resume)
+      phase "resume from .resume"
+      mkdir -p runs/protocols; cat .resume/*.tar.part* | tar -xf - -C runs/protocols || exit 1
+      ls -la runs/protocols/* ;;
+    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, state, resume)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
