@@ -83,6 +83,9 @@ for part in "$@"; do
       python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
         ${PROTOCOL_EXTRA:-} 2>&1 | quiet
       keep $s
+      # RL stopped by its time limit (rl.stop_after_minutes) ends the protocol before eval_rl: evaluate what it got
+      if [ -d runs/protocols/$s/rl ] && [ ! -f runs/protocols/$s/eval_rl/results.json ]; then
+        eval_again $s rl rl_cut ${RL_CUT_EVAL:-}; fi
       if [ -z "${CKPT:-}" ]; then
         mkdir -p $R/videos
         find runs/protocols/$s/eval -name "*.mp4" | grep -E "${VIDEOS:-ketchup|salad|tomato}" | head -3 \
