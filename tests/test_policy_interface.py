@@ -57,6 +57,7 @@ def test_a_third_policy_runs_through_the_runner():
         assert np.array_equal(first[0], first[1])  # an episode's first stack is padded with its first frame
         assert not np.array_equal(e["decisions"][1]["stack"][0], e["decisions"][1]["stack"][1])  # the arm moved
     assert policy.inference_seconds > 0
+    assert outs[1]["decisions_per_plan"] * policy.plan_calls == pytest.approx(9)  # 3 episodes x 3 decisions
     again = sorted(outs[1]["episodes"], key=lambda e: e["episode"])
     assert all(np.array_equal(a["stack"], b["stack"])
                for x, y in zip(episodes, again) for a, b in zip(x["decisions"], y["decisions"]))

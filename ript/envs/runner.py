@@ -142,6 +142,7 @@ class EnvRunner:
         build_s, startup_s = 0.0, None
         stopping = False
         restarts_before, busy_before, inference_before = pool.restarts, pool.busy_s, policy.inference_seconds
+        calls_before, decisions = policy.plan_calls, 0
         in_flight: dict[int, Pending] = {}  # worker -> its call not yet answered (at most one each)
 
         def slots(w: int) -> range:
@@ -252,7 +253,7 @@ class EnvRunner:
         def plan(ws: list[int]) -> None:
             """One batched decision for every running env of these workers, then each worker's advance call:
             each env runs its whole chunk, rendering only the frames the next decision reads."""
-            nonlocal startup_s
+            nonlocal startup_s, decisions
             if not ws:
                 return
             if startup_s is None:
@@ -262,6 +263,7 @@ class EnvRunner:
                 for s in slots(w):
                     active[s] = running[s] is not None
             planned = policy.act_chunk(active)  # the same whichever envs share the batch (ChunkingPolicy)
+            decisions += sum(active)
             for w in ws:
                 items = {s: (planned[s], keep, running[s].record) for s in slots(w) if active[s]}
                 for s in items:
@@ -304,7 +306,8 @@ class EnvRunner:
                    cancelled=cancelled, worker_restarts=pool.restarts - restarts_before,
                    startup_seconds=startup_s or 0.0, task_build_seconds=build_s,
                    worker_busy_share=(pool.busy_s - busy_before) / max(1e-9, n_workers * out["seconds"]),
-                   policy_share=(policy.inference_seconds - inference_before) / max(1e-9, out["seconds"]))
+                   policy_share=(policy.inference_seconds - inference_before) / max(1e-9, out["seconds"]),
+                   decisions_per_plan=decisions / max(1, policy.plan_calls - calls_before))
         return out
 
     def close(self) -> None:

@@ -33,6 +33,7 @@ class ChunkingPolicy(ABC):
         self.record = False                   # keep what RL needs of every decision
         self.critic: torch.nn.Module | None = None  # a value head RL attaches: decisions then record "value"
         self.inference_seconds = 0.0          # time spent in plan(), for the rollout's timing metrics
+        self.plan_calls = 0                   # batched planning calls (decisions / calls: the mean batch)
         self.reset(0)
 
     def reset(self, n_envs: int) -> None:
@@ -78,6 +79,7 @@ class ChunkingPolicy(ABC):
             else:
                 chunks = self.plan(envs)
             self.inference_seconds += time.perf_counter() - t0
+            self.plan_calls += 1
             for i, chunk in zip(envs, chunks):
                 out[i] = np.asarray(chunk[: self.action_horizon], dtype=np.float32)
         return out
