@@ -20,7 +20,6 @@ Seed = Annotated[int, Field(ge=0, lt=2**31)]
 Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Scale = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Niceness = Annotated[int, Field(ge=0, le=19)]  # os.nice increments (a process may lower its priority, not raise it)
 Workers = Union[Literal["auto"], Count]
 Auto = Union[Literal["auto"], bool]
 
@@ -50,7 +49,6 @@ class Task(Section):
 class WorkerLimits(Section):
     timeout_s: Rate       # a worker silent for this long is killed and replaced
     max_restarts: Size    # replaced workers allowed per run before it fails
-    niceness: Niceness    # how far below the driving process's scheduling priority the workers run
     envs_per_worker: Union[Literal["auto"], Count]  # env slots per worker process (auto: the suite's choice)
 
 

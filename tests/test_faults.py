@@ -143,8 +143,6 @@ def test_eval_survives_a_worker_that_dies_or_hangs(stage1_run, tmp_path, fault, 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = env_workers(proc.pid, 2)[0]
     time.sleep(2.0)  # into its first episode
-    # workers yield to the process that plans for them all (workers.niceness, default 5)
-    assert os.getpriority(os.PRIO_PROCESS, victim) == min(19, os.getpriority(os.PRIO_PROCESS, proc.pid) + 5)
     os.kill(victim, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err

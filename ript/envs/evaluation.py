@@ -36,7 +36,6 @@ def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, 
         n_videos=n_videos,
         worker_timeout_s=float(workers_cfg.timeout_s),
         max_worker_restarts=int(workers_cfg.max_restarts),
-        worker_niceness=int(workers_cfg.niceness),
         envs_per_worker=get_suite(metadata["suite"]).envs_per_worker if workers_cfg.envs_per_worker == "auto"
         else int(workers_cfg.envs_per_worker),
         on_worker_failure=on_worker_failure,

@@ -69,7 +69,6 @@ class EnvRunner:
         n_videos: int = 0,
         worker_timeout_s: float = 600.0,
         max_worker_restarts: int = 3,
-        worker_niceness: int = 0,
         on_worker_failure: str = "rerun",
         envs_per_worker: int = 1,
         episodes_at_once: int | None = None,
@@ -90,7 +89,6 @@ class EnvRunner:
         if on_worker_failure not in ("rerun", "drop"):
             raise ValueError(f"on_worker_failure={on_worker_failure!r}: expected 'rerun' or 'drop'")
         self.worker_timeout_s, self.max_worker_restarts = worker_timeout_s, max_worker_restarts
-        self.worker_niceness = int(worker_niceness)
         self.rerun_failed = on_worker_failure == "rerun"
         self.workers: WorkerSet | None = None
         self.slot_tasks: list[list[str]] = []  # set with the workers
@@ -106,7 +104,7 @@ class EnvRunner:
         if self.workers is None:
             self.workers = WorkerSet(self.suite, self.render, self.max_episode_steps, self.num_workers,
                                      self.envs_per_worker, frames_per_env, self.worker_timeout_s,
-                                     self.max_worker_restarts, self.worker_niceness)
+                                     self.max_worker_restarts)
             # the tasks each env slot has built, as its worker last reported (kept across runs, as the workers are)
             self.slot_tasks = [[] for _ in range(self.num_workers * self.envs_per_worker)]
         return self.workers

@@ -181,14 +181,14 @@ class WorkerSet:
     """The runner's handle on its env workers: the replaceable processes and one shared frame block each."""
 
     def __init__(self, suite: str, render: dict, max_episode_steps: int, num_workers: int, envs_per_worker: int,
-                 frames_per_env: int, timeout_s: float, max_restarts: int, niceness: int = 0):
+                 frames_per_env: int, timeout_s: float, max_restarts: int):
         layout = FrameLayout(envs_per_worker, frames_per_env, tuple(f"{c}_rgb" for c in render["cameras"]),
                              int(render["image_size"]))
         self.envs_per_worker = envs_per_worker
         self.frames = [SharedFrames(layout) for _ in range(num_workers)]
         fns = [functools.partial(WorkerEnvs, suite, render, max_episode_steps, layout, f.name) for f in self.frames]
         try:
-            self.pool = WorkerPool(fns, timeout_s, max_restarts, niceness)
+            self.pool = WorkerPool(fns, timeout_s, max_restarts)
         except BaseException:
             self._free_frames()
             raise

@@ -10,7 +10,6 @@ line. Workers are spawned (a forked child inherits a GL context and hangs) and d
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -25,11 +24,10 @@ from ript.utils.processes import die_with_parent
 _CLOSE = "__close__"
 
 
-def _serve(make_env: Callable[[], Any], conn: Connection, egl_device: str | None, niceness: int) -> None:
+def _serve(make_env: Callable[[], Any], conn: Connection, egl_device: str | None) -> None:
     """A worker's loop: build the env (rendering on ``egl_device``), then answer (method, args) calls until
-    told to close. It runs ``niceness`` below its parent's priority, which plans for every worker."""
+    told to close."""
     die_with_parent()
-    os.nice(niceness)
     use_egl_device(egl_device)
     env = make_env()
     try:
@@ -61,9 +59,8 @@ class Pending:
 
 
 class WorkerPool:
-    def __init__(self, env_fns: list[Callable[[], Any]], timeout_s: float, max_restarts: int, niceness: int = 0):
+    def __init__(self, env_fns: list[Callable[[], Any]], timeout_s: float, max_restarts: int):
         self.env_fns = env_fns
-        self.niceness = int(niceness)
         self.timeout_s = float(timeout_s)
         self.max_restarts = int(max_restarts)
         self.restarts = 0
@@ -80,8 +77,8 @@ class WorkerPool:
 
     def _start(self, i: int) -> None:
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_serve, args=(self.env_fns[i], child, self.egl_devices[i], self.niceness),
-                                daemon=True, name=f"ript-env-{i}")
+        proc = self.ctx.Process(target=_serve, args=(self.env_fns[i], child, self.egl_devices[i]), daemon=True,
+                                name=f"ript-env-{i}")
         proc.start()
         child.close()
         self.procs[i], self.conns[i] = proc, parent
