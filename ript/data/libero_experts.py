@@ -483,7 +483,7 @@ def make_expert(task):
             steps.append(DrawerLayExpert(obj, target, region))  # a bottle, lying in a shallow drawer
             continue
         if pred[0] == "in" and site is not None and surface is None and any(k in obj for k in HANDLED):
-            layer = shelf_layer(task.sim, target, site)  # a shelf's layer: a pan slid in by its handle
+            layer = shelf_layer(task.sim, target, site, obj)  # a shelf's layer: a pan slid in by its handle
             if layer is not None and handle_points_out(task.sim, obj, layer[2]):
                 steps.append(SlideInExpert(obj, target, site, layer))
                 continue

@@ -19,9 +19,10 @@ BOARD_THICKNESS = 0.03  # a target's geom thinner than this over or under the re
 HANDLE_TURN = np.deg2rad(60)  # the handle must point within this of the open side (the hand stays outside)
 
 
-def shelf_layer(sim, target: str, site: str) -> tuple[float | None, float, np.ndarray, float] | None:
+def shelf_layer(sim, target: str, site: str, obj: str) -> tuple[float | None, float, np.ndarray, float] | None:
     """(floor height or None for the table, ceiling height, open direction, the region's half depth along it)
-    of a goal region that ``target`` has a board over; None where nothing of it lies over the region."""
+    of a goal region that ``target`` has a board over; None where nothing of it lies over the region. ``obj``
+    (the object to put there) is no wall: it may stand in front of the open side."""
     model, data = sim.model._model, sim.data._data
     root = _body_id(model, f"{target}_main")
     i = _site_id(model, site)
@@ -46,7 +47,7 @@ def shelf_layer(sim, target: str, site: str) -> tuple[float | None, float, np.nd
     # the open side: of the region's four horizontal directions, the one a point leaving its centre between
     # floor and ceiling travels farthest along before meeting anything
     bottom = floor if floor is not None else centre[2] - 0.1
-    walls = ObstacleBoxes(sim, set(), bottom + 0.01, ceiling - 0.005)
+    walls = ObstacleBoxes(sim, {obj}, bottom + 0.01, ceiling - 0.005)
     half = np.abs(axes) @ model.site_size[i]  # the region's half extents along the world's axes
     best, best_run = None, -1.0
     for axis in axes.T:  # a region site's frame may be turned: its horizontal axes
