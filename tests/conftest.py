@@ -122,3 +122,21 @@ def assert_round_trip(original: Path, back: Path, mean_image_error: float) -> No
             a[name].visititems(compare)
             assert "actions" in seen and any(p.startswith("obs/") for p in seen)
             assert {k: v for k, v in a[name].attrs.items()} == {k: v for k, v in b[name].attrs.items()}
+
+
+def scripted_libero_episode(suite: str, task_name: str, expert_type: type):
+    """One scripted demo of a LIBERO task (layout 0, noise 0.05) on the real simulator, after checking that the
+    task's expert is ``expert_type``."""
+    import numpy as np
+
+    from ript.data.collect_libero import run_episode
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+
+    task = LiberoTask(suite, task_name, None)
+    try:
+        task.reset(0, render=False)
+        assert isinstance(make_expert(task), expert_type)
+        return run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
+    finally:
+        task.close()

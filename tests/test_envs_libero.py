@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import scripted_libero_episode
 from ript.config import compose
 from ript.errors import RiptError
 
@@ -289,16 +290,8 @@ def test_a_frying_pan_slides_under_a_shelf_board_held_by_its_handle():
     """(In chefmate_8_frypan_1 wooden_two_layer_shelf_1_bottom_region): 6.9 cm under the shelf's middle board, where
     a hand cannot come down from above (carried over it, the pan landed on the shelf's top: 0/5). The pan goes in flat
     through the shelf's open side, body first, the hand outside on the end of its handle."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import make_expert
     from ript.data.libero_slide_in import SlideInExpert
-    from ript.envs.libero import LiberoTask
 
-    task = LiberoTask("libero_90", "KITCHEN_SCENE9_put_the_frying_pan_under_the_cabinet_shelf", None)
-    try:
-        task.reset(0, render=False)
-        assert isinstance(make_expert(task), SlideInExpert)
-        demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
-        assert demo.attrs["success"] and len(demo.actions) < 200
-    finally:
-        task.close()
+    demo = scripted_libero_episode("libero_90", "KITCHEN_SCENE9_put_the_frying_pan_under_the_cabinet_shelf",
+                                   SlideInExpert)
+    assert demo.attrs["success"] and len(demo.actions) < 200

@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import scripted_libero_episode
 from ript.config import compose
 
 GOAL_TASKS = {"open_the_middle_drawer_of_the_cabinet": ("open", 0.14),  # LIBERO's test: the slide past -0.14 m
@@ -184,19 +185,10 @@ def test_the_hand_comes_in_over_what_stands_before_a_low_drawer():
 def test_a_low_drawer_is_pushed_shut_with_the_hand_leaning_into_it():
     """The bottom drawer's top is 14 cm under the cabinet's: pushed with the hand pointing down, the forearm met
     the cabinet over it 8 cm short of closed (0/5); leaning 45 degrees into the push, over the bowl before it."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import make_expert
     from ript.data.libero_tilted_push import LeaningPushExpert
-    from ript.envs.libero import LiberoTask
 
-    task = LiberoTask("libero_90", "KITCHEN_SCENE4_close_the_bottom_drawer_of_the_cabinet", None)
-    try:
-        task.reset(0, render=False)
-        assert isinstance(make_expert(task), LeaningPushExpert)
-        demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
-        assert demo.attrs["success"] and len(demo.actions) < 120
-    finally:
-        task.close()
+    demo = scripted_libero_episode("libero_90", "KITCHEN_SCENE4_close_the_bottom_drawer_of_the_cabinet", LeaningPushExpert)
+    assert demo.attrs["success"] and len(demo.actions) < 120
 
 
 def test_a_bowl_goes_into_the_front_of_a_low_drawer_then_the_drawer_is_pushed_shut():
