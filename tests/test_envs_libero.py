@@ -292,6 +292,20 @@ def test_a_frying_pan_slides_under_a_shelf_board_held_by_its_handle():
     through the shelf's open side, body first, the hand outside on the end of its handle."""
     from ript.data.libero_slide_in import SlideInExpert
 
-    demo = scripted_libero_episode("libero_90", "KITCHEN_SCENE9_put_the_frying_pan_under_the_cabinet_shelf",
-                                   SlideInExpert)
+    expert, demo = scripted_libero_episode("libero_90", "KITCHEN_SCENE9_put_the_frying_pan_under_the_cabinet_shelf")
+    assert isinstance(expert, SlideInExpert)
     assert demo.attrs["success"] and len(demo.actions) < 200
+
+
+def test_a_mug_goes_into_the_microwave_by_its_handle_and_is_pushed_in_before_the_door_closes():
+    """(In white_yellow_mug_1 microwave_1_heating_region) then (Close microwave_1): the microwave is 14.4 cm high
+    inside, too low for a hand above the 10.3 cm mug (lowered from above, it stood on the microwave's top: 0/5). Slid
+    in by its handle, the hand stays out in front of the microwave's top, the handle still sticks out of the door;
+    a hand leaning into the push shoves it in past the front, and the door closes."""
+    from ript.data.libero_slide_in import SlideInExpert
+    from ript.data.libero_tilted_push import LeaningPushExpert
+
+    expert, demo = scripted_libero_episode(
+        "libero_10", "KITCHEN_SCENE6_put_the_yellow_and_white_mug_in_the_microwave_and_close_it")
+    assert [type(step) for step in expert.steps][:2] == [SlideInExpert, LeaningPushExpert]
+    assert demo.attrs["success"] and len(demo.actions) < 450

@@ -187,7 +187,8 @@ def test_a_low_drawer_is_pushed_shut_with_the_hand_leaning_into_it():
     the cabinet over it 8 cm short of closed (0/5); leaning 45 degrees into the push, over the bowl before it."""
     from ript.data.libero_tilted_push import LeaningPushExpert
 
-    demo = scripted_libero_episode("libero_90", "KITCHEN_SCENE4_close_the_bottom_drawer_of_the_cabinet", LeaningPushExpert)
+    expert, demo = scripted_libero_episode("libero_90", "KITCHEN_SCENE4_close_the_bottom_drawer_of_the_cabinet")
+    assert isinstance(expert, LeaningPushExpert)
     assert demo.attrs["success"] and len(demo.actions) < 120
 
 

@@ -442,7 +442,7 @@ def make_expert(task):
 
     from ript.data.libero_articulated import articulated_expert, closed_container, drawer_body
     from ript.data.libero_slanted import DrawerLayExpert, SlantedPlaceExpert, is_slanted, too_tall_for
-    from ript.data.libero_slide_in import SlideInExpert, handle_points_out, shelf_layer
+    from ript.data.libero_slide_in import slide_in_steps
 
     model = task.sim.model._model
     bodies = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or "" for b in range(model.nbody)}
@@ -482,11 +482,10 @@ def make_expert(task):
         if pred[0] == "in" and surface is not None and too_tall_for(task.sim, obj, region):
             steps.append(DrawerLayExpert(obj, target, region))  # a bottle, lying in a shallow drawer
             continue
-        if pred[0] == "in" and site is not None and surface is None and any(k in obj for k in HANDLED):
-            layer = shelf_layer(task.sim, target, site, obj)  # a shelf's layer: a pan slid in by its handle
-            if layer is not None and handle_points_out(task.sim, obj, layer[2]):
-                steps.append(SlideInExpert(obj, target, site, layer))
-                continue
+        sliding = slide_in_steps(task, obj, target, site) if pred[0] == "in" and site and surface is None else None
+        if sliding is not None:  # a shelf's layer, a microwave: through the open side, by the handle
+            steps.extend(sliding)
+            continue
         step = PickPlaceExpert(obj, target, site, surface_body=surface)
         sharing = [p for p in preds if p[0] in ("on", "in") and len(p) == 3 and p[2] == region]
         if site is not None and len(sharing) > 1:

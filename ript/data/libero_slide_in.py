@@ -8,26 +8,44 @@ clear of the layer's floor, carries it to a point out in front of the open side,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ript.data.libero_experts import (CLOSE, POS_SCALE, ObstacleBoxes, PickPlaceExpert, _body_id, _geom_box_corners,
                                       _is_collision_geom, _site_id, collision_corners, handle_grasp)
 
+HAND_REACH = 0.04  # the wrist's half width above the fingers: the hand stays this far out from a layer's open side
+ON_FLOOR = 0.015  # the object's centre is let go at least this far inside the boards' front (over the floor)
 SLIDE_LIFT = 0.012  # the held object's bottom this far above the layer's floor while it slides in
 ENTRY_MARGIN = 0.03  # it starts sliding in from this far out from the region's open side
 BOARD_THICKNESS = 0.03  # a target's geom thinner than this over or under the region is a board, not a wall
+SLID_BY_HANDLE = ("moka_pot", "frypan", "mug")  # a mug, carried by its rim elsewhere, goes into a layer by its handle
+PUSHED_PAST = 0.01  # what stuck out of the open side is pushed this far in past the boards' front
 HANDLE_TURN = np.deg2rad(60)  # the handle must point within this of the open side (the hand stays outside)
 
 
-def shelf_layer(sim, target: str, site: str, obj: str) -> tuple[float | None, float, np.ndarray, float] | None:
-    """(floor height or None for the table, ceiling height, open direction, the region's half depth along it)
-    of a goal region that ``target`` has a board over; None where nothing of it lies over the region. ``obj``
-    (the object to put there) is no wall: it may stand in front of the open side."""
+@dataclass
+class Layer:
+    """A goal region's layer of its furniture: between ``floor`` (None: the table) and ``ceiling``, open towards
+    ``open_dir`` (horizontal, unit); the region reaches ``half_depth`` and the boards over it ``front`` from the
+    region's centre that way."""
+
+    floor: float | None
+    ceiling: float
+    open_dir: np.ndarray
+    half_depth: float
+    front: float
+
+
+def shelf_layer(sim, target: str, site: str, obj: str) -> Layer | None:
+    """The layer of ``target`` a goal region lies in, where ``target`` has a board over the region; None where
+    nothing of it does. ``obj`` (the object to put there) is no wall: it may stand in front of the open side."""
     model, data = sim.model._model, sim.data._data
     root = _body_id(model, f"{target}_main")
     i = _site_id(model, site)
     centre, axes = data.site_xpos[i].copy(), data.site_xmat[i].reshape(3, 3)
-    floor, ceiling = None, None
+    floor, ceiling, boards = None, None, []
     for g in range(model.ngeom):
         b = int(model.geom_bodyid[g])
         while b not in (0, root):
@@ -40,6 +58,7 @@ def shelf_layer(sim, target: str, site: str, obj: str) -> tuple[float | None, fl
             continue
         if lo[2] >= centre[2]:
             ceiling = lo[2] if ceiling is None else min(ceiling, lo[2])
+            boards.append(corners[:, :2])
         elif hi[2] <= centre[2]:
             floor = hi[2] if floor is None else max(floor, hi[2])
     if ceiling is None:
@@ -59,15 +78,21 @@ def shelf_layer(sim, target: str, site: str, obj: str) -> tuple[float | None, fl
             if run > best_run:
                 best, best_run = d, run
     half_depth = float(np.abs(best) @ half[:2])
-    return floor, float(ceiling), best, half_depth
+    front = max(float(np.max((b - centre[:2]) @ best)) for b in boards)  # where the boards over it end
+    return Layer(floor, float(ceiling), best, half_depth, front)
 
 
 class SlideInExpert(PickPlaceExpert):
-    """Pick ``obj`` by its handle and slide it into ``site``, a layer of ``target`` (a shelf), from its open side."""
+    """Pick ``obj`` by its handle and slide it into ``site``, a layer of ``target`` (a shelf, a microwave), from its
+    open side: its centre to the region's centre, or nearer the open side where the hand on the handle would
+    otherwise meet the boards over the layer (``depth``: the centre's distance from the region's centre, towards
+    the open side)."""
 
-    def __init__(self, obj: str, target: str, site: str, layer: tuple[float | None, float, np.ndarray, float]):
+    def __init__(self, obj: str, target: str, site: str, layer: Layer, depth: float = 0.0):
         super().__init__(obj, target, site)
-        self.floor, self.ceiling, self.open_dir, self.half_depth = layer
+        self.by_handle = True
+        self.layer, self.depth = layer, depth
+        self.floor, self.open_dir, self.half_depth = layer.floor, layer.open_dir, layer.half_depth
 
     def get_action(self, task) -> np.ndarray:
         if self.phase in ("align", "descend", "grasp"):
@@ -110,11 +135,61 @@ class SlideInExpert(PickPlaceExpert):
         return action
 
     def _target_xy(self, sim) -> np.ndarray:
-        return sim.data._data.site_xpos[_site_id(sim.model._model, self.target_site)][:2] + self.offset
+        centre = sim.data._data.site_xpos[_site_id(sim.model._model, self.target_site)][:2]
+        return centre + self.offset + self.open_dir * self.depth
 
 
-def handle_points_out(sim, obj: str, open_dir: np.ndarray) -> bool:
-    """Whether ``obj``'s handle points within HANDLE_TURN of ``open_dir`` (the hand on it stays outside)."""
+def slide_depth(sim, obj: str, layer: Layer) -> float | None:
+    """How far from the region's centre, towards the open side, ``obj``'s centre goes when slid in by its handle
+    with the hand kept HAND_REACH out from the boards' front: 0 where the handle is long enough (a pan); None
+    where its handle does not point out of the open side (within HANDLE_TURN) or the centre would not get
+    ON_FLOOR inside the boards' front (a push takes it on from there)."""
     grip_xy, _, _ = handle_grasp(sim, f"{obj}_main")
     out = grip_xy - sim.data._data.xipos[_body_id(sim.model._model, f"{obj}_main")][:2]
-    return float(out @ open_dir) > np.cos(HANDLE_TURN) * float(np.linalg.norm(out))
+    if float(out @ layer.open_dir) <= np.cos(HANDLE_TURN) * float(np.linalg.norm(out)):
+        return None
+    depth = max(0.0, layer.front + HAND_REACH - float(out @ layer.open_dir))
+    return depth if depth <= layer.front - ON_FLOOR else None
+
+
+def slide_in_steps(task, obj: str, target: str, site: str) -> list | None:
+    """The steps that put ``obj`` into ``site`` through its layer's open side: slid in by its handle, then, where
+    the hand could not take it deep enough, what still sticks out pushed in with a leaning hand (so that a door
+    can close); None where ``site`` is no such layer or the object cannot go in this way."""
+    from ript.data.libero_tilted_push import LeaningPushExpert
+
+    if not any(kind in obj for kind in SLID_BY_HANDLE):
+        return None
+    layer = shelf_layer(task.sim, target, site, obj)
+    depth = None if layer is None else slide_depth(task.sim, obj, layer)
+    if depth is None:
+        return None
+    steps = [SlideInExpert(obj, target, site, layer, depth)]
+    if depth > 0:
+        centre = task.sim.data._data.site_xpos[_site_id(task.sim.model._model, site)][:2]
+        part = StickingOut(task.sim, obj, layer, centre + layer.open_dir * layer.front)
+        steps.append(LeaningPushExpert(task, part, 1.0, lambda inside: inside > PUSHED_PAST))
+    return steps
+
+
+class StickingOut:
+    """What of ``obj`` sticks out of a layer's open side, as a part for ``LeaningPushExpert`` to push in: its
+    contact is the object's outermost face, and its ``qpos`` how far inside the boards' front that face is."""
+
+    def __init__(self, sim, obj: str, layer: Layer, front_point: np.ndarray):
+        self.sim, self.obj = sim, obj
+        self.inward = -layer.open_dir
+        self.front_plane = float(front_point @ self.inward)  # the boards' front, along the push
+
+    def corners(self) -> np.ndarray:
+        return collision_corners(self.sim, f"{self.obj}_main")
+
+    def contact(self, sign: float) -> tuple[np.ndarray, np.ndarray]:
+        pts = self.corners()
+        along = pts[:, :2] @ self.inward
+        face = pts[along < along.min() + 0.01]
+        return face.mean(0), np.array([*self.inward, 0.0])
+
+    @property
+    def qpos(self) -> float:
+        return float((self.corners()[:, :2] @ self.inward).min()) - self.front_plane
