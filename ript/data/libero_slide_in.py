@@ -22,6 +22,7 @@ ENTRY_MARGIN = 0.03  # it starts sliding in from this far out from the region's 
 BOARD_THICKNESS = 0.03  # a target's geom thinner than this over or under the region is a board, not a wall
 SLID_BY_HANDLE = ("moka_pot", "frypan", "mug")  # a mug, carried by its rim elsewhere, goes into a layer by its handle
 PUSHED_PAST = 0.01  # what stuck out of the open side is pushed this far in past the boards' front
+PUSH_LEAN = np.deg2rad(30)  # ... by a hand pointing this far down from level: the fingertips reach in under the boards
 HANDLE_TURN = np.deg2rad(60)  # the handle must point within this of the open side (the hand stays outside)
 
 
@@ -168,7 +169,7 @@ def slide_in_steps(task, obj: str, target: str, site: str) -> list | None:
     if depth > 0:
         centre = task.sim.data._data.site_xpos[_site_id(task.sim.model._model, site)][:2]
         part = StickingOut(task.sim, obj, layer, centre + layer.open_dir * layer.front)
-        steps.append(LeaningPushExpert(task, part, 1.0, lambda inside: inside > PUSHED_PAST))
+        steps.append(LeaningPushExpert(task, part, 1.0, lambda inside: inside > PUSHED_PAST, PUSH_LEAN))
     return steps
 
 

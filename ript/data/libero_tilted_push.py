@@ -28,11 +28,12 @@ class LeaningPushExpert:
     down in front of the part at its handle's height, push (re-aimed every step), hold, back away and turn the
     hand back down."""
 
-    def __init__(self, task, articulation: Articulation, sign: float, done):
+    def __init__(self, task, articulation: Articulation, sign: float, done, lean: float = LEAN):
         self.art, self.sign, self.done = articulation, sign, done
         self.phase, self.timer, self.rot_err = "turn", 0, np.inf
         _, push = articulation.contact(sign)
-        pointing = np.cos(LEAN) * push + np.sin(LEAN) * np.array([0.0, 0.0, -1.0])
+        pointing = np.cos(lean) * push + np.sin(lean) * np.array([0.0, 0.0, -1.0])
+        self.lean = lean
         across = np.cross(np.array([0.0, 0.0, 1.0]), push)
         r0, self.target_rot = hand_turn(task, pointing, across / np.linalg.norm(across))
         self.start_rot = r0  # turned back to at the end: the next expert expects the hand pointing down
@@ -48,7 +49,7 @@ class LeaningPushExpert:
         corners = self.art.corners()
         lo, hi = float(corners[:, 2].min()), float(corners[:, 2].max())
         # the fingertips (FINGER_BELOW along the lean from the grip site) at the handle, above the drawer's floor
-        height = float(np.clip(point[2], lo + 0.02, hi - 0.005)) + FINGER_BELOW * np.sin(LEAN)
+        height = float(np.clip(point[2], lo + 0.02, hi - 0.005)) + FINGER_BELOW * np.sin(self.lean)
         start = np.array([*(point[:2] - push[:2] * (APPROACH + FINGER_BELOW)), height])
         turning_back = self.phase == "away" and self.timer > 10
         rot_err = _rotation_vector((self.start_rot if turning_back else self.target_rot)
