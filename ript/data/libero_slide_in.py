@@ -1,10 +1,12 @@
-"""Placing a pot or pan held by its handle into a layer of a shelf, through the layer's open side.
+"""Putting a pan, a moka pot or a mug into a layer of its furniture (a shelf's, a microwave's) through the open
+side, held by its handle.
 
-LIBERO's two-layer shelf leaves 6.9 cm under its middle board and 13.5 cm between its boards: a hand coming down
-from above cannot get between them, but a frying pan held at the end of its handle goes in flat, body first, with
-the handle and the hand on it left outside. The expert picks the object as every placement does, lifts it just
-clear of the layer's floor, carries it to a point out in front of the open side, slides it in and lets go.
-"""
+LIBERO's two-layer shelf leaves 6.9 cm under its middle board and 13.5 cm between its boards, its microwave 14.4 cm
+inside: a hand coming down from above cannot get in, but an object held at its handle goes in body first, the hand
+on the handle outside. The expert picks the object by its handle, lifts it just clear of the layer's floor, carries
+it out in front of the open side, slides it in — as deep as the hand, kept out in front, allows — and lets go;
+where the handle still sticks out (a mug's is short), a hand leaning into the push shoves it in past the front, so
+that a door can close."""
 
 from __future__ import annotations
 
