@@ -193,9 +193,15 @@ class PickPlaceExpert:
         self.offset = np.zeros(2)  # from the region's centre, when several objects go to one region
         self.shift = np.zeros(2)  # from there, to where the held object has most room from a container's walls
 
+    HOLDING = ("lift", "carry", "lower")  # the phases with the object in the hand
+
     @property
     def finished(self) -> bool:
         return self.phase == "release" and self.timer > self.settle
+
+    def slipped(self, eef: np.ndarray, obj_bottom: float) -> bool:
+        """Whether the held object has dropped out of the fingers (it hangs lower under the hand than when grasped)."""
+        return eef[2] - obj_bottom > self.hang + 0.04
 
     def _plan_grasp(self, sim, obj_pts: np.ndarray, obj_xy: np.ndarray) -> None:
         """Across the narrow side when it fits between the fingers; else pinch the wall (a bowl's rim),
@@ -285,7 +291,7 @@ class PickPlaceExpert:
             grasp_z = max(lo[2] + 0.012, (lo[2] + hi[2]) / 2, hi[2] - 0.025)
         tgt_xy, tgt_top = self._target(sim)
 
-        if self.phase in ("lift", "carry", "lower") and eef[2] - lo[2] > self.hang + 0.04:
+        if self.phase in self.HOLDING and self.slipped(eef, lo[2]):
             self.phase = "align"  # the object slipped out of the fingers: open, line up and grasp again
         gripper, goal = OPEN, eef.copy()
         fingers = finger_angle(sim)

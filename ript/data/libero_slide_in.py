@@ -95,23 +95,22 @@ class SlideInExpert(PickPlaceExpert):
         super().__init__(obj, target, site)
         self.by_handle = True
         self.layer, self.depth = layer, depth
-        self.floor, self.open_dir, self.half_depth = layer.floor, layer.open_dir, layer.half_depth
+
+    HOLDING = ("lift", "carry", "enter", "lower")
 
     def get_action(self, task) -> np.ndarray:
-        if self.phase in ("align", "descend", "grasp"):
-            return super().get_action(task)
         sim, raw = task.sim, task.privileged()
         eef = raw["robot0_eef_pos"]
         obj_pts = collision_corners(sim, f"{self.obj}_main")
+        if self.phase not in self.HOLDING or self.slipped(eef, float(obj_pts[:, 2].min())):
+            return super().get_action(task)  # picking it up (again, if it slipped), or letting go
         com = sim.data._data.xipos[_body_id(sim.model._model, f"{self.obj}_main")][:2]
-        if self.phase in ("lift", "carry", "enter", "lower") and eef[2] - obj_pts[:, 2].min() > self.hang + 0.04:
-            self.phase = "align"  # slipped out of the fingers: grasp again
-            return super().get_action(task)
-        floor = self.floor if self.floor is not None else self.rest_z
+        open_dir = self.layer.open_dir
+        floor = self.layer.floor if self.layer.floor is not None else self.rest_z
         slide_z = floor + SLIDE_LIFT + self.hang
-        lead = float(np.max((obj_pts[:, :2] - com) @ -self.open_dir))  # how far the object reaches in first
+        lead = float(np.max((obj_pts[:, :2] - com) @ -open_dir))  # how far the object reaches in first
         tgt_xy = self._target_xy(sim)
-        entry = tgt_xy + self.open_dir * (self.half_depth + lead + ENTRY_MARGIN)
+        entry = tgt_xy + open_dir * (self.layer.half_depth + lead + ENTRY_MARGIN)
         grip = eef[:2] - com  # the hand's offset from the object's centre
         carry_z = max(slide_z, self.rest_z + self.hang + 0.03)
         if self.phase == "lift":
@@ -130,8 +129,6 @@ class SlideInExpert(PickPlaceExpert):
             goal = np.array([*(tgt_xy + grip), floor + self.hang + 0.004])
             if eef[2] < goal[2] + 0.006:
                 self.phase, self.timer = "release", 0
-        else:
-            return super().get_action(task)  # release, then back off upwards
         action = np.zeros(7)
         action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
         action[6] = CLOSE
@@ -139,7 +136,7 @@ class SlideInExpert(PickPlaceExpert):
 
     def _target_xy(self, sim) -> np.ndarray:
         centre = sim.data._data.site_xpos[_site_id(sim.model._model, self.target_site)][:2]
-        return centre + self.offset + self.open_dir * self.depth
+        return centre + self.offset + self.layer.open_dir * self.depth
 
 
 def slide_depth(sim, obj: str, layer: Layer) -> float | None:
