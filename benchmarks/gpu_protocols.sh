@@ -15,8 +15,11 @@
 #   steps         protocol PROTO's stage-1 checkpoints at EVAL_STEPS (e.g. "3000 6000") through its evaluation phase
 #                 (keep them: +phases.stage1.train.keep_last=20)
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
-#   sampling      protocol PROTO's imitation checkpoint evaluated again with each variant of EVAL_SAMPLING
-#                 ("tag override...;tag ...", e.g. "h4 sampling.action_horizon=4"): $R/<PROTO>_eval_<tag>.json
+#   sampling      each of SAMPLING_ON's "protocol:checkpoint" (default PROTO's stage1; e.g. "ml45_fewshot:finetune")
+#                 evaluated again with each variant of EVAL_SAMPLING ("tag override...;tag ...", e.g.
+#                 "h4 sampling.action_horizon=4"): $R/<protocol>_eval_<tag>.json
+#   rl            protocol PROTO again with RL_EXTRA (e.g. after a run with phases.rl=null: RL's settings), so it
+#                 skips the finished phases and runs RL; an RL run cut by its time limit is still evaluated
 #   state         protocol PROTO's run folder as far as a later lease needs it to go on (protocol.json, the
 #                 evaluations' results, the imitation checkpoint RL starts from): $R/state/<PROTO>.tar.part*
 #   resume        unpacks the pieces a later call carried in .resume/ (the `state` part's) into runs/protocols,
@@ -133,13 +136,22 @@ for part in "$@"; do
       done ;;
     sampling)
       IFS=';' read -ra variants <<< "${EVAL_SAMPLING:-}"
-      for v in "${variants[@]}"; do eval_again ${PROTO:-ml45_multitask} stage1 $v; done ;;
+      for on in ${SAMPLING_ON:-${PROTO:-ml45_multitask}:stage1}; do
+        for v in "${variants[@]}"; do eval_again ${on%%:*} ${on#*:} $v; done
+      done ;;
+    rl)
+      p=${PROTO:-ml45_multitask}
+      phase "$p rl"
+      python3 -m ript.cli protocol $p $workers ${RL_EXTRA:-} 2>&1 | quiet
+      keep $p
+      if [ -d runs/protocols/$p/rl ] && [ ! -f runs/protocols/$p/eval_rl/results.json ]; then
+        eval_again $p rl rl_cut ${RL_CUT_EVAL:-}; fi ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
       phase "resume from .resume"
       mkdir -p runs/protocols; cat .resume/*.tar.part* | tar -xf - -C runs/protocols || exit 1
       ls -la runs/protocols/* ;;
-    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, state, resume)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, state, resume)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
