@@ -142,7 +142,10 @@ for part in "$@"; do
     rl)
       p=${PROTO:-ml45_multitask}
       phase "$p rl"
-      python3 -m ript.cli protocol $p $workers ${RL_EXTRA:-} 2>&1 | quiet
+      # the progress settings the imitation part ran with: the protocol refuses a finished phase's changed setting
+      case $p in ml45_fewshot*) progress="+phases.finetune.progress=false" ;;
+                 *) progress="+phases.stage0.progress=false +phases.stage1.progress=false" ;; esac
+      python3 -m ript.cli protocol $p $workers $progress ${RL_EXTRA:-} 2>&1 | quiet
       keep $p
       if [ -d runs/protocols/$p/rl ] && [ ! -f runs/protocols/$p/eval_rl/results.json ]; then
         eval_again $p rl rl_cut ${RL_CUT_EVAL:-}; fi ;;
