@@ -1,16 +1,23 @@
-"""Where a rollout's time goes: the policy call inside the env runner against the same call in isolation.
+"""Where a rollout's time goes: the policy call inside the env runner against the same call in isolation, and
+against the same call while simulator processes load the host (physics only, or physics and rendering).
 
-    python -m benchmarks.profile_rollout [--workers 16] [--episodes 32] [--steps 100] [--out DIR]
+    python -m benchmarks.profile_rollout [--overrides task=libero_object ...] [--workers 16] [--episodes 32]
+                                         [--steps 100] [--load-procs 16] [--out DIR]
 
-Runs an untrained prior of the configured size through the runner (recording, as RL does; CUDA graph on
-or off), times every ``plan()`` with the GPU synchronised, optionally profiles one run with torch.profiler,
-and times ``plan()`` on real observations at the same batch sizes with the workers alive and after they close.
+Builds an untrained prior of the configured size on one scripted demo per task of the configured suite (the
+model's cost does not depend on its weights), runs it through the runner (recording, as RL does; CUDA graph on or
+off), times every ``plan()`` with the GPU synchronised (and the GPU's own time of each call, from CUDA events),
+optionally profiles one run with torch.profiler, then times ``plan()`` on real observations at the same batch
+sizes: with the workers alive and idle, after they close, and while ``--load-procs`` processes step the suite's
+first task without rendering, then stepping and rendering. Which of those matches the in-runner figure says
+whether the call is slow by itself, for want of CPU, or because the renderers' EGL contexts share the GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import tempfile
 import time
 from pathlib import Path
@@ -19,32 +26,52 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.bench import demo_dataset, make_prior
+from benchmarks.bench import make_prior
 from ript.config import compose, resolve_device
+from ript.data.collect import collect_demos
+from ript.data.dataset import ChunkDataset, DatasetSpec
 from ript.envs.runner import EnvRunner
+from ript.envs.suites import get_suite
 from ript.policies.build import make_policy
 
 
+def one_demo_per_task(cfg, data_dir: Path, tasks: int) -> ChunkDataset:
+    suite, render = str(cfg.task.suite), OmegaConf.to_container(cfg.task.render)
+    names = get_suite(suite).task_names(cfg.task)[:tasks]
+    pattern = str(cfg.task.get("file_pattern") or "{name}.hdf5")
+    collect_demos(suite, names, data_dir, 1, render, 400, file_pattern=pattern, episodes_per_job=1)
+    files = [data_dir / pattern.format(name=n) for n in names]
+    return ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), int(cfg.algo.chunk_size), int(cfg.algo.frame_stack),
+                                    val_fraction=0.0, flip_keys=tuple(cfg.task.get("flip_obs_keys") or ())), "all")
+
+
 def timed_plans(policy, log: list) -> None:
-    """Wrap ``policy.plan`` so every call's batch size and synchronised wall time land in ``log``."""
+    """Wrap ``policy.plan`` so every call's batch size, synchronised wall time and GPU time land in ``log``."""
     inner = policy.plan
+    cuda = policy.device.type == "cuda"
 
     def plan(envs):
-        sync = torch.cuda.synchronize if policy.device.type == "cuda" else (lambda: None)
-        sync()
+        if cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         t = time.perf_counter()
         chunks = inner(envs)
-        sync()
-        log.append((len(envs), time.perf_counter() - t))
+        gpu_ms = 0.0
+        if cuda:
+            end.record()
+            torch.cuda.synchronize()
+            gpu_ms = start.elapsed_time(end)
+        log.append((len(envs), time.perf_counter() - t, gpu_ms / 1000))
         return chunks
 
     policy.plan = plan
 
 
-def isolated_plan_ms(policy, obs_example: dict, n: int, repeat: int = 20) -> float:
+def isolated_plan_ms(policy, task_name: str, obs_example: dict, n: int, repeat: int = 20) -> float:
     policy.reset(n)
     for i in range(n):
-        policy.reset_env(i, policy.model.task_names[0], i)
+        policy.reset_env(i, task_name, i)
         policy.observe(i, obs_example)
     sync = torch.cuda.synchronize if policy.device.type == "cuda" else (lambda: None)
     times = []
@@ -58,9 +85,46 @@ def isolated_plan_ms(policy, obs_example: dict, n: int, repeat: int = 20) -> flo
     return 1000 * float(np.median(times))
 
 
+def load_loop(suite: str, task_name: str, render: dict, action_dim: int, with_render: bool, ready, stop, steps) -> None:
+    """A background simulator process: step ``task_name`` (rendering or not) until told to stop."""
+    task = get_suite(suite).make_task(task_name, render, 10**9)
+    task.reset(0, render=with_render)
+    ready.release()
+    action, n = np.zeros(action_dim, dtype=np.float32), 0
+    while not stop.is_set():
+        task.step(action, render=with_render)
+        n += 1
+        if n % 100 == 0:
+            task.reset(n, render=with_render)
+    steps.value = n
+    task.close()
+
+
+def plan_ms_under_load(policy, cfg, task_name: str, obs: dict, sizes: list[int], procs: int, with_render: bool) -> dict:
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Semaphore(0), ctx.Event()
+    counters = [ctx.Value("l", 0) for _ in range(procs)]
+    args = (str(cfg.task.suite), task_name, OmegaConf.to_container(cfg.task.render), int(cfg.task.action_dim), with_render)
+    workers = [ctx.Process(target=load_loop, args=(*args, ready, stop, c), daemon=True) for c in counters]
+    for w in workers:
+        w.start()
+    for _ in workers:
+        ready.acquire()
+    t = time.perf_counter()
+    ms = {n: isolated_plan_ms(policy, task_name, obs, n) for n in sizes}
+    seconds = time.perf_counter() - t
+    stop.set()
+    for w in workers:
+        w.join(60)
+    if any(w.exitcode != 0 for w in workers):  # a dead load process would make the figure a no-load one
+        raise SystemExit(f"profile_rollout: load processes exited with {[w.exitcode for w in workers]}")
+    return {"plan_ms": ms, "load_env_steps_per_s": sum(c.value for c in counters) / seconds}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--overrides", nargs="*", default=[])
+    ap.add_argument("--tasks", type=int, default=2, help="the suite's first N tasks")
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--envs-per-worker", type=int, default=1)
     ap.add_argument("--episodes", type=int, default=32)
@@ -68,13 +132,16 @@ def main() -> None:
     ap.add_argument("--record", type=int, default=1)
     ap.add_argument("--cuda-graph", type=int, default=1)
     ap.add_argument("--torch-profile", type=int, default=0)
+    ap.add_argument("--load-procs", type=int, default=0, help="background simulator processes (0: skip)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     cfg = compose("stage1", args.overrides)
     device = resolve_device(cfg.device)
-    out: dict = {"workers": args.workers, "envs_per_worker": args.envs_per_worker, "episodes": args.episodes, "horizon": args.steps}
+    suite = str(cfg.task.suite)
+    out: dict = {"suite": suite, "overrides": args.overrides, "workers": args.workers,
+                 "envs_per_worker": args.envs_per_worker, "episodes": args.episodes, "horizon": args.steps}
     with tempfile.TemporaryDirectory() as tmp:
-        ds = demo_dataset(cfg, Path(tmp), 2)
+        ds = one_demo_per_task(cfg, Path(tmp), args.tasks)
         model = make_prior(cfg, ds).to(device)
     settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
     policy = make_policy(model, settings, device, seed=0)
@@ -82,18 +149,19 @@ def main() -> None:
     policy.cuda_graph = policy.cuda_graph and bool(args.cuda_graph)
     out["cuda_graph"] = policy.cuda_graph
     per_task = max(1, args.episodes // len(ds.task_names))
-    runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), args.steps, per_task,
+    runner = EnvRunner(suite, ds.task_names, OmegaConf.to_container(cfg.task.render), args.steps, per_task,
                        num_workers=args.workers, envs_per_worker=args.envs_per_worker)
     runner.run(policy)  # warm-up: spawn workers, build envs, first kernels
     log: list = []
     timed_plans(policy, log)
-    policy.inference_seconds = 0.0
     res = runner.run(policy)
-    sizes = sorted({n for n, _ in log})
-    out["runner"] = {"seconds": res["seconds"], "inference_share": sum(t for _, t in log) / res["seconds"], "env_steps_per_s": res["env_steps_per_second"],
-                     "worker_busy_share": res["worker_busy_share"], "policy_share": res["policy_share"],
-                     "plan_calls": len(log), "plan_s_total": sum(t for _, t in log),
-                     "plan_ms_by_batch": {n: 1000 * float(np.median([t for m, t in log if m == n])) for n in sizes}}
+    sizes = sorted({n for n, _, _ in log})
+    median_ms = lambda col, n: 1000 * float(np.median([row[col] for row in log if row[0] == n]))  # noqa: E731
+    out["runner"] = {"seconds": res["seconds"], "inference_share": sum(r[1] for r in log) / res["seconds"],
+                     "env_steps_per_s": res["env_steps_per_second"], "worker_busy_share": res["worker_busy_share"],
+                     "policy_share": res["policy_share"], "plan_calls": len(log), "plan_s_total": sum(r[1] for r in log),
+                     "plan_ms_by_batch": {n: median_ms(1, n) for n in sizes},
+                     "plan_gpu_ms_by_batch": {n: median_ms(2, n) for n in sizes}}
     print(json.dumps(out["runner"], indent=2), flush=True)
     policy.plan = type(policy).plan.__get__(policy)
     if device.startswith("cuda") and args.torch_profile:
@@ -106,17 +174,22 @@ def main() -> None:
         print(table_cpu, "\n", table_cuda, flush=True)
         if args.out:
             Path(args.out, "profile_tables.txt").write_text(table_cpu + "\n\n" + table_cuda)
-    from ript.envs.metaworld import MetaWorldTask, RenderSettings
-
-    task = MetaWorldTask(ds.task_names[0], RenderSettings.from_dict(dict(cfg.task.render)), args.steps)
+    task_name = ds.task_names[0]
+    task = get_suite(suite).make_task(task_name, OmegaConf.to_container(cfg.task.render), args.steps)
     obs = task.reset(0, render=True)
-    out["isolated_workers_alive_ms"] = {n: isolated_plan_ms(policy, obs, n) for n in sizes}
-    runner.close()
-    out["isolated_workers_closed_ms"] = {n: isolated_plan_ms(policy, obs, n) for n in sizes}
     task.close()
+    out["isolated_workers_alive_ms"] = {n: isolated_plan_ms(policy, task_name, obs, n) for n in sizes}
+    runner.close()
+    out["isolated_workers_closed_ms"] = {n: isolated_plan_ms(policy, task_name, obs, n) for n in sizes}
+    if args.load_procs:
+        for with_render in (False, True):
+            key = f"isolated_under_{args.load_procs}_procs_{'rendering' if with_render else 'physics_only'}"
+            out[key] = plan_ms_under_load(policy, cfg, task_name, obs, sizes, args.load_procs, with_render)
+            print(key, out[key], flush=True)
     text = json.dumps(out, indent=2)
     print(text)
     if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "profile_rollout.json").write_text(text)
 
 
