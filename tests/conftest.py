@@ -124,19 +124,24 @@ def assert_round_trip(original: Path, back: Path, mean_image_error: float) -> No
             assert {k: v for k, v in a[name].attrs.items()} == {k: v for k, v in b[name].attrs.items()}
 
 
-def scripted_libero_episode(suite: str, task_name: str):
+def scripted_libero_episode(suite: str, task_name: str, demo: int | None = None):
     """(the expert a LIBERO task gets at layout 0, one scripted demo of it there with noise 0.05), on the real
-    simulator."""
+    simulator; with ``demo``, the layout and noise of that demo as ``ript collect`` and
+    ``benchmarks.libero_experts`` draw them (seed 0) instead."""
     import numpy as np
 
     from ript.data.collect_libero import run_episode
     from ript.data.libero_experts import make_expert
     from ript.envs.libero import LiberoTask
+    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 
+    layout, rng = 0, np.random.default_rng(0)
+    if demo is not None:
+        layout, rng = demo_layout_seed(0, demo, 0), demo_noise_rng(0, task_name, demo, 0)
     task = LiberoTask(suite, task_name, None)
     try:
-        task.reset(0, render=False)
+        task.reset(layout, render=False)
         expert = make_expert(task)
-        return expert, run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
+        return expert, run_episode(task, layout, rng, 0.05, render=False)
     finally:
         task.close()

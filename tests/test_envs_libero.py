@@ -309,3 +309,17 @@ def test_a_mug_goes_into_the_microwave_by_its_handle_and_is_pushed_in_before_the
         "libero_10", "KITCHEN_SCENE6_put_the_yellow_and_white_mug_in_the_microwave_and_close_it")
     assert [type(step) for step in expert.steps][:2] == [SlideInExpert, LeaningPushExpert]
     assert demo.attrs["success"] and len(demo.actions) < 450
+
+
+@pytest.mark.parametrize("name", ["KITCHEN_SCENE2_put_the_black_bowl_at_the_front_on_the_plate",
+                                  "LIVING_ROOM_SCENE5_put_the_yellow_and_white_mug_on_the_right_plate"])
+def test_a_placed_object_is_let_go_with_its_origin_over_the_targets(name):
+    """LIBERO's (On X plate) holds within 3 cm of the plate's origin. The bowl was let go where the carry's momentum
+    had taken it, 2.7 cm past the plate's centre, and the mug's outline (its handle with it) was centred over the
+    plate, its origin 3 cm off: both failed this demo (libero_90 at 5 demos: 3/5 each). Now the object's origin is
+    put over the target's and let go only once within PLACE_ALIGN of it."""
+    from ript.data.libero_experts import PickPlaceExpert
+
+    expert, demo = scripted_libero_episode("libero_90", name, demo=0)
+    assert isinstance(expert, PickPlaceExpert)
+    assert demo.attrs["success"]
