@@ -280,8 +280,12 @@ class PickPlaceExpert:
         if self.phase == "align":
             self._plan_grasp(sim, obj_pts, obj_xy)
         # the point of the object put over the target: its body's origin, which LIBERO's On and In test (a mug's
-        # outline, handle and all, is centred 3 cm off it: libero_90 LIVING_ROOM_SCENE5's mug missed its plate)
-        place_xy = sim.data._data.xpos[_body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
+        # outline, handle and all, is centred 3 cm off it: libero_90 LIVING_ROOM_SCENE5's mug missed its plate);
+        # into a walled slot its outline's centre, which the walls leave room for (a book's origin is 1.2 cm off
+        # it: STUDY_SCENE3's right compartment 5/5 -> 1/5 by the origin)
+        place_xy = obj_xy
+        if not self.slotted:
+            place_xy = sim.data._data.xpos[_body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
         if self.by_handle:
             # a handle shifts the footprint's centre off the pot or pan itself: place its centre of mass instead
             place_xy = sim.data._data.xipos[_body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
