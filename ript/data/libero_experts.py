@@ -22,9 +22,9 @@ HAND_HALF_WIDTH = 0.035  # ... and this far each way across it (its thickness)
 HAND_CLEARANCE = 0.02  # room around the hand that needs no turn of the grasp
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
 SLOT_ALIGN = 0.005  # how close over a slot a held object must be before it goes down into it
-# ... and over any other goal before it is let go: the carry's momentum took a bowl 2.7 cm past a plate's centre
+# ... and over an object it goes onto before it is let go: the carry's momentum took a bowl 2.7 cm past a plate's centre
 # while it was lowered, and LIBERO's On holds within 3 cm (libero_90 KITCHEN_SCENE2); waited for at most
-# PLACE_WAIT steps at the release height, where something the object touches may keep it off
+# PLACE_WAIT steps at the release height (something the object touches may keep it off) or without getting lower
 PLACE_ALIGN, PLACE_WAIT = 0.008, 20
 # a mug let go 3 cm over its plate's rim tipped 4.8 cm off the plate's centre as it fell (LIVING_ROOM_SCENE5)
 RIM_RELEASE = 0.01
@@ -198,6 +198,7 @@ class PickPlaceExpert:
         self.by_handle = any(kind in obj for kind in HANDLED)
         self.offset = np.zeros(2)  # from the region's centre, when several objects go to one region
         self.shift = np.zeros(2)  # from there, to where the held object has most room from a container's walls
+        self.lowest = np.inf  # the hand's lowest height while lowering the object
 
     HOLDING = ("lift", "carry", "lower")  # the phases with the object in the hand
 
@@ -281,12 +282,14 @@ class PickPlaceExpert:
         obj_xy = (lo[:2] + hi[:2]) / 2
         if self.phase == "align":
             self._plan_grasp(sim, obj_pts, obj_xy)
-        # the point of the object put over the target: its body's origin, which LIBERO's On and In test (a mug's
-        # outline, handle and all, is centred 3 cm off it: libero_90 LIVING_ROOM_SCENE5's mug missed its plate);
-        # into a walled slot its outline's centre, which the walls leave room for (a book's origin is 1.2 cm off
-        # it: STUDY_SCENE3's right compartment 5/5 -> 1/5 by the origin)
+        # the point of the object put over the target: onto an object, its body's origin, which LIBERO's On tests
+        # against the target's (within 3 cm; a mug's outline, handle and all, is centred 3 cm off its origin:
+        # libero_90 LIVING_ROOM_SCENE5's mug missed its plate); into a region its outline's centre, which the
+        # region's walls leave room for (by the origin, a book's 1.2 cm off it, STUDY_SCENE3's right compartment
+        # fell 5/5 -> 1/5, and a bowl into a low drawer met the cabinet's front)
+        onto_object = self.target_site is None and self.surface_body is None
         place_xy = obj_xy
-        if not self.slotted:
+        if onto_object and not self.slotted:
             place_xy = sim.data._data.xpos[_body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
         if self.by_handle:
             # a handle shifts the footprint's centre off the pot or pan itself: place its centre of mass instead
@@ -352,20 +355,31 @@ class PickPlaceExpert:
             # the grip sits off the held object's centre for a rim grasp: put the object, not the hand, over it
             goal = np.array([*(tgt_xy + self.shift + eef[:2] - place_xy), carry_z])
             if np.linalg.norm(goal[:2] - eef[:2]) < 0.02:
-                self.phase, self.timer = "lower", 0
+                self.phase, self.timer, self.lowest = "lower", 0, np.inf
         elif self.phase == "lower":
             gripper = CLOSE
-            # a rim-pinched object (a bowl, a mug) pivots about the fingers as they open: let it go lower
-            drop = min(self.release_height, RIM_RELEASE) if self.rim is not None else self.release_height
+            # onto an object a rim-pinched object (a bowl, a mug), which pivots about the fingers as they open, is let
+            # go lower (not into a drawer: lowered further and lined up, a bowl met the cabinet's front over a low
+            # drawer and wedged there on its side)
+            low = self.rim is not None and onto_object
+            drop = min(self.release_height, RIM_RELEASE) if low else self.release_height
             goal = np.array([*(tgt_xy + self.shift + eef[:2] - place_xy), tgt_top + self.hang + drop])
-            # let go only once over the goal (SLOT_ALIGN into a slot: a compartment a few millimetres wider than the
-            # object; elsewhere PLACE_ALIGN, or PLACE_WAIT steps at the release height)
+            # let go only once over the goal: into a slot (a compartment a few millimetres wider than the object)
+            # within SLOT_ALIGN; onto an object within PLACE_ALIGN, or after PLACE_WAIT steps (below)
             xy_err = np.linalg.norm(goal[:2] - eef[:2])
-            lined_up = xy_err < SLOT_ALIGN if self.slotted else (xy_err < PLACE_ALIGN or self.timer >= PLACE_WAIT)
-            if eef[2] < goal[2] + 0.01:
-                self.timer += 1
-                if lined_up:
-                    self.phase, self.timer = "release", 0
+            at_height = eef[2] < goal[2] + 0.01
+            # steps at the release height, or without getting lower (the object stands on something on its way:
+            # a bowl on the cabinet over a low drawer is let go there and drops in)
+            self.timer = self.timer + 1 if at_height or eef[2] > self.lowest - 0.002 else 0
+            self.lowest = min(self.lowest, float(eef[2]))
+            if self.slotted:
+                release = at_height and xy_err < SLOT_ALIGN
+            elif onto_object:
+                release = (at_height and xy_err < PLACE_ALIGN) or self.timer >= PLACE_WAIT
+            else:
+                release = at_height
+            if release:
+                self.phase, self.timer = "release", 0
         else:  # release, then back off upwards
             goal = np.array([eef[0], eef[1], eef[2] + (0.05 if self.timer > 8 else 0.0)])
             self.timer += 1
