@@ -368,8 +368,8 @@ class PickPlaceExpert:
             # within SLOT_ALIGN; onto an object within PLACE_ALIGN, or after PLACE_WAIT steps (below)
             xy_err = np.linalg.norm(goal[:2] - eef[:2])
             at_height = eef[2] < goal[2] + 0.01
-            # steps at the release height, or without getting lower (the object stands on something on its way:
-            # a bowl on the cabinet over a low drawer is let go there and drops in)
+            # steps at the release height, or without getting lower (the object stands on something on its way, as
+            # a plate's rim): onto an object, let go after PLACE_WAIT of them however far off
             self.timer = self.timer + 1 if at_height or eef[2] > self.lowest - 0.002 else 0
             self.lowest = min(self.lowest, float(eef[2]))
             if self.slotted:
