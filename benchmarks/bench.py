@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ript.config import compose, resolve_device
+from ript.config import compose, resolve_device, to_dict
 from ript.data.dataset import ChunkDataset, DatasetSpec
 from ript.envs.metaworld import MetaWorldTask, RenderSettings, expert_policy
+from ript.envs.suites import task_horizon
 from ript.models.action_autoencoder import ActionAutoencoder
 from ript.models.prior import SkillPrior
 from ript.stages.stage0 import autoencoder_kwargs
@@ -48,19 +49,21 @@ def timed(fn, repeat: int, warmup: int = 2, sync: bool = False) -> float:
     return (time.perf_counter() - t) / repeat
 
 
-def ensure_data(cfg, data_dir: Path, demos: int) -> list[Path]:
+def ensure_data(cfg, data_dir: Path, demos: int, names: list[str] = TASKS) -> list[Path]:
+    """Scripted demos of ``names`` of the configured suite, collected as ``ript collect`` would (if missing)."""
     from ript.data.collect import collect_demos
 
-    collect_demos("metaworld", TASKS, data_dir, demos, RenderSettings.from_dict(cfg.task.render).to_dict(),
-                  int(cfg.task.max_episode_steps), episodes_per_job=max(1, demos // 2))
-    return [data_dir / f"{t}.hdf5" for t in TASKS]
+    pattern = str(cfg.task.get("file_pattern") or "{name}.hdf5")
+    collect_demos(str(cfg.task.suite), names, data_dir, demos, to_dict(cfg.task.render), task_horizon(cfg.task),
+                  file_pattern=pattern, episodes_per_job=max(1, demos // 2))
+    return [data_dir / pattern.format(name=n) for n in names]
 
 
-def demo_dataset(cfg, data_dir: Path, demos: int) -> ChunkDataset:
+def demo_dataset(cfg, data_dir: Path, demos: int, names: list[str] = TASKS) -> ChunkDataset:
     """Scripted demos of the benchmark tasks (collected if missing) as one training dataset."""
-    files = ensure_data(cfg, data_dir, demos)
-    return ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), int(cfg.algo.chunk_size),
-                                    int(cfg.algo.frame_stack), val_fraction=0.0), "all")
+    files = ensure_data(cfg, data_dir, demos, names)
+    return ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), int(cfg.algo.chunk_size), int(cfg.algo.frame_stack),
+                                    val_fraction=0.0, flip_keys=tuple(cfg.task.get("flip_obs_keys") or ())), "all")
 
 
 def bench_data(ds: ChunkDataset, batch: int, device: str) -> dict:

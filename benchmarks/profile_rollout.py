@@ -26,23 +26,11 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.bench import make_prior
-from ript.config import compose, resolve_device
-from ript.data.collect import collect_demos
-from ript.data.dataset import ChunkDataset, DatasetSpec
+from benchmarks.bench import demo_dataset, make_prior
+from ript.config import compose, resolve_device, task_names
 from ript.envs.runner import EnvRunner
 from ript.envs.suites import get_suite
 from ript.policies.build import make_policy
-
-
-def one_demo_per_task(cfg, data_dir: Path, tasks: int) -> ChunkDataset:
-    suite, render = str(cfg.task.suite), OmegaConf.to_container(cfg.task.render)
-    names = get_suite(suite).task_names(cfg.task)[:tasks]
-    pattern = str(cfg.task.get("file_pattern") or "{name}.hdf5")
-    collect_demos(suite, names, data_dir, 1, render, 400, file_pattern=pattern, episodes_per_job=1)
-    files = [data_dir / pattern.format(name=n) for n in names]
-    return ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), int(cfg.algo.chunk_size), int(cfg.algo.frame_stack),
-                                    val_fraction=0.0, flip_keys=tuple(cfg.task.get("flip_obs_keys") or ())), "all")
 
 
 def timed_plans(policy, log: list) -> None:
@@ -141,7 +129,7 @@ def main() -> None:
     out: dict = {"suite": suite, "overrides": args.overrides, "workers": args.workers,
                  "envs_per_worker": args.envs_per_worker, "episodes": args.episodes, "horizon": args.steps}
     with tempfile.TemporaryDirectory() as tmp:
-        ds = one_demo_per_task(cfg, Path(tmp), args.tasks)
+        ds = demo_dataset(cfg, Path(tmp), 1, task_names(cfg.task)[: args.tasks])
         model = make_prior(cfg, ds).to(device)
     settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
     policy = make_policy(model, settings, device, seed=0)
