@@ -49,13 +49,16 @@ keep_state() {
   ls -la $R/state; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
 workers="+phases.collect.num_workers=${COLLECT_WORKERS:-$(nproc)}"  # 16 on the H100 host, 32 on nvidia-h200-x2
+# protocol $1's training phases without progress bars; the same in every run of it, since the protocol refuses a
+# finished phase's changed setting (a later part going on to RL passes them again)
+no_bars() { case $1 in ml45_fewshot*) echo "+phases.finetune.progress=false" ;;
+                       *) echo "+phases.stage0.progress=false +phases.stage1.progress=false" ;; esac; }
 # collect and stages 0-1 of protocol $1, then its checkpoints in pieces (PROTOCOL_EXTRA's settings of the
 # phases left out are dropped: they cannot apply to a null phase)
 imitation_ckpt() {
   local extra; extra=$(for o in ${PROTOCOL_EXTRA:-}; do case "$o" in phases.rl*|+phases.rl*|phases.eval*|+phases.eval*) ;;
                        *) printf '%s ' "$o" ;; esac; done)
-  python3 -m ript.cli protocol $1 $workers +phases.stage0.progress=false +phases.stage1.progress=false \
-    phases.eval=null phases.rl=null phases.eval_rl=null $extra 2>&1 | quiet
+  python3 -m ript.cli protocol $1 $workers $(no_bars $1) phases.eval=null phases.rl=null phases.eval_rl=null $extra 2>&1 | quiet
   keep_ckpt $1; }
 # protocol $1's checkpoint $2 (under its run folder) through the evaluation again, with overrides $4...;
 # results in eval_$3 and $R/$1_eval_$3.json
@@ -65,11 +68,15 @@ eval_again() {
   python3 -m ript.cli eval checkpoint=runs/protocols/$p/$checkpoint n_videos=0 out_dir=runs/protocols/$p/eval_$tag \
     "$@" 2>&1 | quiet
   cp runs/protocols/$p/eval_$tag/results.json $R/${p}_eval_$tag.json; }
+# RL stopped by its time limit (rl.stop_after_minutes) ends protocol $1 before eval_rl: evaluate what it got
+eval_rl_cut() {
+  if [ -d runs/protocols/$1/rl ] && [ ! -f runs/protocols/$1/eval_rl/results.json ]; then
+    eval_again $1 rl rl_cut ${RL_CUT_EVAL:-}; fi; }
 # ML45 few-shot as variant $1 with overrides $2...
 fewshot_variant() {
   local tag=$1; shift
   phase "ml45_fewshot_$tag"
-  python3 -m ript.cli protocol ml45_fewshot name=ml45_fewshot_$tag $workers +phases.finetune.progress=false \
+  python3 -m ript.cli protocol ml45_fewshot name=ml45_fewshot_$tag $workers $(no_bars ml45_fewshot) \
     ${FEWSHOT_EXTRA:-} "$@" 2>&1 | quiet
   keep ml45_fewshot_$tag; }
 mkdir -p $R
@@ -83,12 +90,9 @@ for part in "$@"; do
       s=${LIBERO_SUITE:-libero_object}
       phase "$s"
       [ -n "${CKPT:-}" ] && imitation_ckpt $s  # the imitation checkpoint first, kept before the lease can run out
-      python3 -m ript.cli protocol $s $workers +phases.stage0.progress=false +phases.stage1.progress=false \
-        ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+      python3 -m ript.cli protocol $s $workers $(no_bars $s) ${PROTOCOL_EXTRA:-} 2>&1 | quiet
       keep $s
-      # RL stopped by its time limit (rl.stop_after_minutes) ends the protocol before eval_rl: evaluate what it got
-      if [ -d runs/protocols/$s/rl ] && [ ! -f runs/protocols/$s/eval_rl/results.json ]; then
-        eval_again $s rl rl_cut ${RL_CUT_EVAL:-}; fi
+      eval_rl_cut $s
       if [ -z "${CKPT:-}" ]; then
         mkdir -p $R/videos
         find runs/protocols/$s/eval -name "*.mp4" | grep -E "${VIDEOS:-ketchup|salad|tomato}" | head -3 \
@@ -116,12 +120,11 @@ for part in "$@"; do
       ls -la $R/ae ;;
     ml45)
       phase "ml45_multitask"
-      python3 -m ript.cli protocol ml45_multitask $workers +phases.stage0.progress=false \
-        +phases.stage1.progress=false phases.stage1.train.steps=${S1_STEPS:-16000} ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+      python3 -m ript.cli protocol ml45_multitask $workers $(no_bars ml45_multitask) phases.stage1.train.steps=${S1_STEPS:-16000} ${PROTOCOL_EXTRA:-} 2>&1 | quiet
       keep ml45_multitask ;;
     ml45_fewshot)
       phase "ml45_fewshot"
-      python3 -m ript.cli protocol ml45_fewshot $workers +phases.finetune.progress=false ${FEWSHOT_EXTRA:-} 2>&1 | quiet
+      python3 -m ript.cli protocol ml45_fewshot $workers $(no_bars ml45_fewshot) ${FEWSHOT_EXTRA:-} 2>&1 | quiet
       keep ml45_fewshot ;;
     fewshot_variants)
       IFS=';' read -ra variants <<< "${FEWSHOT_VARIANTS:-}"
@@ -142,13 +145,9 @@ for part in "$@"; do
     rl)
       p=${PROTO:-ml45_multitask}
       phase "$p rl"
-      # the progress settings the imitation part ran with: the protocol refuses a finished phase's changed setting
-      case $p in ml45_fewshot*) progress="+phases.finetune.progress=false" ;;
-                 *) progress="+phases.stage0.progress=false +phases.stage1.progress=false" ;; esac
-      python3 -m ript.cli protocol $p $workers $progress ${RL_EXTRA:-} 2>&1 | quiet
+      python3 -m ript.cli protocol $p $workers $(no_bars $p) ${RL_EXTRA:-} 2>&1 | quiet
       keep $p
-      if [ -d runs/protocols/$p/rl ] && [ ! -f runs/protocols/$p/eval_rl/results.json ]; then
-        eval_again $p rl rl_cut ${RL_CUT_EVAL:-}; fi ;;
+      eval_rl_cut $p ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
       phase "resume from .resume"
