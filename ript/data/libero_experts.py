@@ -203,6 +203,12 @@ class PickPlaceExpert:
     HOLDING = ("lift", "carry", "lower")  # the phases with the object in the hand
 
     @property
+    def onto_object(self) -> bool:
+        """Onto an object (LIBERO's On then tests the two origins, within 3 cm) or a set-aside's spot on the table,
+        not into a goal region or a drawer."""
+        return self.target_site is None and self.surface_body is None
+
+    @property
     def finished(self) -> bool:
         return self.phase == "release" and self.timer > self.settle
 
@@ -265,9 +271,9 @@ class PickPlaceExpert:
             return site[:2] + self.offset, float(site[2])
         pts = collision_corners(sim, self.surface_body or f"{self.target}_main")
         xy = (pts[:, :2].min(0) + pts[:, :2].max(0)) / 2
-        if self.surface_body is None:  # On X Y holds within 3 cm of Y's body origin
+        if self.onto_object:
             xy = sim.data._data.xpos[_body_id(sim.model._model, f"{self.target}_main")][:2].copy()
-        if self.target_site is not None:
+        elif self.target_site is not None:
             xy = site_position(sim, self.target_site)[:2] + self.offset
         near = pts[np.linalg.norm(pts[:, :2] - xy, axis=1) < 0.08]
         return xy, float((near if len(near) else pts)[:, 2].max())
@@ -282,14 +288,12 @@ class PickPlaceExpert:
         obj_xy = (lo[:2] + hi[:2]) / 2
         if self.phase == "align":
             self._plan_grasp(sim, obj_pts, obj_xy)
-        # the point of the object put over the target: onto an object, its body's origin, which LIBERO's On tests
-        # against the target's (within 3 cm; a mug's outline, handle and all, is centred 3 cm off its origin:
-        # libero_90 LIVING_ROOM_SCENE5's mug missed its plate); into a region its outline's centre, which the
-        # region's walls leave room for (by the origin, a book's 1.2 cm off it, STUDY_SCENE3's right compartment
-        # fell 5/5 -> 1/5, and a bowl into a low drawer met the cabinet's front)
-        onto_object = self.target_site is None and self.surface_body is None
+        # the point of the object put over the target: onto an object, its body's origin (a mug's outline, handle
+        # and all, is centred 3 cm off it: libero_90 LIVING_ROOM_SCENE5's mug missed its plate); into a region its
+        # outline's centre, which the region's walls leave room for (by the origin, a book's 1.2 cm off it,
+        # STUDY_SCENE3's right compartment fell 5/5 -> 1/5, and a bowl into a low drawer met the cabinet's front)
         place_xy = obj_xy
-        if onto_object and not self.slotted:
+        if self.onto_object and not self.slotted:
             place_xy = sim.data._data.xpos[_body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
         if self.by_handle:
             # a handle shifts the footprint's centre off the pot or pan itself: place its centre of mass instead
@@ -361,7 +365,7 @@ class PickPlaceExpert:
             # onto an object a rim-pinched object (a bowl, a mug), which pivots about the fingers as they open, is let
             # go lower (not into a drawer: lowered further and lined up, a bowl met the cabinet's front over a low
             # drawer and wedged there on its side)
-            low = self.rim is not None and onto_object
+            low = self.rim is not None and self.onto_object
             drop = min(self.release_height, RIM_RELEASE) if low else self.release_height
             goal = np.array([*(tgt_xy + self.shift + eef[:2] - place_xy), tgt_top + self.hang + drop])
             # let go only once over the goal: into a slot (a compartment a few millimetres wider than the object)
@@ -374,7 +378,7 @@ class PickPlaceExpert:
             self.lowest = min(self.lowest, float(eef[2]))
             if self.slotted:
                 release = at_height and xy_err < SLOT_ALIGN
-            elif onto_object:
+            elif self.onto_object:
                 release = (at_height and xy_err < PLACE_ALIGN) or self.timer >= PLACE_WAIT
             else:
                 release = at_height
