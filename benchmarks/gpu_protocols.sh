@@ -6,6 +6,9 @@
 #                 tasks VIDEOS finds (a regular expression; LIBERO-Object's bottles by default), or with CKPT=1
 #                 the stage-0 and stage-1 checkpoints in pieces
 #   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-0 and stage-1 checkpoints kept in pieces
+#   profile       benchmarks/profile_rollout.py on LIBERO_SUITE's first two tasks with QueST's encoder, for each
+#                 variant of PROFILE_VARIANTS ("tag args...;tag ...", e.g. "threads16 --driver-threads 16;fix"):
+#                 $R/profile_<tag>.json
 #   ae            stage 0 alone on AE_TASKS of LIBERO-Object for each of AE_STEPS; checkpoints kept in pieces
 #   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
 #   ml45_fewshot  ML45 few-shot through its protocol, from the ml45 part's stage 1 (FEWSHOT_EXTRA)
@@ -102,6 +105,16 @@ for part in "$@"; do
       s=${LIBERO_SUITE:-libero_object}
       phase "$s (imitation checkpoint)"
       imitation_ckpt $s ;;
+    profile)
+      IFS=';' read -ra variants <<< "${PROFILE_VARIANTS:-default}"
+      for v in "${variants[@]}"; do
+        set -- $v; tag=$1; shift
+        phase "profile $tag"
+        python3 -m benchmarks.profile_rollout --overrides task=${LIBERO_SUITE:-libero_object} device=cuda \
+          algo.prior.encoder_stages=2 algo.prior.num_kp=128 --workers 16 --episodes 32 --steps 100 "$@" \
+          --out runs/profile_$tag 2>&1 | grep -v -i -E "warn|logo|collect:"
+        cp runs/profile_$tag/profile_rollout.json $R/profile_$tag.json
+      done ;;
     ae)
       # stage 0 alone on three LIBERO-Object tasks, trained for each of AE_STEPS; the checkpoints come back in
       # pieces for benchmarks/autoencoder_loop.py on a CPU
@@ -153,7 +166,7 @@ for part in "$@"; do
       phase "resume from .resume"
       mkdir -p runs/protocols; cat .resume/*.tar.part* | tar -xf - -C runs/protocols || exit 1
       ls -la runs/protocols/* ;;
-    *) echo "unknown part $part (libero_speed, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, state, resume)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, state, resume)" >&2; exit 2 ;;
   esac
 done
 phase "all done"

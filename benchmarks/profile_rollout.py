@@ -31,6 +31,7 @@ from ript.config import compose, resolve_device, task_names
 from ript.envs.runner import EnvRunner
 from ript.envs.suites import get_suite
 from ript.policies.build import make_policy
+from ript.utils.processes import driver_threads, usable_cores
 
 
 def timed_plans(policy, log: list) -> None:
@@ -120,14 +121,20 @@ def main() -> None:
     ap.add_argument("--record", type=int, default=1)
     ap.add_argument("--cuda-graph", type=int, default=1)
     ap.add_argument("--torch-profile", type=int, default=0)
+    ap.add_argument("--driver-threads", type=int, default=None,
+                    help="torch threads of the driving process during runs (default: the runner's, the cores "
+                         "its workers leave; the number of cores: torch's own default, as before session 27)")
     ap.add_argument("--load-procs", type=int, default=0, help="background simulator processes (0: skip)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
     cfg = compose("stage1", args.overrides)
     device = resolve_device(cfg.device)
     suite = str(cfg.task.suite)
     out: dict = {"suite": suite, "overrides": args.overrides, "workers": args.workers,
-                 "envs_per_worker": args.envs_per_worker, "episodes": args.episodes, "horizon": args.steps}
+                 "envs_per_worker": args.envs_per_worker, "episodes": args.episodes, "horizon": args.steps,
+                 "driver_threads": args.driver_threads, "cores": usable_cores()}
     with tempfile.TemporaryDirectory() as tmp:
         ds = demo_dataset(cfg, Path(tmp), 1, task_names(cfg.task)[: args.tasks])
         model = make_prior(cfg, ds).to(device)
@@ -138,7 +145,8 @@ def main() -> None:
     out["cuda_graph"] = policy.cuda_graph
     per_task = max(1, args.episodes // len(ds.task_names))
     runner = EnvRunner(suite, ds.task_names, OmegaConf.to_container(cfg.task.render), args.steps, per_task,
-                       num_workers=args.workers, envs_per_worker=args.envs_per_worker)
+                       num_workers=args.workers, envs_per_worker=args.envs_per_worker,
+                       driver_threads=args.driver_threads)
     runner.run(policy)  # warm-up: spawn workers, build envs, first kernels
     log: list = []
     timed_plans(policy, log)
@@ -172,12 +180,12 @@ def main() -> None:
     if args.load_procs:
         for with_render in (False, True):
             key = f"isolated_under_{args.load_procs}_procs_{'rendering' if with_render else 'physics_only'}"
-            out[key] = plan_ms_under_load(policy, cfg, task_name, obs, sizes, args.load_procs, with_render)
+            with driver_threads(args.load_procs, args.driver_threads):  # as the runner does with its workers
+                out[key] = plan_ms_under_load(policy, cfg, task_name, obs, sizes, args.load_procs, with_render)
             print(key, out[key], flush=True)
     text = json.dumps(out, indent=2)
     print(text)
     if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "profile_rollout.json").write_text(text)
 
 

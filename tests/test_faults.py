@@ -138,21 +138,21 @@ def test_read_only_run_folder_is_one_line(tiny_data, small_tmpfs):
 def test_eval_survives_a_worker_that_dies_or_hangs(stage1_run, tmp_path, fault, envs_per_worker):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "ript.cli", "eval", f"checkpoint={stage1_run}", f"out_dir={out}",
-           "episodes_per_task=4", "num_workers=2", f"workers.envs_per_worker={envs_per_worker}",
+           "episodes_per_task=12", "num_workers=2", f"workers.envs_per_worker={envs_per_worker}",
            "max_episode_steps=120", "n_videos=0", "workers.timeout_s=10"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = env_workers(proc.pid, 2)[0]
-    time.sleep(2.0)  # into its first episode
+    time.sleep(2.0)  # into its first episodes (the whole run takes ~7 s: 24 episodes of up to 120 steps)
     os.kill(victim, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
     assert "replacing it" in err
     results = json.loads((out / "results.json").read_text())
     # every episode the dead worker was running (one per env it hosted, fewer if one had just ended) runs again
-    assert len(results["episodes"]) == 8 and results["worker_restarts"] == 1
+    assert len(results["episodes"]) == 24 and results["worker_restarts"] == 1
     assert 1 <= results["reruns"] <= envs_per_worker
     assert sorted((e["task"], e["episode"]) for e in results["episodes"]) == sorted(
-        (t, j) for t in results["per_task"] for j in range(4))
+        (t, j) for t in results["per_task"] for j in range(12))
     if fault == "stop":
         with pytest.raises(ProcessLookupError):
             os.kill(victim, 0)  # the hung worker was killed, not left stopped

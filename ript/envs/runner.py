@@ -27,6 +27,7 @@ from ript.envs.worker_env import EpisodeSpec, WorkerSet
 from ript.envs.workers import Pending
 from ript.policies.base import ChunkingPolicy
 from ript.utils.atomic import atomic_write_text
+from ript.utils.processes import driver_threads
 from ript.utils.video import write_mp4
 
 
@@ -72,6 +73,7 @@ class EnvRunner:
         on_worker_failure: str = "rerun",
         envs_per_worker: int = 1,
         episodes_at_once: int | None = None,
+        driver_threads: int | None = None,
     ):
         self.suite = suite
         self.task_names = list(task_names)
@@ -90,6 +92,8 @@ class EnvRunner:
             raise ValueError(f"on_worker_failure={on_worker_failure!r}: expected 'rerun' or 'drop'")
         self.worker_timeout_s, self.max_worker_restarts = worker_timeout_s, max_worker_restarts
         self.rerun_failed = on_worker_failure == "rerun"
+        # torch threads of this (driving) process while the workers run; None: the cores they leave, at least one
+        self.driver_threads = driver_threads
         self.workers: WorkerSet | None = None
         self.slot_tasks: list[list[str]] = []  # set with the workers
 
@@ -118,8 +122,13 @@ class EnvRunner:
         """Run every episode of ``specs`` (default: the evaluation protocol), or until ``stop`` is satisfied
         (the rest are then cancelled and counted). With a recording policy, each episode dict also carries its
         ``decisions``."""
+        workers = self._ensure_workers(policy.frame_stack)
+        with driver_threads(len(workers.pool), self.driver_threads):
+            return self._run(policy, workers, video_dir, specs, stop)
+
+    def _run(self, policy: ChunkingPolicy, workers: WorkerSet, video_dir: Path | None, specs: list[EpisodeSpec] | None,
+             stop: StopRule | None) -> dict[str, Any]:
         keep = policy.frame_stack
-        workers = self._ensure_workers(keep)
         pool, shared, per = workers.pool, workers.frames, workers.envs_per_worker
         n_workers = len(pool)
         n = n_workers * per  # env slots; slot s is env s % per of worker s // per

@@ -104,8 +104,8 @@ class ChunkPolicy(ChunkingPolicy):
             outputs = graphed(inputs)
         else:
             outputs = self._infer(**inputs)
-        context, tokens, log_probs, chunks, values = (x[picked] for x in outputs)
-        host_obs = {k: v[picked] for k, v in host_obs.items()}
+        picked_rows = torch.tensor(picked, device=self.device)  # one small copy for all five outputs
+        context, tokens, log_probs, chunks, values = (x.index_select(0, picked_rows) for x in outputs)
         if self.record:
             # what RL training needs, so it recomputes only the prior: context, sampled tokens, old log-probs
             # (cloned: a graph's outputs are overwritten by its next replay)
@@ -115,7 +115,7 @@ class ChunkPolicy(ChunkingPolicy):
                 if self.critic is not None:
                     record["value"] = values[j].clone()
                 if self.record_obs:  # kept on the host: a few hundred MB per iteration at 128 px
-                    record.update(obs={k: v[j] for k, v in host_obs.items()}, task_id=self.task_ids[i])
+                    record.update(obs={k: v[picked[j]].clone() for k, v in host_obs.items()}, task_id=self.task_ids[i])
                 self.records[i].append(record)
         return chunks.cpu().numpy()  # waits for the GPU
 
