@@ -90,3 +90,19 @@ def test_every_protocol_composes_with_its_task_and_phases():
                 job = compose(phase.job, phase.overrides)
                 assert job.data.action_key == "expert_actions", (name, phase.name)
                 assert job.algo.prior.num_kp == (128 if name.startswith("libero") else 32), (name, phase.name)
+
+
+def test_an_rl_phase_cut_by_its_time_limit_is_told_from_one_that_spent_its_env_step_budget(tmp_path):
+    # session 27: a LIBERO protocol's RL (rl.max_env_steps set) stopped by rl.stop_after_minutes after 3 of 15
+    # iterations was recorded as finished and evaluated; the same command again would have skipped the rest
+    rl = protocol.Phase("rl", "rl", [], run_dir=tmp_path, last_step=15, env_step_budget=200_000)
+    assert protocol.cut_short(rl, 3)  # no record yet: nothing spent
+    (tmp_path / "rl_history.json").write_text(json.dumps([{"iteration": 3, "env_steps": 122_000}]))
+    assert protocol.cut_short(rl, 3)
+    (tmp_path / "rl_history.json").write_text(json.dumps([{"iteration": 5, "env_steps": 201_000}]))
+    assert not protocol.cut_short(rl, 5)  # the budget ended it
+    assert not protocol.cut_short(rl, 15)
+    assert protocol.cut_short(protocol.Phase("rl", "rl", [], run_dir=tmp_path, last_step=15), 5)
+    (tmp_path / "rl_history.json").write_text("{")
+    with pytest.raises(RiptError, match="rl_history.json"):
+        protocol.cut_short(rl, 3)

@@ -56,6 +56,7 @@ class Phase:
     run_dir: Path | None = None   # training phases: resumed from its last checkpoint if a try was cut short
     out_dir: Path | None = None   # evaluations: where results.json lands
     last_step: int | None = None  # training phases: the step (RL: iteration) that finishes them
+    env_step_budget: int | None = None  # RL: rl.max_env_steps, which can finish it before its last iteration
 
     def command(self, gpus: int) -> list[str]:
         launcher = [sys.executable, "-m", "ript.cli"]
@@ -118,8 +119,8 @@ def check(cfg, phases: list[Phase]) -> None:
             raise RiptError(f"protocol {cfg.name}: evaluate=best needs phases.{phase.name}.eval.every > 0 "
                             f"(the training run evaluates and keeps its best step)")
         if phase.name == "rl":
-            # a run ended by its env-step budget finishes before its last iteration
-            phase.last_step = None if job_cfg.rl.max_env_steps else int(job_cfg.rl.iterations)
+            phase.last_step = int(job_cfg.rl.iterations)
+            phase.env_step_budget = int(job_cfg.rl.max_env_steps) if job_cfg.rl.max_env_steps else None
         elif phase.name in TRAINING:
             phase.last_step = int(job_cfg.train.steps)
 
@@ -151,6 +152,21 @@ def run_phase(phase: Phase, gpus: int) -> None:
     if code != 0:
         raise RiptError(f"phase {phase.name} (`ript {phase.job}`) failed with exit code {code}; its error is "
                         f"above; the same command continues from this phase")
+
+
+def cut_short(phase: Phase, step: int) -> bool:
+    """Did the phase's own time limit stop it at ``step``? An RL run whose env-step budget is spent is finished
+    before its last iteration (its rl_history.json records the env steps counted so far)."""
+    if phase.last_step is None or step >= phase.last_step:
+        return False
+    if phase.env_step_budget is None:
+        return True
+    history = phase.run_dir / "rl_history.json"
+    try:
+        spent = json.loads(history.read_text())[-1]["env_steps"] if history.is_file() else 0
+    except (OSError, json.JSONDecodeError, IndexError, KeyError) as e:
+        raise RiptError(f"cannot read {history}: {e}") from None
+    return spent < phase.env_step_budget
 
 
 def reached_step(run_dir: Path) -> int:
@@ -224,7 +240,7 @@ def run(cfg) -> dict[str, Any]:
         record = {"overrides": phase.overrides, "seconds": seconds, "gpus": gpus}
         if phase.run_dir is not None:
             record["step"] = reached_step(phase.run_dir)
-            if phase.last_step is not None and record["step"] < phase.last_step:  # its own time limit stopped it
+            if cut_short(phase, record["step"]):
                 state.setdefault("cut", {})[phase.name] = seconds
                 atomic_write_text(root / STATE_FILE, json.dumps(state, indent=2))
                 log.info("protocol %s: %s stopped at step %d of %d (its time limit); run the same command again "
