@@ -71,10 +71,13 @@ eval_again() {
   python3 -m ript.cli eval checkpoint=runs/protocols/$p/$checkpoint n_videos=0 out_dir=runs/protocols/$p/eval_$tag \
     "$@" 2>&1 | quiet
   cp runs/protocols/$p/eval_$tag/results.json $R/${p}_eval_$tag.json; }
-# RL stopped by its time limit (rl.stop_after_minutes) ends protocol $1 before eval_rl: evaluate what it got
+# RL stopped by its time limit (rl.stop_after_minutes) ends protocol $1 before eval_rl: evaluate what it got,
+# in eval_rl_cut<iteration> (a later cut of the same run, resumed, is another folder)
 eval_rl_cut() {
+  local last
   if [ -d runs/protocols/$1/rl ] && [ ! -f runs/protocols/$1/eval_rl/results.json ]; then
-    eval_again $1 rl rl_cut ${RL_CUT_EVAL:-}; fi; }
+    last=$(basename "$(readlink runs/protocols/$1/rl/checkpoints/last)")
+    eval_again $1 rl rl_cut$((10#$last)) ${RL_CUT_EVAL:-}; fi; }
 # ML45 few-shot as variant $1 with overrides $2...
 fewshot_variant() {
   local tag=$1; shift

@@ -255,7 +255,7 @@ def test_two_objects_bound_for_one_region_go_side_by_side():
     """(On moka_pot_1 flat_stove_1_cook_region) (On moka_pot_2 flat_stove_1_cook_region): the second pot used to be
     released on top of the first; now each gets its own spot along the region (0/5 before, 5/5 after)."""
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import PickPlaceExpert, make_expert
+    from ript.data.libero_experts import make_expert, PickPlaceExpert
     from ript.envs.libero import LiberoTask
 
     task = LiberoTask("libero_10", "KITCHEN_SCENE8_put_both_moka_pots_on_the_stove", None)

@@ -93,7 +93,8 @@ def test_a_bottle_too_tall_for_the_open_drawer_is_laid_in_flat():
     """Standing in the drawer the ketchup's body origin is above the region LIBERO's ``In`` tests (the old
     expert's 0/5); the lay expert tilts it along the drawer and drops it in."""
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import _body_id, make_expert
+    from ript.data.libero_experts import make_expert
+    from ript.data.libero_geometry import body_id
     from ript.data.libero_slanted import DrawerLayExpert, region_box
     from ript.envs.libero import LiberoTask
 
@@ -103,7 +104,7 @@ def test_a_bottle_too_tall_for_the_open_drawer_is_laid_in_flat():
         assert isinstance(make_expert(task), DrawerLayExpert)
         demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
         assert demo.attrs["success"] and len(demo.actions) < 250
-        origin = task.sim.data._data.xpos[_body_id(task.sim.model._model, "ketchup_1_main")]
+        origin = task.sim.data._data.xpos[body_id(task.sim.model._model, "ketchup_1_main")]
         centre, half = region_box(task.sim, "white_cabinet_1_top_region")
         assert np.all(np.abs(origin - centre) < half + 0.01)  # in the box LIBERO tests, not standing above it
     finally:
@@ -163,7 +164,8 @@ def test_the_hand_comes_in_over_what_stands_before_a_low_drawer():
     pushed the bowl 10 cm and failed before)."""
     from ript.data.collect_libero import run_episode
     from ript.data.libero_articulated import SlideOpenExpert
-    from ript.data.libero_experts import collision_corners, make_expert
+    from ript.data.libero_experts import make_expert
+    from ript.data.libero_geometry import collision_corners
     from ript.envs.libero import LiberoTask
     from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 

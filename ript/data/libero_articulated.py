@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_experts import (CLOSE, HAND_HALF_SPAN, HAND_HALF_WIDTH, POS_SCALE, SequenceExpert, _body_id,
-                                      _geom_box_corners, _is_collision_geom, _wrap_half_turn, collision_corners,
-                                      finger_angle, rotation_matrix)
+from ript.data.libero_experts import SequenceExpert
+
+from ript.data.libero_geometry import (CLOSE, HAND_HALF_SPAN, HAND_HALF_WIDTH, POS_SCALE, body_id, collision_corners,
+                                        finger_angle, geom_box_corners, is_collision_geom, rotation_matrix,
+                                        wrap_half_turn)
 from ript.errors import RiptError
 
 FREE, SLIDE, HINGE = 0, 2, 3  # MuJoCo joint types
@@ -49,7 +51,7 @@ class Articulation:
         if self.kind not in (SLIDE, HINGE):
             raise RiptError(f"{task.suite}/{task.task_name}: joint {joint!r} is neither a slide nor a hinge")
         self.body = int(model.jnt_bodyid[self.joint])
-        self.geoms = [g for g in range(model.ngeom) if _is_collision_geom(model, g) and self._moves(int(model.geom_bodyid[g]))]
+        self.geoms = [g for g in range(model.ngeom) if is_collision_geom(model, g) and self._moves(int(model.geom_bodyid[g]))]
         if not self.geoms:
             raise RiptError(f"{task.suite}/{task.task_name}: joint {joint!r} moves no collision geometry")
 
@@ -70,7 +72,7 @@ class Articulation:
 
     def corners(self) -> np.ndarray:
         model, data = self.sim.model._model, self.sim.data._data
-        return np.concatenate([_geom_box_corners(model, data, g) for g in self.geoms])
+        return np.concatenate([geom_box_corners(model, data, g) for g in self.geoms])
 
     def centers(self) -> np.ndarray:
         model, data = self.sim.model._model, self.sim.data._data
@@ -145,7 +147,7 @@ class JointPushExpert:
         action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
         # the hand's long side (along the finger axis, ~21 cm) across the push, so it fits close to a cabinet
         across = float(np.arctan2(push[1], push[0])) + np.pi / 2
-        action[5] = np.clip(3.0 * _wrap_half_turn(across - finger_angle(task.sim)), -1.0, 1.0)
+        action[5] = np.clip(3.0 * wrap_half_turn(across - finger_angle(task.sim)), -1.0, 1.0)
         action[6] = CLOSE  # closed fingers: one compact fingertip to push with
         return action
 
@@ -165,9 +167,9 @@ def hand_turn(task, pointing: np.ndarray, across: np.ndarray) -> tuple[np.ndarra
     gripper's own frame from its bodies, so a target frame can be written for them."""
     model, data = task.sim.model._model, task.sim.data._data
     eef = task.privileged()["robot0_eef_pos"]
-    hand = data.xpos[_body_id(model, "gripper0_right_gripper")]
-    left = data.xpos[_body_id(model, "gripper0_leftfinger")]
-    right = data.xpos[_body_id(model, "gripper0_rightfinger")]
+    hand = data.xpos[body_id(model, "gripper0_right_gripper")]
+    left = data.xpos[body_id(model, "gripper0_leftfinger")]
+    right = data.xpos[body_id(model, "gripper0_rightfinger")]
     r0 = rotation_matrix(task.privileged()["robot0_eef_quat"])
     approach = (eef - hand) / np.linalg.norm(eef - hand)  # hand -> fingertips, in the world
     fingers = (right - left) / np.linalg.norm(right - left)

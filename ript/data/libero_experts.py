@@ -12,14 +12,11 @@ import re
 
 import numpy as np
 
+from ript.data.libero_geometry import (CLOSE, HAND_CLEARANCE, HAND_HALF_SPAN, HAND_HALF_WIDTH, MAX_GRASP_WIDTH, OPEN,
+                                       POS_SCALE, ObstacleBoxes, body_id, collision_corners, finger_angle,
+                                       handle_grasp, level_hand, narrow_direction, site_id, wrap_half_turn)
 from ript.errors import RiptError
 
-POS_SCALE = 0.05  # metres per unit action of OSC_POSE's position delta (its output_max)
-OPEN, CLOSE = -1.0, 1.0
-MAX_GRASP_WIDTH = 0.07  # the Panda hand opens to about 8 cm
-HAND_HALF_SPAN = 0.10  # the Panda hand reaches this far each way along the fingers' closing direction
-HAND_HALF_WIDTH = 0.035  # ... and this far each way across it (its thickness)
-HAND_CLEARANCE = 0.02  # room around the hand that needs no turn of the grasp
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
 SLOT_ALIGN = 0.005  # how close over a slot a held object must be before it goes down into it
 # ... and over an object it goes onto before it is let go: the carry's momentum took a bowl 2.7 cm past a plate's centre
@@ -29,153 +26,6 @@ PLACE_ALIGN, PLACE_WAIT = 0.008, 20
 # a mug let go 3 cm over its plate's rim tipped 4.8 cm off the plate's centre as it fell (LIVING_ROOM_SCENE5)
 RIM_RELEASE = 0.01
 HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles
-
-
-def _body_id(model, name: str) -> int:
-    import mujoco
-
-    i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
-    if i < 0:
-        raise RiptError(f"LIBERO scene has no body {name!r}")
-    return i
-
-
-def _site_id(model, name: str) -> int:
-    import mujoco
-
-    i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, name)
-    if i < 0:
-        raise RiptError(f"LIBERO scene has no site {name!r}")
-    return i
-
-
-_BOX_SIGNS = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T
-
-
-def _is_collision_geom(model, g: int) -> bool:
-    return not (model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0)  # else a visual-only mesh
-
-
-def _geom_box_corners(model, data, g: int) -> np.ndarray:
-    """World coordinates of the 8 corners of geom ``g``'s bounding box."""
-    center, half = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
-    return data.geom_xpos[g] + (center + _BOX_SIGNS * half) @ data.geom_xmat[g].reshape(3, 3).T
-
-
-def collision_corners(sim, body: str) -> np.ndarray:
-    """World coordinates of the corners of each collision geom's bounding box in ``body``'s subtree."""
-    model, data = sim.model._model, sim.data._data
-    root = _body_id(model, body)
-    pts = []
-    for g in range(model.ngeom):
-        if not _is_collision_geom(model, g):
-            continue
-        b = int(model.geom_bodyid[g])
-        while b not in (0, root):
-            b = int(model.body_parentid[b])
-        if b == root:
-            pts.append(_geom_box_corners(model, data, g))
-    if not pts:
-        raise RiptError(f"LIBERO body {body!r} has no collision geometry")
-    return np.concatenate(pts)
-
-
-class ObstacleBoxes:
-    """Other objects' collision geoms reaching between two heights, as oriented boxes (each geom's own
-    bounding box in its frame: a rotated cabinet's walls are thin, not their loose world-axis boxes). The
-    robot, the table and the floor are left out."""
-
-    def __init__(self, sim, exclude: set[str], z_lo: float, z_hi: float):
-        import mujoco
-
-        model, data = sim.model._model, sim.data._data
-        skip = tuple(f"{e}_" for e in exclude) + ("robot", "gripper", "mount", "table", "floor", "world")
-        self.z_lo, self.z_hi = z_lo, z_hi
-        centers, rotations, halves = [], [], []
-        for g in range(model.ngeom):
-            if not _is_collision_geom(model, g):
-                continue
-            b = int(model.geom_bodyid[g])
-            while int(model.body_parentid[b]) != 0:
-                b = int(model.body_parentid[b])
-            name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or ""
-            if b == 0 or name.startswith(skip):
-                continue
-            z = _geom_box_corners(model, data, g)[:, 2]
-            if z.max() > z_lo and z.min() < z_hi:
-                rot = data.geom_xmat[g].reshape(3, 3)
-                centers.append(data.geom_xpos[g] + rot @ model.geom_aabb[g, :3])
-                rotations.append(rot.copy())
-                halves.append(model.geom_aabb[g, 3:].copy())
-        self.centers = np.array(centers).reshape(-1, 3)
-        self.rotations = np.array(rotations).reshape(-1, 3, 3)
-        self.halves = np.array(halves).reshape(-1, 3)
-
-    def distance(self, xy: np.ndarray, samples: int = 5) -> float:
-        """Distance from a vertical finger at ``xy`` (spanning the two heights) to the nearest box."""
-        if not len(self.centers):
-            return np.inf
-        points = np.array([[*xy, z] for z in np.linspace(self.z_lo, self.z_hi, samples)])
-        local = np.einsum("bji,pbj->pbi", self.rotations, points[:, None, :] - self.centers[None])
-        gap = np.maximum(np.abs(local) - self.halves[None], 0.0)
-        return float(np.linalg.norm(gap, axis=-1).min())
-
-
-def handle_grasp(sim, body: str) -> tuple[np.ndarray, float, float]:
-    """(grip xy, grip height, finger direction) on ``body``'s handle: its collision geoms farthest (horizontally)
-    from the body's centre of mass, gripped across their narrow side, 1.5 cm under their top."""
-    model, data = sim.model._model, sim.data._data
-    root = _body_id(model, body)
-    com = data.xipos[root][:2]
-    parts = []
-    for g in range(model.ngeom):
-        if int(model.geom_bodyid[g]) == root and _is_collision_geom(model, g):
-            corners = _geom_box_corners(model, data, g)
-            parts.append((float(np.linalg.norm(corners[:, :2].mean(0) - com)), corners))
-    if not parts:
-        raise RiptError(f"LIBERO body {body!r} has no collision geometry")
-    farthest = max(d for d, _ in parts)
-    handle = np.concatenate([c for d, c in parts if d >= 0.75 * farthest])
-    yaw, _ = narrow_direction(handle)
-    return (handle[:, :2].min(0) + handle[:, :2].max(0)) / 2, float(handle[:, 2].max()) - 0.015, yaw
-
-
-def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
-    """The horizontal direction (angle, radians) across which the footprint is narrowest, and that width."""
-    angles = np.linspace(0.0, np.pi, 72, endpoint=False)
-    dirs = np.stack([np.cos(angles), np.sin(angles)], axis=1)
-    proj = corners[:, :2] @ dirs.T
-    widths = proj.max(0) - proj.min(0)
-    i = int(np.argmin(widths))
-    return float(angles[i]), float(widths[i])
-
-
-def rotation_matrix(quat_xyzw: np.ndarray) -> np.ndarray:
-    x, y, z, w = quat_xyzw / np.linalg.norm(quat_xyzw)
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
-
-
-def level_hand(quat_xyzw: np.ndarray) -> np.ndarray:
-    """The roll and pitch actions that turn the hand back to pointing straight down. OSC_POSE's rotation deltas
-    with nothing commanded hold whatever tilt the hand has drifted to (a fast turn about the vertical tilts it:
-    a held book came to lean 25 degrees and no longer fit its compartment). Used while a held object is turned
-    into a slot; on every pick and place it lost more (a rim-pinched bowl, a mug, a pan by its handle) than it won."""
-    approach = rotation_matrix(quat_xyzw)[:, 2]  # the hand's pointing direction, in the world
-    return np.clip(2.0 * np.cross(approach, [0.0, 0.0, -1.0])[:2], -1.0, 1.0)
-
-
-def finger_angle(sim) -> float:
-    """The horizontal direction (radians) from the gripper's left finger to its right one."""
-    model, data = sim.model._model, sim.data._data
-    d = data.xpos[_body_id(model, "gripper0_rightfinger")] - data.xpos[_body_id(model, "gripper0_leftfinger")]
-    return float(np.arctan2(d[1], d[0]))
-
-
-def _wrap_half_turn(a: float) -> float:
-    """An angle difference folded into [-pi/2, pi/2): a parallel gripper is symmetric under a half turn."""
-    return (a + np.pi / 2) % np.pi - np.pi / 2
 
 
 class PickPlaceExpert:
@@ -272,7 +122,7 @@ class PickPlaceExpert:
         pts = collision_corners(sim, self.surface_body or f"{self.target}_main")
         xy = (pts[:, :2].min(0) + pts[:, :2].max(0)) / 2
         if self.onto_object:
-            xy = sim.data._data.xpos[_body_id(sim.model._model, f"{self.target}_main")][:2].copy()
+            xy = sim.data._data.xpos[body_id(sim.model._model, f"{self.target}_main")][:2].copy()
         elif self.target_site is not None:
             xy = site_position(sim, self.target_site)[:2] + self.offset
         near = pts[np.linalg.norm(pts[:, :2] - xy, axis=1) < 0.08]
@@ -294,10 +144,10 @@ class PickPlaceExpert:
         # STUDY_SCENE3's right compartment fell 5/5 -> 1/5, and a bowl into a low drawer met the cabinet's front)
         place_xy = obj_xy
         if self.onto_object and not self.slotted:
-            place_xy = sim.data._data.xpos[_body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
+            place_xy = sim.data._data.xpos[body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
         if self.by_handle:
             # a handle shifts the footprint's centre off the pot or pan itself: place its centre of mass instead
-            place_xy = sim.data._data.xipos[_body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
+            place_xy = sim.data._data.xipos[body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
             grasp_xy, grasp_z, handle_yaw = handle_grasp(sim, f"{self.obj}_main")
             if self.phase == "align":
                 self.grasp_yaw = handle_yaw
@@ -316,7 +166,7 @@ class PickPlaceExpert:
             self.phase = "align"  # the object slipped out of the fingers: open, line up and grasp again
         gripper, goal = OPEN, eef.copy()
         fingers = finger_angle(sim)
-        yaw_err = _wrap_half_turn(self.grasp_yaw - fingers)
+        yaw_err = wrap_half_turn(self.grasp_yaw - fingers)
         if self.phase == "align":
             goal = np.array([*grasp_xy, max(hi[2] + 0.08, eef[2])])
             if np.linalg.norm(goal[:2] - eef[:2]) < 0.015 and abs(yaw_err) < 0.08:
@@ -350,7 +200,7 @@ class PickPlaceExpert:
                     ends = [eef[:2] - place_xy + self.rim * r for r in (-HAND_HALF_SPAN, HAND_HALF_SPAN)]
                     outline = np.concatenate([outline, [e + k * side for e in ends for k in (-1, 1)]])
                 if self.place_yaw is not None:  # as it will be once turned into the slot's direction
-                    turn = _wrap_half_turn(self.place_yaw - fingers)
+                    turn = wrap_half_turn(self.place_yaw - fingers)
                     outline = outline @ np.array([[np.cos(turn), np.sin(turn)], [-np.sin(turn), np.cos(turn)]])
                 self.shift = roomiest_shift(self, sim, outline, tgt_xy, tgt_top)
         elif self.phase == "carry":
@@ -397,7 +247,7 @@ class PickPlaceExpert:
         if self.phase in ("align", "descend", "grasp"):
             action[5] = np.clip(3.0 * yaw_err, -1.0, 1.0)
         elif self.phase in ("lift", "carry", "lower") and self.place_yaw is not None:
-            place_err = _wrap_half_turn(self.place_yaw - fingers)
+            place_err = wrap_half_turn(self.place_yaw - fingers)
             action[5] = np.clip(3.0 * place_err, -1.0, 1.0)
             far = self.slotted and np.linalg.norm(goal[:2] - eef[:2]) > SLOT_ALIGN
             if self.phase == "lower" and (abs(place_err) > 0.08 or far):
@@ -413,7 +263,7 @@ def region_spot(sim, site: str, obj: str, index: int, count: int) -> np.ndarray:
     side along the region's axis closest to ``obj``'s narrow direction, at least the object's narrow width and 1 cm
     apart, so the second object is not released on top of the first (both moka pots onto the stove)."""
     model, data = sim.model._model, sim.data._data
-    i = _site_id(model, site)
+    i = site_id(model, site)
     rot = data.site_xmat[i].reshape(3, 3)
     angle, width = narrow_direction(collision_corners(sim, f"{obj}_main"))
     axis = int(np.argmax(np.abs(rot[:2, :2].T @ np.array([np.cos(angle), np.sin(angle)]))))
@@ -422,7 +272,7 @@ def region_spot(sim, site: str, obj: str, index: int, count: int) -> np.ndarray:
 
 
 def site_position(sim, name: str) -> np.ndarray:
-    return sim.data._data.site_xpos[_site_id(sim.model._model, name)].copy()
+    return sim.data._data.site_xpos[site_id(sim.model._model, name)].copy()
 
 
 def goal_predicates(bddl_file: str) -> list[tuple[str, ...]]:

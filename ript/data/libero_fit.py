@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_experts import ObstacleBoxes, PickPlaceExpert, _site_id, _wrap_half_turn
+from ript.data.libero_experts import PickPlaceExpert
+
+from ript.data.libero_geometry import ObstacleBoxes, site_id, wrap_half_turn
 
 # a held object goes down into a walled region shifted by up to MAX_SHIFT from the region's centre, to where its
 # outline has the most room from the walls, when at the centre it has less than WALL_ROOM
@@ -30,7 +32,7 @@ def slot_yaw(expert: PickPlaceExpert, sim, obj_pts: np.ndarray) -> float | None:
     import mujoco
 
     model, data = sim.model._model, sim.data._data
-    i = _site_id(model, expert.target_site)
+    i = site_id(model, expert.target_site)
     if model.site_type[i] != mujoco.mjtGeom.mjGEOM_BOX:
         return None
     half = model.site_size[i]
@@ -48,7 +50,7 @@ def slot_yaw(expert: PickPlaceExpert, sim, obj_pts: np.ndarray) -> float | None:
             return None
         axes = [0, 1]
     yaws = [float(np.arctan2(d[1], d[0])) for d in (data.site_xmat[i].reshape(3, 3)[:, a] for a in axes)]
-    return min(yaws, key=lambda y: abs(_wrap_half_turn(y - expert.grasp_yaw)))
+    return min(yaws, key=lambda y: abs(wrap_half_turn(y - expert.grasp_yaw)))
 
 
 def goal_walls(expert: PickPlaceExpert, sim, tgt_top: float) -> tuple[ObstacleBoxes, float, np.ndarray] | None:
@@ -59,7 +61,7 @@ def goal_walls(expert: PickPlaceExpert, sim, tgt_top: float) -> tuple[ObstacleBo
     if expert.target is None or expert.target_site is None:
         return None
     model, data = sim.model._model, sim.data._data
-    site = _site_id(model, expert.target_site)
+    site = site_id(model, expert.target_site)
     half = np.abs(data.site_xmat[site].reshape(3, 3)) @ model.site_size[site]
     bottom = float(data.site_xpos[site][2] - half[2])
     if tgt_top < bottom + 0.03:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_articulated import SlideOpenExpert
-from ript.data.libero_experts import HAND_HALF_WIDTH, ObstacleBoxes, PickPlaceExpert, collision_corners
+from ript.data.libero_experts import PickPlaceExpert
+from ript.data.libero_geometry import HAND_HALF_WIDTH, collision_corners, ObstacleBoxes
 
 MAX_SET_ASIDE = 0.20  # the farthest an object is moved out of an opening drawer's way (metres)
 # setting the bowl aside, opening the drawer and putting the bowl in took 347 steps on average (libero_90, 5/5);

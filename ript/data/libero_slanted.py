@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_experts import CLOSE, OPEN, POS_SCALE, PickPlaceExpert, _body_id, _site_id, collision_corners
+from ript.data.libero_experts import PickPlaceExpert
+
+from ript.data.libero_geometry import CLOSE, OPEN, POS_SCALE, body_id, collision_corners, site_id
 
 SLANTED = np.deg2rad([30, 75])  # an On goal's region whose "up" leans this far from vertical gets this expert
 # (a drawer's region "up" is horizontal: LIBERO tests In for it by containment, not by this frame)
@@ -26,7 +28,7 @@ SIDE = 0.6  # laid at this fraction of the region's half-length from its centre 
 
 def region_up(sim, site: str) -> np.ndarray:
     data = sim.data._data
-    return data.site_xmat[_site_id(sim.model._model, site)].reshape(3, 3)[:, 2].copy()
+    return data.site_xmat[site_id(sim.model._model, site)].reshape(3, 3)[:, 2].copy()
 
 
 def is_slanted(sim, site: str) -> bool:
@@ -47,7 +49,7 @@ class SlantedPlaceExpert(PickPlaceExpert):
     def _frame(self, sim) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(site position, the region's long axis, its "up" along the tray, the tray's upward normal)."""
         model, data = sim.model._model, sim.data._data
-        i = _site_id(model, self.target_site)
+        i = site_id(model, self.target_site)
         rot = data.site_xmat[i].reshape(3, 3)
         long_axis, up = rot[:, 0], rot[:, 2]
         normal = np.cross(long_axis, up)
@@ -61,15 +63,15 @@ class SlantedPlaceExpert(PickPlaceExpert):
         """Where the object's body origin rests: off the region's centre towards the side the object comes from
         (decided once, before it is carried over), a little up the tray and a bottle's radius above it."""
         site, long_axis, up, normal = self._frame(sim)
-        half = float(sim.model._model.site_size[_site_id(sim.model._model, self.target_site)][0])
-        start = sim.data._data.xpos[_body_id(sim.model._model, f"{self.obj}_main")]
+        half = float(sim.model._model.site_size[site_id(sim.model._model, self.target_site)][0])
+        start = sim.data._data.xpos[body_id(sim.model._model, f"{self.obj}_main")]
         side = 1.0 if (start - site) @ long_axis >= 0 else -1.0
         return site + side * SIDE * half * long_axis + 0.015 * up + 0.02 * normal
 
     def get_action(self, task) -> np.ndarray:
         sim = task.sim
         model, data = sim.model._model, sim.data._data
-        body = _body_id(model, f"{self.obj}_main")
+        body = body_id(model, f"{self.obj}_main")
         if self.phase in ("align", "descend", "grasp"):
             action = super().get_action(task)
             if self.phase == "lift":
@@ -120,7 +122,7 @@ def region_box(sim, site: str) -> tuple[np.ndarray, np.ndarray]:
     """(centre, world half-extents) of a box region as LIBERO's ``in_box`` tests it: the site's size turned by
     its rotation, axis by axis."""
     model, data = sim.model._model, sim.data._data
-    i = _site_id(model, site)
+    i = site_id(model, site)
     return data.site_xpos[i].copy(), np.abs(data.site_xmat[i].reshape(3, 3) @ model.site_size[i])
 
 
@@ -128,7 +130,7 @@ def too_tall_for(sim, obj: str, site: str) -> bool:
     """Whether ``obj`` standing on the floor of the box region ``site`` would have its body origin above the
     region's top, so that LIBERO's ``In`` (the origin inside the box) fails: a bottle in a shallow drawer."""
     centre, half = region_box(sim, site)
-    body = _body_id(sim.model._model, f"{obj}_main")
+    body = body_id(sim.model._model, f"{obj}_main")
     origin_height = float(sim.data._data.xpos[body][2] - collision_corners(sim, f"{obj}_main")[:, 2].min())
     return centre[2] - half[2] + origin_height > centre[2] + half[2] - 0.01
 
@@ -142,7 +144,7 @@ class DrawerLayExpert(SlantedPlaceExpert):
         centre, half = region_box(sim, self.target_site)
         along = np.array([1.0, 0.0, 0.0]) if half[0] >= half[1] else np.array([0.0, 1.0, 0.0])
         across = np.array([along[1], along[0], 0.0])
-        robot = sim.data._data.xpos[_body_id(sim.model._model, "robot0_base")]
+        robot = sim.data._data.xpos[body_id(sim.model._model, "robot0_base")]
         # the held top (and the hand) away from the robot: the wrist's last bend has room that way (turning the
         # top towards the robot runs it into its 3.75 rad limit)
         up = along if (robot - centre) @ along < 0 else -along

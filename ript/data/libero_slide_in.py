@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ript.data.libero_experts import (CLOSE, POS_SCALE, ObstacleBoxes, PickPlaceExpert, _body_id, _geom_box_corners,
-                                      _is_collision_geom, _site_id, collision_corners, handle_grasp)
+from ript.data.libero_experts import PickPlaceExpert
+
+from ript.data.libero_geometry import (CLOSE, POS_SCALE, body_id, collision_corners, geom_box_corners, handle_grasp,
+                                        is_collision_geom, ObstacleBoxes, site_id)
 
 HAND_REACH = 0.04  # the wrist's half width above the fingers: the hand stays this far out from a layer's open side
 ON_FLOOR = 0.015  # the object's centre is let go at least this far inside the boards' front (over the floor)
@@ -45,17 +47,17 @@ def shelf_layer(sim, target: str, site: str, obj: str) -> Layer | None:
     """The layer of ``target`` a goal region lies in, where ``target`` has a board over the region; None where
     nothing of it does. ``obj`` (the object to put there) is no wall: it may stand in front of the open side."""
     model, data = sim.model._model, sim.data._data
-    root = _body_id(model, f"{target}_main")
-    i = _site_id(model, site)
+    root = body_id(model, f"{target}_main")
+    i = site_id(model, site)
     centre, axes = data.site_xpos[i].copy(), data.site_xmat[i].reshape(3, 3)
     floor, ceiling, boards = None, None, []
     for g in range(model.ngeom):
         b = int(model.geom_bodyid[g])
         while b not in (0, root):
             b = int(model.body_parentid[b])
-        if b != root or not _is_collision_geom(model, g):
+        if b != root or not is_collision_geom(model, g):
             continue
-        corners = _geom_box_corners(model, data, g)
+        corners = geom_box_corners(model, data, g)
         lo, hi = corners.min(0), corners.max(0)
         if hi[2] - lo[2] > BOARD_THICKNESS or not np.all((lo[:2] <= centre[:2]) & (centre[:2] <= hi[:2])):
             continue
@@ -104,7 +106,7 @@ class SlideInExpert(PickPlaceExpert):
         obj_pts = collision_corners(sim, f"{self.obj}_main")
         if self.phase not in self.HOLDING or self.slipped(eef, float(obj_pts[:, 2].min())):
             return super().get_action(task)  # picking it up (again, if it slipped), or letting go
-        com = sim.data._data.xipos[_body_id(sim.model._model, f"{self.obj}_main")][:2]
+        com = sim.data._data.xipos[body_id(sim.model._model, f"{self.obj}_main")][:2]
         open_dir = self.layer.open_dir
         floor = self.layer.floor if self.layer.floor is not None else self.rest_z
         slide_z = floor + SLIDE_LIFT + self.hang
@@ -135,7 +137,7 @@ class SlideInExpert(PickPlaceExpert):
         return action
 
     def _target_xy(self, sim) -> np.ndarray:
-        centre = sim.data._data.site_xpos[_site_id(sim.model._model, self.target_site)][:2]
+        centre = sim.data._data.site_xpos[site_id(sim.model._model, self.target_site)][:2]
         return centre + self.offset + self.layer.open_dir * self.depth
 
 
@@ -145,7 +147,7 @@ def slide_depth(sim, obj: str, layer: Layer) -> float | None:
     where its handle does not point out of the open side (within HANDLE_TURN) or the centre would not get
     ON_FLOOR inside the boards' front (a push takes it on from there)."""
     grip_xy, _, _ = handle_grasp(sim, f"{obj}_main")
-    out = grip_xy - sim.data._data.xipos[_body_id(sim.model._model, f"{obj}_main")][:2]
+    out = grip_xy - sim.data._data.xipos[body_id(sim.model._model, f"{obj}_main")][:2]
     if float(out @ layer.open_dir) <= np.cos(HANDLE_TURN) * float(np.linalg.norm(out)):
         return None
     depth = max(0.0, layer.front + HAND_REACH - float(out @ layer.open_dir))
@@ -166,7 +168,7 @@ def slide_in_steps(task, obj: str, target: str, site: str) -> list | None:
         return None
     steps = [SlideInExpert(obj, target, site, layer, depth)]
     if depth > 0:
-        centre = task.sim.data._data.site_xpos[_site_id(task.sim.model._model, site)][:2]
+        centre = task.sim.data._data.site_xpos[site_id(task.sim.model._model, site)][:2]
         part = StickingOut(task.sim, obj, layer, centre + layer.open_dir * layer.front)
         steps.append(LeaningPushExpert(task, part, 1.0, lambda inside: inside > PUSHED_PAST, PUSH_LEAN))
     return steps

@@ -13,7 +13,7 @@ import numpy as np
 
 from ript.data.libero_articulated import (APPROACH, FINGER_BELOW, HOLD_STEPS, HOVER, PUSH_AHEAD, Articulation,
                                           _rotation_vector, hand_turn)
-from ript.data.libero_experts import CLOSE, POS_SCALE, rotation_matrix
+from ript.data.libero_geometry import CLOSE, POS_SCALE, rotation_matrix
 
 LOW_PART = 0.10  # a drawer whose top is this far under its furniture's top is pushed with the hand leaning
 LEAN = np.deg2rad(45.0)  # the hand's pointing direction, down from level towards the push

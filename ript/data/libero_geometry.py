@@ -1,0 +1,164 @@
+"""What the LIBERO experts know of the Panda hand and its controller, and how they read the scene's geometry from
+the simulator: body and site ids, collision-geometry boxes, obstacles around a path, a handle's grasp, an object's
+narrow side, the hand's orientation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ript.errors import RiptError
+
+POS_SCALE = 0.05  # metres per unit action of OSC_POSE's position delta (its output_max)
+OPEN, CLOSE = -1.0, 1.0
+MAX_GRASP_WIDTH = 0.07  # the Panda hand opens to about 8 cm
+HAND_HALF_SPAN = 0.10  # the Panda hand reaches this far each way along the fingers' closing direction
+HAND_HALF_WIDTH = 0.035  # ... and this far each way across it (its thickness)
+HAND_CLEARANCE = 0.02  # room around the hand that needs no turn of the grasp
+
+
+def body_id(model, name: str) -> int:
+    import mujoco
+
+    i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
+    if i < 0:
+        raise RiptError(f"LIBERO scene has no body {name!r}")
+    return i
+
+
+def site_id(model, name: str) -> int:
+    import mujoco
+
+    i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, name)
+    if i < 0:
+        raise RiptError(f"LIBERO scene has no site {name!r}")
+    return i
+
+
+_BOX_SIGNS = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T
+
+
+def is_collision_geom(model, g: int) -> bool:
+    return not (model.geom_contype[g] == 0 and model.geom_conaffinity[g] == 0)  # else a visual-only mesh
+
+
+def geom_box_corners(model, data, g: int) -> np.ndarray:
+    """World coordinates of the 8 corners of geom ``g``'s bounding box."""
+    center, half = model.geom_aabb[g, :3], model.geom_aabb[g, 3:]
+    return data.geom_xpos[g] + (center + _BOX_SIGNS * half) @ data.geom_xmat[g].reshape(3, 3).T
+
+
+def collision_corners(sim, body: str) -> np.ndarray:
+    """World coordinates of the corners of each collision geom's bounding box in ``body``'s subtree."""
+    model, data = sim.model._model, sim.data._data
+    root = body_id(model, body)
+    pts = []
+    for g in range(model.ngeom):
+        if not is_collision_geom(model, g):
+            continue
+        b = int(model.geom_bodyid[g])
+        while b not in (0, root):
+            b = int(model.body_parentid[b])
+        if b == root:
+            pts.append(geom_box_corners(model, data, g))
+    if not pts:
+        raise RiptError(f"LIBERO body {body!r} has no collision geometry")
+    return np.concatenate(pts)
+
+
+class ObstacleBoxes:
+    """Other objects' collision geoms reaching between two heights, as oriented boxes (each geom's own
+    bounding box in its frame: a rotated cabinet's walls are thin, not their loose world-axis boxes). The
+    robot, the table and the floor are left out."""
+
+    def __init__(self, sim, exclude: set[str], z_lo: float, z_hi: float):
+        import mujoco
+
+        model, data = sim.model._model, sim.data._data
+        skip = tuple(f"{e}_" for e in exclude) + ("robot", "gripper", "mount", "table", "floor", "world")
+        self.z_lo, self.z_hi = z_lo, z_hi
+        centers, rotations, halves = [], [], []
+        for g in range(model.ngeom):
+            if not is_collision_geom(model, g):
+                continue
+            b = int(model.geom_bodyid[g])
+            while int(model.body_parentid[b]) != 0:
+                b = int(model.body_parentid[b])
+            name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or ""
+            if b == 0 or name.startswith(skip):
+                continue
+            z = geom_box_corners(model, data, g)[:, 2]
+            if z.max() > z_lo and z.min() < z_hi:
+                rot = data.geom_xmat[g].reshape(3, 3)
+                centers.append(data.geom_xpos[g] + rot @ model.geom_aabb[g, :3])
+                rotations.append(rot.copy())
+                halves.append(model.geom_aabb[g, 3:].copy())
+        self.centers = np.array(centers).reshape(-1, 3)
+        self.rotations = np.array(rotations).reshape(-1, 3, 3)
+        self.halves = np.array(halves).reshape(-1, 3)
+
+    def distance(self, xy: np.ndarray, samples: int = 5) -> float:
+        """Distance from a vertical finger at ``xy`` (spanning the two heights) to the nearest box."""
+        if not len(self.centers):
+            return np.inf
+        points = np.array([[*xy, z] for z in np.linspace(self.z_lo, self.z_hi, samples)])
+        local = np.einsum("bji,pbj->pbi", self.rotations, points[:, None, :] - self.centers[None])
+        gap = np.maximum(np.abs(local) - self.halves[None], 0.0)
+        return float(np.linalg.norm(gap, axis=-1).min())
+
+
+def handle_grasp(sim, body: str) -> tuple[np.ndarray, float, float]:
+    """(grip xy, grip height, finger direction) on ``body``'s handle: its collision geoms farthest (horizontally)
+    from the body's centre of mass, gripped across their narrow side, 1.5 cm under their top."""
+    model, data = sim.model._model, sim.data._data
+    root = body_id(model, body)
+    com = data.xipos[root][:2]
+    parts = []
+    for g in range(model.ngeom):
+        if int(model.geom_bodyid[g]) == root and is_collision_geom(model, g):
+            corners = geom_box_corners(model, data, g)
+            parts.append((float(np.linalg.norm(corners[:, :2].mean(0) - com)), corners))
+    if not parts:
+        raise RiptError(f"LIBERO body {body!r} has no collision geometry")
+    farthest = max(d for d, _ in parts)
+    handle = np.concatenate([c for d, c in parts if d >= 0.75 * farthest])
+    yaw, _ = narrow_direction(handle)
+    return (handle[:, :2].min(0) + handle[:, :2].max(0)) / 2, float(handle[:, 2].max()) - 0.015, yaw
+
+
+def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
+    """The horizontal direction (angle, radians) across which the footprint is narrowest, and that width."""
+    angles = np.linspace(0.0, np.pi, 72, endpoint=False)
+    dirs = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    proj = corners[:, :2] @ dirs.T
+    widths = proj.max(0) - proj.min(0)
+    i = int(np.argmin(widths))
+    return float(angles[i]), float(widths[i])
+
+
+def rotation_matrix(quat_xyzw: np.ndarray) -> np.ndarray:
+    x, y, z, w = quat_xyzw / np.linalg.norm(quat_xyzw)
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
+
+
+def level_hand(quat_xyzw: np.ndarray) -> np.ndarray:
+    """The roll and pitch actions that turn the hand back to pointing straight down. OSC_POSE's rotation deltas
+    with nothing commanded hold whatever tilt the hand has drifted to (a fast turn about the vertical tilts it:
+    a held book came to lean 25 degrees and no longer fit its compartment). Used while a held object is turned
+    into a slot; on every pick and place it lost more (a rim-pinched bowl, a mug, a pan by its handle) than it won."""
+    approach = rotation_matrix(quat_xyzw)[:, 2]  # the hand's pointing direction, in the world
+    return np.clip(2.0 * np.cross(approach, [0.0, 0.0, -1.0])[:2], -1.0, 1.0)
+
+
+def finger_angle(sim) -> float:
+    """The horizontal direction (radians) from the gripper's left finger to its right one."""
+    model, data = sim.model._model, sim.data._data
+    d = data.xpos[body_id(model, "gripper0_rightfinger")] - data.xpos[body_id(model, "gripper0_leftfinger")]
+    return float(np.arctan2(d[1], d[0]))
+
+
+def wrap_half_turn(a: float) -> float:
+    """An angle difference folded into [-pi/2, pi/2): a parallel gripper is symmetric under a half turn."""
+    return (a + np.pi / 2) % np.pi - np.pi / 2
