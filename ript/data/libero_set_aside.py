@@ -12,10 +12,11 @@ from ript.data.libero_articulated import SlideOpenExpert
 from ript.data.libero_experts import PickPlaceExpert
 from ript.data.libero_geometry import HAND_HALF_WIDTH, collision_corners, ObstacleBoxes
 
-MAX_SET_ASIDE = 0.20  # the farthest an object is moved out of an opening drawer's way (metres)
-# setting the bowl aside, opening the drawer and putting the bowl in took 347 steps on average (libero_90, 5/5);
-# within libero_goal's 300 it cannot finish (0/5), where reaching in past the open drawer sometimes does (2/5)
-SET_ASIDE_HORIZON = 360
+MAX_SET_ASIDE = 0.26  # the farthest an object is moved out of an opening drawer's way (metres)
+# setting the bowl aside, opening the drawer and putting the bowl in took 278-283 steps in libero_goal's first three
+# demo layouts (313-321 before the fast descent from high above and the drawer's earlier turn-back, session 27);
+# in a shorter episode reaching in past the open drawer is tried instead
+SET_ASIDE_HORIZON = 300
 
 
 class SetAsideExpert(PickPlaceExpert):
