@@ -323,3 +323,15 @@ def test_a_placed_object_is_let_go_with_its_origin_over_the_targets(name):
     expert, demo = scripted_libero_episode("libero_90", name, demo=0)
     assert isinstance(expert, PickPlaceExpert)
     assert demo.attrs["success"]
+
+
+def test_a_bowl_under_a_drawer_is_set_aside_and_still_goes_in_within_libero_goals_300_steps():
+    """libero_goal's (Open top drawer) and (In bowl top drawer): the open drawer would hang over the bowl, so the bowl
+    is set aside first; setting it aside, opening the drawer and putting it in took 313-321 steps, over the suite's 300
+    (the set-aside was off there: 1/5). Only in such a sequence, the picks come down fast and the drawer's hand turns
+    back early: demo 1 now takes ~283 steps."""
+    from ript.data.libero_set_aside import SetAsideExpert
+
+    expert, demo = scripted_libero_episode("libero_goal", "open_the_top_drawer_and_put_the_bowl_inside", demo=1)
+    assert isinstance(expert.steps[0], SetAsideExpert) and expert.steps[0].fast_descent
+    assert demo.attrs["success"] and len(demo.actions) <= 300
