@@ -2,7 +2,7 @@
 against the same call while simulator processes load the host (physics only, or physics and rendering).
 
     python -m benchmarks.profile_rollout [--overrides task=libero_object ...] [--workers 16] [--episodes 32]
-                                         [--steps 100] [--load-procs 16] [--out DIR]
+                                         [--steps 100] [--load-procs 16] [--driver-threads N] [--out DIR]
 
 Builds an untrained prior of the configured size on one scripted demo per task of the configured suite (the
 model's cost does not depend on its weights), runs it through the runner (recording, as RL does; CUDA graph on or

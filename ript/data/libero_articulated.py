@@ -51,7 +51,8 @@ class Articulation:
         if self.kind not in (SLIDE, HINGE):
             raise RiptError(f"{task.suite}/{task.task_name}: joint {joint!r} is neither a slide nor a hinge")
         self.body = int(model.jnt_bodyid[self.joint])
-        self.geoms = [g for g in range(model.ngeom) if is_collision_geom(model, g) and self._moves(int(model.geom_bodyid[g]))]
+        self.geoms = [g for g in range(model.ngeom)
+                      if is_collision_geom(model, g) and self._moves(int(model.geom_bodyid[g]))]
         if not self.geoms:
             raise RiptError(f"{task.suite}/{task.task_name}: joint {joint!r} moves no collision geometry")
 

@@ -50,8 +50,8 @@ class PickPlaceExpert:
         self.offset = np.zeros(2)  # from the region's centre, when several objects go to one region
         self.shift = np.zeros(2)  # from there, to where the held object has most room from a container's walls
         self.lowest = np.inf  # the hand's lowest height while lowering the object
-        # down at full speed until FAST_DESCENT over the grasp: the three steps of a set-aside drawer task do not fit
-        # libero_goal's 300 steps otherwise (everywhere, the faster descent lost more picks than it won: NOTES session 27)
+        # down at full speed until FAST_DESCENT over the grasp: the three steps of a set-aside drawer task do not
+        # fit libero_goal's 300 steps otherwise (everywhere, it lost more picks than it won: NOTES session 27)
         self.fast_descent = False
 
     HOLDING = ("lift", "carry", "lower")  # the phases with the object in the hand

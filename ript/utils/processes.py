@@ -27,10 +27,10 @@ def usable_cores() -> int:
 @contextlib.contextmanager
 def driver_threads(busy_workers: int, threads: int | None = None):
     """While ``busy_workers`` simulator processes keep cores busy, the driving process's torch ops use only the
-    cores left over (at least one), or ``threads``. Its default of one OpenMP thread per core made every small host-side op of a
-    policy call (indexing, copies) wait for threads the simulators were using, and the threads' spinning took
-    cycles from the simulators: a LIBERO policy call took 25 ms inside the runner against 5-7 ms alone
-    (``benchmarks/profile_rollout.py``, 16 workers on 16 cores)."""
+    cores left over (at least one), or ``threads``. With torch's default of one OpenMP thread per core, a parallel
+    host-side op of a policy call (it indexed the batch's images) waited for cores the simulators held, and the
+    spinning threads slowed the simulators: 25 ms per LIBERO policy call inside the runner against 5-7 ms alone
+    (``benchmarks/profile_rollout.py``, 16 workers on 16 cores, NOTES session 27)."""
     import torch
 
     before = torch.get_num_threads()
