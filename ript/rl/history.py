@@ -13,18 +13,28 @@ from ript.utils.atomic import atomic_write_text
 from ript.utils.plots import rl_curves
 
 
+def read_history(path: Path) -> list[dict]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RiptError(f"{path}: not valid JSON ({e}); delete it to start the record afresh") from None
+
+
+def recorded_env_steps(run_dir: Path) -> int:
+    """The env steps an RL run in ``run_dir`` has counted so far (0 before its first iteration)."""
+    path = Path(run_dir) / "rl_history.json"
+    entries = read_history(path) if path.is_file() else []
+    return int(entries[-1]["env_steps"]) if entries else 0
+
+
 class RolloutHistory:
     def __init__(self, run_dir: Path, start_iteration: int):
         self.path = Path(run_dir) / "rl_history.json"
         self.picture = Path(run_dir) / "rl_success.png"
         self.entries: list[dict] = []
         if start_iteration and self.path.is_file():
-            try:
-                entries = json.loads(self.path.read_text())
-            except json.JSONDecodeError as e:
-                raise RiptError(f"{self.path}: not valid JSON ({e}); delete it to start the record afresh") from None
             # an iteration logged after the checkpoint resumed from (a crash in between) is run again
-            self.entries = [e for e in entries if e["iteration"] <= start_iteration]
+            self.entries = [e for e in read_history(self.path) if e["iteration"] <= start_iteration]
 
     def add(self, iteration: int, episodes: int, successes: int, env_steps: int) -> None:
         so_far = self.entries[-1]["env_steps"] if self.entries else 0

@@ -161,12 +161,9 @@ def cut_short(phase: Phase, step: int) -> bool:
         return False
     if phase.env_step_budget is None:
         return True
-    history = phase.run_dir / "rl_history.json"
-    try:
-        spent = json.loads(history.read_text())[-1]["env_steps"] if history.is_file() else 0
-    except (OSError, json.JSONDecodeError, IndexError, KeyError) as e:
-        raise RiptError(f"cannot read {history}: {e}") from None
-    return spent < phase.env_step_budget
+    from ript.rl.history import recorded_env_steps
+
+    return recorded_env_steps(phase.run_dir) < phase.env_step_budget
 
 
 def reached_step(run_dir: Path) -> int:
