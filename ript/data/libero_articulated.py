@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_experts import SequenceExpert
-
 from ript.data.libero_geometry import (CLOSE, HAND_HALF_SPAN, HAND_HALF_WIDTH, POS_SCALE, body_id, collision_corners,
                                         finger_angle, geom_box_corners, is_collision_geom, rotation_matrix,
                                         wrap_half_turn)

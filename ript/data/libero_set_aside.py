@@ -10,7 +10,7 @@ import numpy as np
 
 from ript.data.libero_articulated import SlideOpenExpert
 from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_geometry import HAND_HALF_WIDTH, collision_corners, ObstacleBoxes
+from ript.data.libero_geometry import HAND_HALF_WIDTH, ObstacleBoxes, collision_corners
 
 MAX_SET_ASIDE = 0.26  # the farthest an object is moved out of an opening drawer's way (metres)
 # setting the bowl aside, opening the drawer and putting the bowl in took 278-283 steps in libero_goal's first three
