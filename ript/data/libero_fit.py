@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_experts import PickPlaceExpert
-
 from ript.data.libero_geometry import ObstacleBoxes, site_id, wrap_half_turn
 
 # a held object goes down into a walled region shifted by up to MAX_SHIFT from the region's centre, to where its

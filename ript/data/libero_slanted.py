@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_experts import PickPlaceExpert
-
 from ript.data.libero_geometry import CLOSE, OPEN, POS_SCALE, body_id, collision_corners, site_id
 
 SLANTED = np.deg2rad([30, 75])  # an On goal's region whose "up" leans this far from vertical gets this expert
