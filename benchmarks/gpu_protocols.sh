@@ -22,7 +22,9 @@
 #                 evaluated again with each variant of EVAL_SAMPLING ("tag override...;tag ...", e.g.
 #                 "h4 sampling.action_horizon=4"): $R/<protocol>_eval_<tag>.json
 #   rl            protocol PROTO again with RL_EXTRA (e.g. after a run with phases.rl=null: RL's settings), so it
-#                 skips the finished phases and runs RL; an RL run cut by its time limit is still evaluated
+#                 skips the finished phases and runs RL; an RL run cut by its time limit is still evaluated; with
+#                 RL_BEST_HORIZON=1 RL samples at the action horizon of the best imitation evaluation (`sampling`'s
+#                 eval_h<N> folders beside the protocol's own)
 #   state         protocol PROTO's run folder as far as a later lease needs it to go on (protocol.json, the
 #                 evaluations' results, the imitation checkpoint RL starts from): $R/state/<PROTO>.tar.part*
 #   resume        unpacks the pieces a later call carried in .resume/ (the `state` part's) into runs/protocols,
@@ -78,6 +80,20 @@ eval_rl_cut() {
   if [ -d runs/protocols/$1/rl ] && [ ! -f runs/protocols/$1/eval_rl/results.json ]; then
     last=$(basename "$(readlink runs/protocols/$1/rl/checkpoints/last)")
     eval_again $1 rl rl_cut$((10#$last)) ${RL_CUT_EVAL:-}; fi; }
+# the action horizon of protocol $1's best imitation evaluation: eval (the checkpoint's own) or an eval_h<N> of the
+# `sampling` part (EVAL_SAMPLING="h4 sampling.action_horizon=4;...")
+best_horizon() {
+  python3 - "runs/protocols/$1" <<'PY'
+import json, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+own = json.loads((root / "stage1/checkpoints/last/config.json").read_text())["metadata"]["sampling"]["action_horizon"]
+rates = {int(own): json.loads((root / "eval/results.json").read_text())["success_rate"]}
+for f in root.glob("eval_h*/results.json"):
+    rates[int(f.parent.name[len("eval_h"):])] = json.loads(f.read_text())["success_rate"]
+print(max(rates, key=lambda h: (rates[h], -h)))
+PY
+}
 # ML45 few-shot as variant $1 with overrides $2...
 fewshot_variant() {
   local tag=$1; shift
@@ -161,7 +177,9 @@ for part in "$@"; do
     rl)
       p=${PROTO:-ml45_multitask}
       phase "$p rl"
-      python3 -m ript.cli protocol $p $workers $(no_bars $p) ${RL_EXTRA:-} 2>&1 | quiet
+      h=""; [ -n "${RL_BEST_HORIZON:-}" ] && h="+phases.rl.sampling.action_horizon=$(best_horizon $p)"
+      echo "rl: ${RL_EXTRA:-} $h"
+      python3 -m ript.cli protocol $p $workers $(no_bars $p) ${RL_EXTRA:-} $h 2>&1 | quiet
       keep $p
       eval_rl_cut $p ;;
     state) keep_state ${PROTO:-libero_object} ;;
