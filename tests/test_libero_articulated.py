@@ -1,6 +1,7 @@
 """LIBERO's articulated and leaning goals on the real simulator: the scripted experts open a drawer, turn on the
-stove, lay the wine bottle on its rack's slanted tray, close a drawer and lay a bottle flat in a shallow one, and
-``ript collect`` writes those episodes as successful demos in the official layout."""
+stove, lay the wine bottle on its rack's slanted tray, push (drag) the plate along the table, close a drawer and
+lay a bottle flat in a shallow one, and ``ript collect`` writes those episodes as successful demos in the
+official layout."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from ript.config import compose
 
 GOAL_TASKS = {"open_the_middle_drawer_of_the_cabinet": ("open", 0.14),  # LIBERO's test: the slide past -0.14 m
               "turn_on_the_stove": ("turnon", 0.5),  # the knob past 0.5 rad
-              "put_the_wine_bottle_on_the_rack": ("on", None)}  # the rack's top region leans 62 degrees
+              "put_the_wine_bottle_on_the_rack": ("on", None),  # the rack's top region leans 62 degrees
+              "push_the_plate_to_the_front_of_the_stove": ("on", None)}  # dragged along the table by its rim
 CLOSE_TASK = "KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet"
 LAY_TASK = "KITCHEN_SCENE5_put_the_ketchup_in_the_top_drawer_of_the_cabinet"  # the drawer is open from the start
 ASIDE_TASK = "KITCHEN_SCENE1_open_the_top_drawer_of_the_cabinet_and_put_the_bowl_in_it"
@@ -132,6 +134,33 @@ def test_a_bowl_the_opening_drawer_would_cover_is_set_aside_first():
         assert u > box[0, 1] + 0.05 or u < box[0, 0] - 0.05 or v > box[1, 1] + 0.05 or v < box[1, 0] - 0.05
         demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
         assert demo.attrs["success"]
+    finally:
+        task.close()
+
+
+def test_the_plate_is_dragged_along_the_table_around_the_cream_cheese():
+    """libero_goal's plate, carried by a rim pinch, slipped out as it rose (1/5): it is dragged by the rim with
+    its bottom on the table, through a corner that keeps it off the cream cheese, into the stove's front region."""
+    from ript.data.libero_drag import DragExpert
+    from ript.data.libero_experts import make_expert
+    from ript.data.libero_geometry import collision_corners
+    from ript.envs.libero import LiberoTask
+
+    task = LiberoTask("libero_goal", "push_the_plate_to_the_front_of_the_stove", None)
+    try:
+        task.reset(0, render=False)
+        expert = make_expert(task)
+        assert isinstance(expert, DragExpert)
+        bottom = collision_corners(task.sim, "plate_1_main")[:, 2].min()
+        cheese = collision_corners(task.sim, "cream_cheese_1_main").mean(0)
+        highest, corners = bottom, 0
+        while not task.done:
+            task.step(expert.get_action(task), render=False)
+            highest = max(highest, collision_corners(task.sim, "plate_1_main")[:, 2].min())
+            corners = max(corners, len(expert.route or []))
+        assert task.success and task.steps < 200
+        assert highest - bottom < 0.01 and corners == 2  # never lifted; one corner on the way
+        assert np.linalg.norm(collision_corners(task.sim, "cream_cheese_1_main").mean(0) - cheese) < 0.01
     finally:
         task.close()
 

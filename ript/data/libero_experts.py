@@ -14,7 +14,7 @@ import numpy as np
 
 from ript.data.libero_geometry import (CLOSE, HAND_CLEARANCE, HAND_HALF_SPAN, HAND_HALF_WIDTH, MAX_GRASP_WIDTH, OPEN,
                                        POS_SCALE, ObstacleBoxes, body_id, collision_corners, finger_angle,
-                                       handle_grasp, level_hand, narrow_direction, site_id, wrap_half_turn)
+                                       handle_grasp, level_hand, narrow_direction, site_position, wrap_half_turn)
 from ript.errors import RiptError
 
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
@@ -263,23 +263,6 @@ class PickPlaceExpert:
         return action
 
 
-def region_spot(sim, site: str, obj: str, index: int, count: int) -> np.ndarray:
-    """Where the ``index``-th of ``count`` objects bound for one box region goes, from the region's centre: side by
-    side along the region's axis closest to ``obj``'s narrow direction, at least the object's narrow width and 1 cm
-    apart, so the second object is not released on top of the first (both moka pots onto the stove)."""
-    model, data = sim.model._model, sim.data._data
-    i = site_id(model, site)
-    rot = data.site_xmat[i].reshape(3, 3)
-    angle, width = narrow_direction(collision_corners(sim, f"{obj}_main"))
-    axis = int(np.argmax(np.abs(rot[:2, :2].T @ np.array([np.cos(angle), np.sin(angle)]))))
-    spacing = max(2 * model.site_size[i][axis] / count, width + 0.01)
-    return rot[:2, axis] * spacing * (index - (count - 1) / 2)
-
-
-def site_position(sim, name: str) -> np.ndarray:
-    return sim.data._data.site_xpos[site_id(sim.model._model, name)].copy()
-
-
 def goal_predicates(bddl_file: str) -> list[tuple[str, ...]]:
     """The ``(:goal (And (Pred a b) ...))`` clauses of a BDDL problem, lower-cased."""
     with open(bddl_file) as f:
@@ -338,12 +321,14 @@ def _clear_drawer_paths(task, steps: list) -> list:
 
 def make_expert(task):
     """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements (onto a leaning region:
-    ``libero_slanted``) and (Open X) / (Close X) / (TurnOn X) / (TurnOff X) articulations, worked in GOAL_ORDER
+    ``libero_slanted``; a plate onto the table's region: ``libero_drag``) and (Open X) / (Close X) / (TurnOn X) / (TurnOff X) articulations, worked in GOAL_ORDER
     (objects an opening drawer would cover set aside first: ``libero_set_aside``); other goals have none yet (a
     one-line error)."""
     import mujoco
 
     from ript.data.libero_articulated import articulated_expert, closed_container, drawer_body
+    from ript.data.libero_drag import DragExpert, drags
+    from ript.data.libero_fit import region_spot
     from ript.data.libero_slanted import DrawerLayExpert, SlantedPlaceExpert, is_slanted, too_tall_for
     from ript.data.libero_slide_in import slide_in_steps
 
@@ -380,6 +365,9 @@ def make_expert(task):
         site = None if region == target else region
         if pred[0] == "on" and target is not None and site is not None and is_slanted(task.sim, site):
             steps.append(SlantedPlaceExpert(obj, target, site))  # a wine rack's leaning tray
+            continue
+        if pred[0] == "on" and table_region and drags(task.sim, obj):
+            steps.append(DragExpert(obj, region))  # a plate, along the table
             continue
         surface = drawer_body(task, region)
         if pred[0] == "in" and surface is not None and too_tall_for(task.sim, obj, region):

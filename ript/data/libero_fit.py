@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_geometry import ObstacleBoxes, site_id, wrap_half_turn
+from ript.data.libero_geometry import ObstacleBoxes, collision_corners, narrow_direction, site_id, wrap_half_turn
 
 # a held object goes down into a walled region shifted by up to MAX_SHIFT from the region's centre, to where its
 # outline has the most room from the walls, when at the centre it has less than WALL_ROOM
@@ -94,3 +94,16 @@ def roomiest_shift(expert: PickPlaceExpert, sim, outline: np.ndarray, tgt_xy: np
     shifts = [np.array([dx, dy]) for dx in grid for dy in grid if abs(dx) <= inside[0] and abs(dy) <= inside[1]]
     rooms = outline_room(walls, outline, [tgt_xy + d for d in shifts])
     return shifts[int(np.argmax([r - 0.01 * float(np.linalg.norm(d)) for r, d in zip(rooms, shifts)]))]
+
+
+def region_spot(sim, site: str, obj: str, index: int, count: int) -> np.ndarray:
+    """Where the ``index``-th of ``count`` objects bound for one box region goes, from the region's centre: side by
+    side along the region's axis closest to ``obj``'s narrow direction, at least the object's narrow width and 1 cm
+    apart, so the second object is not released on top of the first (both moka pots onto the stove)."""
+    model, data = sim.model._model, sim.data._data
+    i = site_id(model, site)
+    rot = data.site_xmat[i].reshape(3, 3)
+    angle, width = narrow_direction(collision_corners(sim, f"{obj}_main"))
+    axis = int(np.argmax(np.abs(rot[:2, :2].T @ np.array([np.cos(angle), np.sin(angle)]))))
+    spacing = max(2 * model.site_size[i][axis] / count, width + 0.01)
+    return rot[:2, axis] * spacing * (index - (count - 1) / 2)

@@ -126,6 +126,10 @@ def handle_grasp(sim, body: str) -> tuple[np.ndarray, float, float]:
     return (handle[:, :2].min(0) + handle[:, :2].max(0)) / 2, float(handle[:, 2].max()) - 0.015, yaw
 
 
+def site_position(sim, name: str) -> np.ndarray:
+    return sim.data._data.site_xpos[site_id(sim.model._model, name)].copy()
+
+
 def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
     """The horizontal direction (angle, radians) across which the footprint is narrowest, and that width."""
     angles = np.linspace(0.0, np.pi, 72, endpoint=False)
