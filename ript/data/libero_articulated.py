@@ -206,7 +206,9 @@ class PullOpenExpert:
         self.start_rot = r0  # turned back to at the end: the next expert expects the hand pointing down
         self.start_qpos = self.art.qpos
         self.rise: float | None = None  # how far above the handle the hand comes in (set on approach)
-        self.quick_turn_back = False
+        # in a set-aside sequence (three steps in the time of two): lined up over the approach while turning to
+        # the handle, and turned back down as soon as the open fingers are off it
+        self.hurried = False
 
     @property
     def finished(self) -> bool:
@@ -248,16 +250,22 @@ class PullOpenExpert:
         raw = task.privileged()
         eef = raw["robot0_eef_pos"]
         handle, pull = self._grip()
-        # the hand turned back down after 10 steps out and up, or (quick_turn_back) as soon as the open fingers are off
-        # the handle (for every opening, together with a faster descent everywhere: libero_90 419 -> 411/450, the
+        # the hand turned back down after 10 steps out and up, or (hurried) as soon as the open fingers are off the
+        # handle (for every opening, together with a faster descent everywhere: libero_90 419 -> 411/450, the
         # microwave door 4/5 -> 2/5; NOTES session 27)
-        turning_back = self.phase == "away" and self.timer > (4 if self.quick_turn_back else 10)
+        turning_back = self.phase == "away" and self.timer > (4 if self.hurried else 10)
         rot_err = _rotation_vector((self.start_rot if turning_back else self._hand_rotation())
                                    @ rotation_matrix(raw["robot0_eef_quat"]).T)
         self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
         gripper, goal = -1.0, eef.copy()
+        # hurried, the hand lines up over the approach while it turns, once it has risen clear of what it may have
+        # just set down (moving across at once, it swept a bowl set aside back under the drawer)
+        over = handle[2] + HOVER
         if self.phase == "turn":  # in place, away from the furniture (up to above the handle if lower: the
-            goal[2] = max(eef[2], handle[2] + HOVER)  # hand may have just set something down on the table)
+            goal[2] = max(eef[2], over)  # hand may have just set something down on the table)
+            risen = eef[2] > over - 0.01
+            if self.hurried and risen:
+                goal[:2] = (handle + pull * self.APPROACH_OUT)[:2]
             if np.linalg.norm(rot_err) < 0.1:
                 self.phase = "approach"
         elif self.phase == "approach":

@@ -26,6 +26,7 @@ PLACE_ALIGN, PLACE_WAIT = 0.008, 20
 # a mug let go 3 cm over its plate's rim tipped 4.8 cm off the plate's centre as it fell (LIVING_ROOM_SCENE5)
 RIM_RELEASE = 0.01
 FAST_DESCENT = 0.08
+HURRIED_CLEARANCE = 0.05  # ... and carried 5 cm over the drawer's walls, not 10 (the default clearance)
 HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles
 
 
@@ -314,7 +315,8 @@ def _clear_drawer_paths(task, steps: list) -> list:
                 aside = set_aside(task, pick.obj, step)
                 if aside is not None:  # three steps in the time of two: each as quick as it safely goes
                     out.append(aside)
-                    aside.fast_descent = pick.fast_descent = step.quick_turn_back = True
+                    aside.fast_descent = pick.fast_descent = step.hurried = True
+                    pick.clearance = HURRIED_CLEARANCE
         out.append(step)
     return out
 
