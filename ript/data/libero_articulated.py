@@ -258,13 +258,12 @@ class PullOpenExpert:
                                    @ rotation_matrix(raw["robot0_eef_quat"]).T)
         self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
         gripper, goal = -1.0, eef.copy()
-        # hurried, the hand lines up over the approach while it turns, once it has risen clear of what it may have
-        # just set down (moving across at once, it swept a bowl set aside back under the drawer)
-        over = handle[2] + HOVER
         if self.phase == "turn":  # in place, away from the furniture (up to above the handle if lower: the
-            goal[2] = max(eef[2], over)  # hand may have just set something down on the table)
-            risen = eef[2] > over - 0.01
-            if self.hurried and risen:
+            over = handle[2] + HOVER  # hand may have just set something down on the table)
+            goal[2] = max(eef[2], over)
+            # hurried, it lines up over the approach while it turns, once risen clear of what it may have just set
+            # down (moving across at once, it swept a bowl set aside back under the drawer)
+            if self.hurried and eef[2] > over - 0.01:
                 goal[:2] = (handle + pull * self.APPROACH_OUT)[:2]
             if np.linalg.norm(rot_err) < 0.1:
                 self.phase = "approach"
