@@ -2,8 +2,8 @@
 # Issue 17's ablations on one GPU lease each, in the background (`ript protocol`, see the README):
 #   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering
 #   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
-#                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps three videos of the
-#                 tasks VIDEOS finds (a regular expression; LIBERO-Object's bottles by default), or with CKPT=1
+#                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps VIDEO_COUNT (3) videos of
+#                 the tasks VIDEOS finds (a regular expression; LIBERO-Object's bottles by default), or with CKPT=1
 #                 the stage-0 and stage-1 checkpoints in pieces
 #   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-0 and stage-1 checkpoints kept in pieces
 #   profile       benchmarks/profile_rollout.py on LIBERO_SUITE's first two tasks with QueST's encoder, for each
@@ -117,7 +117,7 @@ for part in "$@"; do
       eval_rl_cut $s
       if [ -z "${CKPT:-}" ]; then
         mkdir -p $R/videos
-        find runs/protocols/$s/eval -name "*.mp4" | grep -E "${VIDEOS:-ketchup|salad|tomato}" | head -3 \
+        find runs/protocols/$s/eval -name "*.mp4" | grep -E "${VIDEOS:-ketchup|salad|tomato}" | head -${VIDEO_COUNT:-3} \
           | xargs -r -I{} cp {} $R/videos/
       fi ;;
     libero_ckpt)
