@@ -66,6 +66,38 @@ def collision_corners(sim, body: str) -> np.ndarray:
     return np.concatenate(pts)
 
 
+def snag_direction(sim, body: str, above: float) -> np.ndarray | None:
+    """The unit xy direction away from where ``body``'s subtree touches something other than the robot higher
+    than ``above`` (a rim caught under a handle, not the floor it stands on); None where nothing does."""
+    model, data = sim.model._model, sim.data._data
+    root = body_id(model, body)
+
+    def holder(g: int) -> int:  # the child of the world that geom g hangs from
+        b = int(model.geom_bodyid[g])
+        while int(model.body_parentid[b]) != 0:
+            b = int(model.body_parentid[b])
+        return b
+
+    def in_subtree(g: int) -> bool:
+        b = int(model.geom_bodyid[g])
+        while b not in (0, root):
+            b = int(model.body_parentid[b])
+        return b == root
+
+    robot = {holder(g) for g in range(model.ngeom)
+             if (model.body(int(model.geom_bodyid[g])).name or "").startswith(("robot", "gripper", "mount"))}
+    centre = data.xpos[root][:2]
+    away = np.zeros(2)
+    for i in range(data.ncon):
+        c = data.contact[i]
+        for mine, other in ((c.geom1, c.geom2), (c.geom2, c.geom1)):
+            if in_subtree(mine) and not in_subtree(other) and holder(other) not in robot and c.pos[2] > above:
+                d = centre - c.pos[:2]
+                away += d / max(float(np.linalg.norm(d)), 1e-6)
+    n = float(np.linalg.norm(away))
+    return away / n if n > 1e-6 else None
+
+
 class ObstacleBoxes:
     """Other objects' collision geoms reaching between two heights, as oriented boxes (each geom's own
     bounding box in its frame: a rotated cabinet's walls are thin, not their loose world-axis boxes). The
