@@ -243,6 +243,31 @@ def test_a_bowl_goes_into_the_front_of_a_low_drawer_then_the_drawer_is_pushed_sh
         task.close()
 
 
+def test_a_bowl_caught_under_the_handle_over_a_low_drawer_steps_away_along_the_slide():
+    """Demo 2 of the same task: the bowl, lowered into the bottom drawer, caught its far rim under the middle
+    drawer's handle and hung there until the horizon. Stuck, the goal now steps away from what the bowl touches,
+    along the drawer's slide (sideways the bowl tipped onto the drawer's side wall), and the drawer still closes."""
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+
+    name = "KITCHEN_SCENE4_put_the_black_bowl_in_the_bottom_drawer_of_the_cabinet_and_close_it"
+    task = LiberoTask("libero_10", name, None)
+    try:
+        task.reset(demo_layout_seed(0, 2, 0), render=False)
+        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, 2, 0), 0
+        while not task.done and steps < 300:
+            action = expert.get_action(task)
+            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
+            task.step(action, render=False)
+            steps += 1
+        place = expert.steps[0]
+        assert task.success, steps
+        assert 0 < place.unsnagged <= 0.03
+    finally:
+        task.close()
+
+
 def test_a_close_nothing_goes_into_comes_before_an_open():
     """(close bottom drawer) (open top drawer): opened first, the top drawer was pushed shut again by the hand on
     its way to the bottom drawer (0/5); a close that no placement fills now comes first (4/5)."""
