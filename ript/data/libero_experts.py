@@ -14,8 +14,7 @@ import numpy as np
 
 from ript.data.libero_geometry import (CLOSE, HAND_CLEARANCE, HAND_HALF_SPAN, HAND_HALF_WIDTH, MAX_GRASP_WIDTH, OPEN,
                                        POS_SCALE, ObstacleBoxes, body_id, collision_corners, finger_angle,
-                                       handle_grasp, level_hand, narrow_direction, site_position, snag_direction,
-                                       wrap_half_turn)
+                                       handle_grasp, level_hand, narrow_direction, site_position, wrap_half_turn)
 from ript.errors import RiptError
 
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
@@ -27,7 +26,7 @@ PLACE_ALIGN, PLACE_WAIT = 0.008, 20
 # a mug let go 3 cm over its plate's rim tipped 4.8 cm off the plate's centre as it fell (LIVING_ROOM_SCENE5)
 RIM_RELEASE = 0.01
 FAST_DESCENT = 0.08
-SNAG_WAIT, SNAG_STEP, SNAG_MAX = 10, 0.005, 0.03  # steps stuck going into a drawer before a step away; in all
+SNAG_WAIT = 10  # steps stuck on the way into a drawer before a step away from what caught the object
 HURRIED_CLEARANCE = 0.05  # ... and carried 5 cm over the drawer's walls, not 10 (the default clearance)
 HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles
 
@@ -136,23 +135,8 @@ class PickPlaceExpert:
         near = pts[np.linalg.norm(pts[:, :2] - xy, axis=1) < 0.08]
         return xy, float((near if len(near) else pts)[:, 2].max())
 
-    def _unsnag(self, sim, bottom: float) -> None:
-        """Lowered into a drawer and stuck above its floor (the rim caught under a handle of the furniture over
-        it): move the goal a step away from what the object touches, at most SNAG_MAX in all."""
-        away = snag_direction(sim, f"{self.obj}_main", bottom + 0.01)
-        model, data = sim.model._model, sim.data._data
-        joint = int(model.body_jntadr[body_id(model, self.surface_body)])
-        if away is not None and joint >= 0:  # along the drawer's slide only: sideways it tips onto a side wall
-            slide = data.xaxis[joint][:2]
-            along = float(away @ slide) / max(float(slide @ slide), 1e-9)
-            away = np.sign(along) * slide / np.linalg.norm(slide) if abs(along) > 1e-3 else None
-        if away is not None and self.unsnagged + SNAG_STEP <= SNAG_MAX:
-            self.shift = self.shift + SNAG_STEP * away
-            self.unsnagged += SNAG_STEP
-            self.timer = 0
-
     def get_action(self, task) -> np.ndarray:
-        from ript.data.libero_fit import goal_walls, roomiest_shift, slot_yaw
+        from ript.data.libero_fit import goal_walls, roomiest_shift, slot_yaw, step_away_from_snag
 
         sim, raw = task.sim, task.privileged()
         eef = raw["robot0_eef_pos"]
@@ -250,7 +234,7 @@ class PickPlaceExpert:
             self.timer = self.timer + 1 if at_height or eef[2] > self.lowest - 0.002 else 0
             self.lowest = min(self.lowest, float(eef[2]))
             if self.surface_body is not None and not at_height and self.timer >= SNAG_WAIT:
-                self._unsnag(sim, lo[2])
+                step_away_from_snag(self, sim, lo[2])
             if self.slotted:
                 release = at_height and xy_err < SLOT_ALIGN
             elif self.onto_object:

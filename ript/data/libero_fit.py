@@ -11,12 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_geometry import ObstacleBoxes, collision_corners, narrow_direction, site_id, wrap_half_turn
+from ript.data.libero_geometry import (ObstacleBoxes, body_id, collision_corners, narrow_direction, site_id,
+                                       snag_direction, wrap_half_turn)
 
 # a held object goes down into a walled region shifted by up to MAX_SHIFT from the region's centre, to where its
 # outline has the most room from the walls, when at the centre it has less than WALL_ROOM
 MAX_SHIFT, WALL_ROOM = 0.02, 0.01
 DRAWER_SHIFT = 0.06  # ... and up to this much in an open drawer, out from under the furniture over its back
+SNAG_STEP, SNAG_MAX = 0.005, 0.03  # a stuck object's goal moves this far per step away, this far in all
 SLOT_PLAY = 0.03  # a held object this much narrower than a box region fits it turned any way; closer, it is squared up
 
 
@@ -107,3 +109,20 @@ def region_spot(sim, site: str, obj: str, index: int, count: int) -> np.ndarray:
     axis = int(np.argmax(np.abs(rot[:2, :2].T @ np.array([np.cos(angle), np.sin(angle)]))))
     spacing = max(2 * model.site_size[i][axis] / count, width + 0.01)
     return rot[:2, axis] * spacing * (index - (count - 1) / 2)
+
+
+def step_away_from_snag(expert: PickPlaceExpert, sim, bottom: float) -> None:
+    """Lowered into a drawer and stuck above its floor (the rim caught under a handle of the furniture over it):
+    move the goal a step away from what the object touches, along the drawer's slide only (sideways the object
+    tips onto a side wall), at most SNAG_MAX in all."""
+    away = snag_direction(sim, f"{expert.obj}_main", bottom + 0.01)
+    model, data = sim.model._model, sim.data._data
+    joint = int(model.body_jntadr[body_id(model, expert.surface_body)])
+    if away is not None and joint >= 0:
+        slide = data.xaxis[joint][:2]
+        along = float(away @ slide) / max(float(slide @ slide), 1e-9)
+        away = np.sign(along) * slide / np.linalg.norm(slide) if abs(along) > 1e-3 else None
+    if away is not None and expert.unsnagged + SNAG_STEP <= SNAG_MAX:
+        expert.shift = expert.shift + SNAG_STEP * away
+        expert.unsnagged += SNAG_STEP
+        expert.timer = 0
