@@ -83,7 +83,9 @@ class PickPlaceExpert:
         if self.by_handle:
             return
         if width <= MAX_GRASP_WIDTH:
-            self.grasp_yaw = self._clear_hand_yaw(sim, obj_pts, obj_xy)
+            self.grasp_yaw = self._clear_hand_yaw(
+                sim, self.grasp_yaw, obj_xy, float(obj_pts[:, 2].max()),
+                lambda d: np.ptp(obj_pts[:, :2] @ d) <= MAX_GRASP_WIDTH)
             return
         lo, hi = obj_pts.min(0), obj_pts.max(0)
         # from just above the object's bottom: what it stands on (a drawer's floor) is no obstacle
@@ -99,20 +101,19 @@ class PickPlaceExpert:
                 best, self.rim = score, d
         self.grasp_yaw = float(np.arctan2(self.rim[1], self.rim[0]))
 
-    def _clear_hand_yaw(self, sim, obj_pts: np.ndarray, obj_xy: np.ndarray) -> float:
-        """The finger direction for a grasp across the narrow side, turned by up to 30 degrees while the
-        object still fits between the fingers, that keeps the hand (wide along the fingers) farthest from
-        taller neighbours: a carton beside a flat box stops the hand above the box (the narrow direction
-        itself whenever its hand has HAND_CLEARANCE)."""
-        top = float(obj_pts[:, 2].max())
+    def _clear_hand_yaw(self, sim, base_yaw: float, centre: np.ndarray, top: float, fits) -> float:
+        """The finger direction for a grasp at ``centre`` across ``base_yaw``, turned by up to 30 degrees while
+        ``fits`` (the object, or a handle, still between the fingers), that keeps the hand (wide along the
+        fingers) farthest from neighbours taller than ``top``: a carton beside a flat box stops the hand above
+        the box, a moka pot beside a pan's handle (base_yaw itself whenever its hand has HAND_CLEARANCE)."""
         others = ObstacleBoxes(sim, {self.obj}, top + 0.005, top + 0.15)
-        best, best_score = self.grasp_yaw, -np.inf
+        best, best_score = base_yaw, -np.inf
         for turn in np.deg2rad([0, 10, -10, 20, -20, 30, -30]):
-            yaw = self.grasp_yaw + turn
+            yaw = base_yaw + turn
             d = np.array([np.cos(yaw), np.sin(yaw)])
-            if np.ptp(obj_pts[:, :2] @ d) > MAX_GRASP_WIDTH:
+            if not fits(d):
                 continue
-            clear = min(others.distance(obj_xy + d * t) for t in np.linspace(-HAND_HALF_SPAN, HAND_HALF_SPAN, 9))
+            clear = min(others.distance(centre + d * t) for t in np.linspace(-HAND_HALF_SPAN, HAND_HALF_SPAN, 9))
             if turn == 0 and clear >= HAND_CLEARANCE:
                 return float(yaw)
             score = min(clear, HAND_CLEARANCE) - 0.001 * abs(turn)
@@ -156,8 +157,8 @@ class PickPlaceExpert:
             # a handle shifts the footprint's centre off the pot or pan itself: place its centre of mass instead
             place_xy = sim.data._data.xipos[body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
             grasp_xy, grasp_z, handle_yaw = handle_grasp(sim, f"{self.obj}_main")
-            if self.phase == "align":
-                self.grasp_yaw = handle_yaw
+            if self.phase == "align":  # a handle is narrow: gripped 30 degrees off square it still fits
+                self.grasp_yaw = self._clear_hand_yaw(sim, handle_yaw, grasp_xy, grasp_z + 0.015, lambda d: True)
         elif self.rim is not None:
             half = float(np.max(np.abs((obj_pts[:, :2] - obj_xy) @ self.rim)))
             grasp_xy = obj_xy + self.rim * (half - RIM_INSET)
