@@ -4,8 +4,9 @@
 # runs/experts/libero_experts.json is rewritten as each task finishes, so a poll brings back what is done.
 #   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_experts.sh
 #   bash benchmarks/gpu_background.sh poll 560 runs/experts runs/experts
-# A libero_90 bundle (python -m benchmarks.libero_gpu_bundle --suites libero_90) is 118 MiB: carry it in two
-# calls (the wheels, the GL loader, the preamble and half of site.tar.xz; then the other half) and join the halves.
+# A libero_90 bundle (python -m benchmarks.libero_gpu_bundle --suites libero_90) is 118 MiB: carry it over three
+# calls, each under the 64 MiB limit with the working tree (the wheels, the GL loader, the preamble and a first
+# piece of site.tar.xz under runs/; then the other pieces), and join the pieces into .libero/site.tar.xz first.
 set -uo pipefail
 mkdir -p runs/experts
 python3 -m benchmarks.libero_experts --suites ${EXPERT_SUITES:-libero_90} --episodes ${EXPERT_EPISODES:-20} \

@@ -163,8 +163,8 @@ def evaluate(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command()
-def protocol(name: str = typer.Argument(..., help="ml45_multitask, ml45_fewshot, libero_object, libero_spatial, libero_goal "
-                                                  "(configs/protocol/)"),
+def protocol(name: str = typer.Argument(..., help="ml45_multitask, ml45_fewshot, libero_object, libero_spatial, "
+                                                  "libero_goal (configs/protocol/)"),
              overrides: Optional[list[str]] = OVERRIDES) -> None:
     """A reference protocol end to end: demonstrations, stages 0-1 (or few-shot fine-tuning), evaluation, RL,
     evaluation; per-task table and results.json. Rerun the same command to continue an interrupted one."""
