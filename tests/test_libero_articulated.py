@@ -263,7 +263,7 @@ def test_a_bowl_caught_under_the_handle_over_a_low_drawer_steps_away_along_the_s
             steps += 1
         place = expert.steps[0]
         assert task.success, steps
-        assert 0 < place.unsnagged <= 0.03  # SNAG_MAX
+        assert 0 < place.unsnagged <= 0.025 + 1e-9  # SNAG_MAX
     finally:
         task.close()
 

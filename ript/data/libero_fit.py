@@ -18,7 +18,7 @@ from ript.data.libero_geometry import (ObstacleBoxes, body_id, collision_corners
 # outline has the most room from the walls, when at the centre it has less than WALL_ROOM
 MAX_SHIFT, WALL_ROOM = 0.02, 0.01
 DRAWER_SHIFT = 0.06  # ... and up to this much in an open drawer, out from under the furniture over its back
-SNAG_STEP, SNAG_MAX = 0.005, 0.03  # a stuck object's goal moves this far per step away, this far in all
+SNAG_STEP, SNAG_MAX = 0.005, 0.025  # a stuck object's goal moves this far per step away, this far in all
 SLOT_PLAY = 0.03  # a held object this much narrower than a box region fits it turned any way; closer, it is squared up
 
 
@@ -115,6 +115,8 @@ def step_away_from_snag(expert: PickPlaceExpert, sim, bottom: float) -> None:
     """Lowered into a drawer and stuck above its floor (the rim caught under a handle of the furniture over it):
     move the goal a step away from what the object touches, along the drawer's slide only (sideways the object
     tips onto a side wall), at most SNAG_MAX in all."""
+    if expert.unsnagged + SNAG_STEP > SNAG_MAX + 1e-9:
+        return  # (before reading the contacts: called on every step an object stays stuck)
     away = snag_direction(sim, f"{expert.obj}_main", bottom + 0.01)
     model, data = sim.model._model, sim.data._data
     joint = int(model.body_jntadr[body_id(model, expert.surface_body)])
@@ -122,7 +124,7 @@ def step_away_from_snag(expert: PickPlaceExpert, sim, bottom: float) -> None:
         slide = data.xaxis[joint][:2]
         along = float(away @ slide) / max(float(slide @ slide), 1e-9)
         away = np.sign(along) * slide / np.linalg.norm(slide) if abs(along) > 1e-3 else None
-    if away is not None and expert.unsnagged + SNAG_STEP <= SNAG_MAX:
+    if away is not None:
         expert.shift = expert.shift + SNAG_STEP * away
         expert.unsnagged += SNAG_STEP
         expert.timer = 0
