@@ -62,17 +62,21 @@ def main() -> None:
     jobs = [(s, n, a.episodes, a.seed, a.noise) for s in a.suites for n in suite_tasks(s)
             if a.only is None or re.search(a.only, n)]
     a.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(rows: list[dict]) -> None:
+        tmp = a.out.with_name(a.out.name + ".tmp")
+        tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "tasks": rows}, indent=2))
+        tmp.replace(a.out)
+
     rows = []
     with mp.get_context("spawn").Pool(a.workers) as pool:
         # the file rewritten as each task finishes: a run cut short (a lease's end) keeps the tasks it finished
         for row in pool.imap_unordered(run_task, jobs, chunksize=1):
             rows.append(row)
-            tmp = a.out.with_name(a.out.name + ".tmp")
-            tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "tasks": rows}, indent=2))
-            tmp.replace(a.out)
+            save(rows)
     order = {(s, n): i for i, (s, n, *_) in enumerate(jobs)}
     rows.sort(key=lambda r: order[(r["suite"], r["task"])])
-    a.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "tasks": rows}, indent=2))
+    save(rows)
     print("| suite | task | expert success | mean length |\n| --- | --- | --- | --- |")
     for suite in a.suites:
         mine = [r for r in rows if r["suite"] == suite]

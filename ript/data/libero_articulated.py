@@ -17,7 +17,7 @@ import numpy as np
 
 from ript.data.libero_experts import SequenceExpert
 from ript.data.libero_geometry import (CLOSE, HAND_HALF_SPAN, HAND_HALF_WIDTH, POS_SCALE, body_id, collision_corners,
-                                        finger_angle, geom_box_corners, is_collision_geom, rotation_matrix,
+                                        finger_angle, geom_box_corners, in_subtree, is_collision_geom, rotation_matrix,
                                         wrap_half_turn)
 from ript.errors import RiptError
 
@@ -51,15 +51,9 @@ class Articulation:
             raise RiptError(f"{task.suite}/{task.task_name}: joint {joint!r} is neither a slide nor a hinge")
         self.body = int(model.jnt_bodyid[self.joint])
         self.geoms = [g for g in range(model.ngeom)
-                      if is_collision_geom(model, g) and self._moves(int(model.geom_bodyid[g]))]
+                      if is_collision_geom(model, g) and in_subtree(model, g, self.body)]
         if not self.geoms:
             raise RiptError(f"{task.suite}/{task.task_name}: joint {joint!r} moves no collision geometry")
-
-    def _moves(self, b: int) -> bool:
-        model = self.sim.model._model
-        while b not in (0, self.body):
-            b = int(model.body_parentid[b])
-        return b == self.body
 
     @property
     def qpos(self) -> float:

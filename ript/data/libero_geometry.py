@@ -48,19 +48,31 @@ def geom_box_corners(model, data, g: int) -> np.ndarray:
     return data.geom_xpos[g] + (center + _BOX_SIGNS * half) @ data.geom_xmat[g].reshape(3, 3).T
 
 
+def top_body(model, g: int) -> int:
+    """The child of the world that geom ``g`` hangs from (a whole object, the robot, a piece of furniture)."""
+    b = int(model.geom_bodyid[g])
+    while int(model.body_parentid[b]) != 0:
+        b = int(model.body_parentid[b])
+    return b
+
+
+def in_subtree(model, g: int, root: int) -> bool:
+    """Whether geom ``g`` belongs to body ``root`` or a body under it."""
+    b = int(model.geom_bodyid[g])
+    while b not in (0, root):
+        b = int(model.body_parentid[b])
+    return b == root
+
+
+ROBOT_BODIES = ("robot", "gripper", "mount")  # name prefixes of the robot's top bodies
+
+
 def collision_corners(sim, body: str) -> np.ndarray:
     """World coordinates of the corners of each collision geom's bounding box in ``body``'s subtree."""
     model, data = sim.model._model, sim.data._data
     root = body_id(model, body)
-    pts = []
-    for g in range(model.ngeom):
-        if not is_collision_geom(model, g):
-            continue
-        b = int(model.geom_bodyid[g])
-        while b not in (0, root):
-            b = int(model.body_parentid[b])
-        if b == root:
-            pts.append(geom_box_corners(model, data, g))
+    pts = [geom_box_corners(model, data, g) for g in range(model.ngeom)
+           if is_collision_geom(model, g) and in_subtree(model, g, root)]
     if not pts:
         raise RiptError(f"LIBERO body {body!r} has no collision geometry")
     return np.concatenate(pts)
@@ -71,27 +83,13 @@ def snag_direction(sim, body: str, above: float) -> np.ndarray | None:
     than ``above`` (a rim caught under a handle, not the floor it stands on); None where nothing does."""
     model, data = sim.model._model, sim.data._data
     root = body_id(model, body)
-
-    def holder(g: int) -> int:  # the child of the world that geom g hangs from
-        b = int(model.geom_bodyid[g])
-        while int(model.body_parentid[b]) != 0:
-            b = int(model.body_parentid[b])
-        return b
-
-    def in_subtree(g: int) -> bool:
-        b = int(model.geom_bodyid[g])
-        while b not in (0, root):
-            b = int(model.body_parentid[b])
-        return b == root
-
-    robot = {holder(g) for g in range(model.ngeom)
-             if (model.body(int(model.geom_bodyid[g])).name or "").startswith(("robot", "gripper", "mount"))}
     centre = data.xpos[root][:2]
     away = np.zeros(2)
     for i in range(data.ncon):
         c = data.contact[i]
         for mine, other in ((c.geom1, c.geom2), (c.geom2, c.geom1)):
-            if in_subtree(mine) and not in_subtree(other) and holder(other) not in robot and c.pos[2] > above:
+            if (c.pos[2] > above and in_subtree(model, mine, root) and not in_subtree(model, other, root)
+                    and not (model.body(top_body(model, other)).name or "").startswith(ROBOT_BODIES)):
                 d = centre - c.pos[:2]
                 away += d / max(float(np.linalg.norm(d)), 1e-6)
     n = float(np.linalg.norm(away))
@@ -107,15 +105,13 @@ class ObstacleBoxes:
         import mujoco
 
         model, data = sim.model._model, sim.data._data
-        skip = tuple(f"{e}_" for e in exclude) + ("robot", "gripper", "mount", "table", "floor", "world")
+        skip = tuple(f"{e}_" for e in exclude) + ROBOT_BODIES + ("table", "floor", "world")
         self.z_lo, self.z_hi = z_lo, z_hi
         centers, rotations, halves = [], [], []
         for g in range(model.ngeom):
             if not is_collision_geom(model, g):
                 continue
-            b = int(model.geom_bodyid[g])
-            while int(model.body_parentid[b]) != 0:
-                b = int(model.body_parentid[b])
+            b = top_body(model, g)
             name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or ""
             if b == 0 or name.startswith(skip):
                 continue

@@ -16,7 +16,7 @@ import numpy as np
 
 from ript.data.libero_experts import PickPlaceExpert
 from ript.data.libero_geometry import (CLOSE, POS_SCALE, body_id, collision_corners, geom_box_corners, handle_grasp,
-                                        is_collision_geom, ObstacleBoxes, site_id)
+                                        in_subtree, is_collision_geom, ObstacleBoxes, site_id)
 
 HAND_REACH = 0.04  # the wrist's half width above the fingers: the hand stays this far out from a layer's open side
 ON_FLOOR = 0.015  # the object's centre is let go at least this far inside the boards' front (over the floor)
@@ -51,10 +51,7 @@ def shelf_layer(sim, target: str, site: str, obj: str) -> Layer | None:
     centre, axes = data.site_xpos[i].copy(), data.site_xmat[i].reshape(3, 3)
     floor, ceiling, boards = None, None, []
     for g in range(model.ngeom):
-        b = int(model.geom_bodyid[g])
-        while b not in (0, root):
-            b = int(model.body_parentid[b])
-        if b != root or not is_collision_geom(model, g):
+        if not is_collision_geom(model, g) or not in_subtree(model, g, root):
             continue
         corners = geom_box_corners(model, data, g)
         lo, hi = corners.min(0), corners.max(0)
