@@ -3,10 +3,28 @@ need EGL, so every module that may import MuJoCo imports this one first. Also wh
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+
+
+def _name_the_glfw_library() -> None:
+    """gymnasium's MuJoCo renderer imports ``glfw`` even when EGL renders, and pyGLFW, unless told its library,
+    starts a Python child per candidate ``libglfw`` to read its version. Those children outlive an env worker
+    killed while importing (their ``EOF when reading a line`` tracebacks landed on the run's stderr) and cost
+    ~40 ms per worker start; naming the wheel's own library loads it directly."""
+    spec = importlib.util.find_spec("glfw")
+    if "PYGLFW_LIBRARY" in os.environ or spec is None or not spec.submodule_search_locations:
+        return
+    library = Path(spec.submodule_search_locations[0]) / "x11" / "libglfw.so"
+    if library.is_file():
+        os.environ["PYGLFW_LIBRARY"] = str(library)
+
+
+_name_the_glfw_library()
 
 EGL_DEVICE = "MUJOCO_EGL_DEVICE_ID"  # MuJoCo's choice of EGL device (an index into EGL's device list)
 
