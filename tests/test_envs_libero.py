@@ -313,6 +313,71 @@ def test_a_frying_pan_handle_is_gripped_turned_away_from_the_moka_pot_beside_it(
         task.close()
 
 
+def test_a_drawer_open_over_the_object_is_pushed_back_part_way_then_filled_and_closed():
+    """KITCHEN_SCENE10's top drawer starts 14.8 cm out, 15 cm over the table, its handle 5-7 cm from the pudding's
+    side: the hand, wide across the pudding's narrow side, stalled on it until the horizon (3/20). The drawer is
+    pushed in only as far as the hand needs (stopping there: pushed at full speed it coasted 2.5 cm on), and the
+    region's size is read along its level axes (its local x is vertical: read as its width, the pudding was turned
+    long side into the shallower drawer and left half on the cabinet). Demo 1 failed for want of either."""
+    from ript.data.libero_articulated import Articulation, JointPushExpert, joint_for
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+
+    name = "KITCHEN_SCENE10_put_the_chocolate_pudding_in_the_top_drawer_of_the_cabinet_and_close_it"
+    task = LiberoTask("libero_90", name, None)
+    try:
+        task.reset(demo_layout_seed(0, 1, 0), render=False)
+        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, 1, 0), 0
+        push = expert.steps[0]
+        assert isinstance(push, JointPushExpert) and push.stop_at is not None
+        cabinet, joint = joint_for(task, "wooden_cabinet_1_top_region")
+        drawer = Articulation(task, joint)
+        assert cabinet.is_open(drawer.qpos) and not cabinet.is_open(push.stop_at)
+        while not task.done and steps < 300:
+            if expert.index == 1 and expert.steps[1].phase == "align":
+                assert abs(drawer.qpos - push.stop_at) < 0.01 and not cabinet.is_close(drawer.qpos)
+            action = expert.get_action(task)
+            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
+            task.step(action, render=False)
+            steps += 1
+        assert task.success, steps
+    finally:
+        task.close()
+
+
+def test_a_quarter_turn_goes_the_way_round_that_keeps_the_wrist_off_its_stop():
+    """KITCHEN_SCENE9's pan handle points along y and the hand starts with its fingers across x: a quarter turn,
+    either way. The way the shorter-by-a-hair turn took drove the wrist's last joint to its stop, the hand wandered
+    while lining up, and the pan slipped from grasp after grasp (demo 7 to the horizon). Now such a turn goes the
+    other way round (the task's demos 0-7: 5/8 -> 7/8)."""
+    import mujoco
+
+    from ript.data.libero_experts import make_expert
+    from ript.data.libero_geometry import WRIST_JOINT, WRIST_MARGIN
+    from ript.envs.libero import LiberoTask
+    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+
+    name = "KITCHEN_SCENE9_put_the_frying_pan_on_top_of_the_cabinet"
+    task = LiberoTask("libero_90", name, None)
+    try:
+        task.reset(demo_layout_seed(0, 7, 0), render=False)
+        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, 7, 0), 0
+        model, data = task.sim.model._model, task.sim.data._data
+        wrist = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, WRIST_JOINT)
+        lo, hi = model.jnt_range[wrist]
+        while not task.done and steps < 200:
+            action = expert.get_action(task)
+            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
+            task.step(action, render=False)
+            steps += 1
+            q = data.qpos[model.jnt_qposadr[wrist]]
+            assert lo + WRIST_MARGIN / 2 < q < hi - WRIST_MARGIN / 2, (steps, q)
+        assert task.success, steps
+    finally:
+        task.close()
+
+
 def test_a_frying_pan_slides_under_a_shelf_board_held_by_its_handle():
     """(In chefmate_8_frypan_1 wooden_two_layer_shelf_1_bottom_region): 6.9 cm under the shelf's middle board, where
     a hand cannot come down from above (carried over it, the pan landed on the shelf's top: 0/5). The pan goes in flat

@@ -169,7 +169,7 @@ def test_the_microwave_door_is_pulled_ajar_by_its_handle_then_pushed_open():
     """A hinged door had no Open expert: it is pulled by its upright bar (the hand turning with the door) until
     ajar, then pushed from behind until LIBERO's open test holds (75 degrees)."""
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_articulated import Articulation, HingeOpenExpert, JointPushExpert, _joint_for
+    from ript.data.libero_articulated import Articulation, HingeOpenExpert, JointPushExpert, joint_for
     from ript.data.libero_experts import make_expert
     from ript.envs.libero import LiberoTask
 
@@ -180,7 +180,7 @@ def test_the_microwave_door_is_pulled_ajar_by_its_handle_then_pushed_open():
         assert isinstance(steps[0], HingeOpenExpert) and isinstance(steps[1], JointPushExpert)
         demo = run_episode(task, 0, np.random.default_rng(0), 0.05, render=False)
         assert demo.attrs["success"] and len(demo.actions) < 300
-        door, joint = _joint_for(task, "microwave_1")
+        door, joint = joint_for(task, "microwave_1")
         assert door.is_open(Articulation(task, joint).qpos)
     finally:
         task.close()

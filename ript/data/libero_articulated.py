@@ -17,8 +17,8 @@ import numpy as np
 
 from ript.data.libero_experts import SequenceExpert
 from ript.data.libero_geometry import (CLOSE, HAND_HALF_SPAN, HAND_HALF_WIDTH, POS_SCALE, body_id, collision_corners,
-                                        finger_angle, geom_box_corners, in_subtree, is_collision_geom, rotation_matrix,
-                                        wrap_half_turn)
+                                        geom_box_corners, in_subtree, is_collision_geom, rotation_matrix,
+                                        yaw_error)
 from ript.errors import RiptError
 
 FREE, SLIDE, HINGE = 0, 2, 3  # MuJoCo joint types
@@ -99,11 +99,21 @@ class Articulation:
 
 class JointPushExpert:
     """Push a joint until ``done(qpos)`` holds: get above the start point behind the part, come down to its
-    height, push (re-aimed every step), hold, then lift away."""
+    height, push (re-aimed every step), hold, then lift away. With ``stop_at`` (a slide's qpos) the push is
+    done there and aims no further ahead than the travel left: a drawer pushed part of the way in."""
 
-    def __init__(self, articulation: Articulation, sign: float, done):
-        self.art, self.sign, self.done = articulation, sign, done
+    def __init__(self, articulation: Articulation, sign: float, done, stop_at: float | None = None):
+        self.art, self.sign, self.done, self.stop_at = articulation, sign, done, stop_at
         self.phase, self.timer = "above", 0
+
+    def _push_goal(self, point: np.ndarray, push: np.ndarray, eef: np.ndarray) -> np.ndarray:
+        """Where the fingertip is sent while it pushes: PUSH_AHEAD beyond the part (the push's force), or with
+        ``stop_at`` no further than the travel left from where the hand is (slowing as it nears the stop:
+        pushed at full speed, a drawer coasted 2.5 cm past it)."""
+        if self.stop_at is None:
+            return point[:2] + push[:2] * PUSH_AHEAD
+        left = float(np.clip((self.stop_at - self.art.qpos) * self.sign, 0.0, PUSH_AHEAD))
+        return eef[:2] + push[:2] * left
 
     @property
     def finished(self) -> bool:
@@ -130,7 +140,7 @@ class JointPushExpert:
             if abs(eef[2] - height) < 0.012 or self.timer > 40:  # (or blocked a little above it)
                 self.phase, self.timer = "push", 0
         elif self.phase == "push":
-            goal = np.array([*(point[:2] + push[:2] * PUSH_AHEAD), height])
+            goal = np.array([*self._push_goal(point, push, eef), height])
             self.timer = self.timer + 1 if self.done(self.art.qpos) else 0
             if self.timer >= HOLD_STEPS:
                 self.phase, self.timer = "away", 0
@@ -141,7 +151,7 @@ class JointPushExpert:
         action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
         # the hand's long side (along the finger axis, ~21 cm) across the push, so it fits close to a cabinet
         across = float(np.arctan2(push[1], push[0])) + np.pi / 2
-        action[5] = np.clip(3.0 * wrap_half_turn(across - finger_angle(task.sim)), -1.0, 1.0)
+        action[5] = np.clip(3.0 * yaw_error(task.sim, across), -1.0, 1.0)
         action[6] = CLOSE  # closed fingers: one compact fingertip to push with
         return action
 
@@ -354,7 +364,7 @@ def _region_joint(task, region: str) -> str | None:
     return site.joints[0] if site is not None and getattr(site, "joints", None) else None
 
 
-def _joint_for(task, name: str) -> tuple[object, str]:
+def joint_for(task, name: str) -> tuple[object, str]:
     """(the LIBERO object, its joint) a goal names: an object (``flat_stove_1``, ``microwave_1``) or one of
     its regions (``wooden_cabinet_1_top_region``: the drawer's joint)."""
     env = task.env.env
@@ -391,7 +401,7 @@ def articulated_expert(task, pred: tuple[str, ...]):
     """The expert for one ``(open X)`` (a drawer, a door) / ``(close X)`` / ``(turnon X)`` / ``(turnoff X)``
     goal, with LIBERO's own thresholds."""
     kind, name = pred[0], pred[1]
-    obj, joint = _joint_for(task, name)
+    obj, joint = joint_for(task, name)
     art = Articulation(task, joint)
     ranges = obj.object_properties["articulation"]
     if kind == "open":

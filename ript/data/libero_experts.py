@@ -13,8 +13,7 @@ import re
 import numpy as np
 
 from ript.data.libero_geometry import (CLOSE, HAND_CLEARANCE, HAND_HALF_SPAN, HAND_HALF_WIDTH, MAX_GRASP_WIDTH, OPEN,
-                                       POS_SCALE, ObstacleBoxes, body_id, collision_corners, finger_angle,
-                                       handle_grasp, level_hand, narrow_direction, site_position, wrap_half_turn)
+                                       POS_SCALE, ObstacleBoxes, body_id, collision_corners, handle_grasp, level_hand, narrow_direction, site_position, yaw_error)
 from ript.errors import RiptError
 
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
@@ -173,8 +172,7 @@ class PickPlaceExpert:
         if self.phase in self.HOLDING and self.slipped(eef, lo[2]):
             self.phase = "align"  # the object slipped out of the fingers: open, line up and grasp again
         gripper, goal = OPEN, eef.copy()
-        fingers = finger_angle(sim)
-        yaw_err = wrap_half_turn(self.grasp_yaw - fingers)
+        yaw_err = yaw_error(sim, self.grasp_yaw)
         if self.phase == "align":
             goal = np.array([*grasp_xy, max(hi[2] + 0.08, eef[2])])
             if np.linalg.norm(goal[:2] - eef[:2]) < 0.015 and abs(yaw_err) < 0.08:
@@ -208,7 +206,7 @@ class PickPlaceExpert:
                     ends = [eef[:2] - place_xy + self.rim * r for r in (-HAND_HALF_SPAN, HAND_HALF_SPAN)]
                     outline = np.concatenate([outline, [e + k * side for e in ends for k in (-1, 1)]])
                 if self.place_yaw is not None:  # as it will be once turned into the slot's direction
-                    turn = wrap_half_turn(self.place_yaw - fingers)
+                    turn = yaw_error(sim, self.place_yaw)
                     outline = outline @ np.array([[np.cos(turn), np.sin(turn)], [-np.sin(turn), np.cos(turn)]])
                 self.shift = roomiest_shift(self, sim, outline, tgt_xy, tgt_top)
         elif self.phase == "carry":
@@ -258,7 +256,7 @@ class PickPlaceExpert:
         if self.phase in ("align", "descend", "grasp"):
             action[5] = np.clip(3.0 * yaw_err, -1.0, 1.0)
         elif self.phase in ("lift", "carry", "lower") and self.place_yaw is not None:
-            place_err = wrap_half_turn(self.place_yaw - fingers)
+            place_err = yaw_error(sim, self.place_yaw)
             action[5] = np.clip(3.0 * place_err, -1.0, 1.0)
             far = self.slotted and np.linalg.norm(goal[:2] - eef[:2]) > SLOT_ALIGN
             if self.phase == "lower" and (abs(place_err) > 0.08 or far):
@@ -336,6 +334,7 @@ def make_expert(task):
     from ript.data.libero_articulated import articulated_expert, closed_container, drawer_body
     from ript.data.libero_drag import DragExpert, drags
     from ript.data.libero_fit import region_spot
+    from ript.data.libero_set_aside import push_back
     from ript.data.libero_slanted import DrawerLayExpert, SlantedPlaceExpert, is_slanted, too_tall_for
     from ript.data.libero_slide_in import slide_in_steps
 
@@ -385,6 +384,8 @@ def make_expert(task):
             steps.extend(sliding)
             continue
         step = PickPlaceExpert(obj, target, site, surface_body=surface)
+        if surface is not None and not closed_container(task, region):  # a drawer open from the start
+            steps.extend(s for s in [push_back(task, step)] if s is not None)
         sharing = [p for p in preds if p[0] in ("on", "in") and len(p) == 3 and p[2] == region]
         if site is not None and len(sharing) > 1:
             step.offset = region_spot(task.sim, site, obj, sharing.index(pred), len(sharing))

@@ -22,6 +22,15 @@ SNAG_STEP, SNAG_MAX = 0.005, 0.025  # a stuck object's goal moves this far per s
 SLOT_PLAY = 0.03  # a held object this much narrower than a box region fits it turned any way; closer, it is squared up
 
 
+def level_axes(sim, site: int) -> list[tuple[np.ndarray, float]]:
+    """A box site's two local axes that lie level (a drawer's region stands on its side: its local x is the
+    world's vertical), each as (its unit horizontal direction in the world, the box's half extent along it)."""
+    model, data = sim.model._model, sim.data._data
+    rot = data.site_xmat[site].reshape(3, 3)
+    level = sorted(range(3), key=lambda a: abs(rot[2, a]))[:2]
+    return [(rot[:2, a] / np.linalg.norm(rot[:2, a]), float(model.site_size[site][a])) for a in sorted(level)]
+
+
 def slot_yaw(expert: PickPlaceExpert, sim, obj_pts: np.ndarray) -> float | None:
     """For a goal region that is a box narrower than the held object is wide (a caddy's compartment), the
     finger direction that turns the object's narrow side across the region's narrow side; for one barely wider
@@ -32,25 +41,26 @@ def slot_yaw(expert: PickPlaceExpert, sim, obj_pts: np.ndarray) -> float | None:
         return None
     import mujoco
 
-    model, data = sim.model._model, sim.data._data
+    model = sim.model._model
     i = site_id(model, expert.target_site)
     if model.site_type[i] != mujoco.mjtGeom.mjGEOM_BOX:
         return None
-    half = model.site_size[i]
+    axes = level_axes(sim, i)
+    narrow = min(half for _, half in axes)
     object_width = float(np.ptp((obj_pts[:, :2] - obj_pts[:, :2].mean(0)) @ np.array(
         [-np.sin(expert.grasp_yaw), np.cos(expert.grasp_yaw)])))  # along the object's wide side
-    if object_width <= 2 * min(half[0], half[1]) - SLOT_PLAY:
+    if object_width <= 2 * narrow - SLOT_PLAY:
         return None  # fits whichever way it is turned
-    axes = [0 if half[0] <= half[1] else 1]  # the region's narrow axis, in the world
-    if object_width <= 2 * min(half[0], half[1]):
+    turns = [min(axes, key=lambda axis: axis[1])]  # the region's narrow axis
+    if object_width <= 2 * narrow:
         # within SLOT_PLAY of fitting: squared up with the region, either way, where its walls leave the object
         # too little room turned as it is (a book in a square compartment; not a bottle in a wide tray)
         tgt_xy, tgt_top = expert._target(sim)
         walls = goal_walls(expert, sim, tgt_top)
         if walls is None or outline_room(walls[0], obj_pts[:, :2] - obj_pts[:, :2].mean(0), [tgt_xy])[0] >= WALL_ROOM:
             return None
-        axes = [0, 1]
-    yaws = [float(np.arctan2(d[1], d[0])) for d in (data.site_xmat[i].reshape(3, 3)[:, a] for a in axes)]
+        turns = axes
+    yaws = [float(np.arctan2(d[1], d[0])) for d, _ in turns]
     return min(yaws, key=lambda y: abs(wrap_half_turn(y - expert.grasp_yaw)))
 
 
@@ -102,13 +112,11 @@ def region_spot(sim, site: str, obj: str, index: int, count: int) -> np.ndarray:
     """Where the ``index``-th of ``count`` objects bound for one box region goes, from the region's centre: side by
     side along the region's axis closest to ``obj``'s narrow direction, at least the object's narrow width and 1 cm
     apart, so the second object is not released on top of the first (both moka pots onto the stove)."""
-    model, data = sim.model._model, sim.data._data
-    i = site_id(model, site)
-    rot = data.site_xmat[i].reshape(3, 3)
     angle, width = narrow_direction(collision_corners(sim, f"{obj}_main"))
-    axis = int(np.argmax(np.abs(rot[:2, :2].T @ np.array([np.cos(angle), np.sin(angle)]))))
-    spacing = max(2 * model.site_size[i][axis] / count, width + 0.01)
-    return rot[:2, axis] * spacing * (index - (count - 1) / 2)
+    direction, half = max(level_axes(sim, site_id(sim.model._model, site)),
+                          key=lambda axis: abs(axis[0] @ np.array([np.cos(angle), np.sin(angle)])))
+    spacing = max(2 * half / count, width + 0.01)
+    return direction * spacing * (index - (count - 1) / 2)
 
 
 def step_away_from_snag(expert: PickPlaceExpert, sim, bottom: float) -> None:

@@ -194,3 +194,28 @@ def finger_angle(sim) -> float:
 def wrap_half_turn(a: float) -> float:
     """An angle difference folded into [-pi/2, pi/2): a parallel gripper is symmetric under a half turn."""
     return (a + np.pi / 2) % np.pi - np.pi / 2
+
+
+WRIST_JOINT = "robot0_joint7"  # turns the hand about its pointing axis; its qpos falls as the fingers' yaw grows
+WRIST_MARGIN = 0.15  # radians kept from the wrist joint's limits
+
+
+def yaw_error(sim, target: float) -> float:
+    """The turn (radians) that brings the fingers' direction to ``target`` (either way round: the hand is symmetric
+    under a half turn): the shorter one, or, for a turn of more than an eighth, the longer one where the shorter
+    would take the wrist's last joint past its limit. A quarter turn can go either way, and the way it went drove
+    the wrist into its stop: the arm then wandered 40 cm while lifting (libero_90 KITCHEN_SCENE10, the pudding
+    turned for its drawer). Small turns always go the short way (near the stop, a few degrees' correction turned
+    the hand round the long way, to and fro)."""
+    import mujoco
+
+    err = wrap_half_turn(target - finger_angle(sim))
+    model, data = sim.model._model, sim.data._data
+    j = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, WRIST_JOINT)
+    q, (lo, hi) = float(data.qpos[model.jnt_qposadr[j]]), model.jnt_range[j]
+
+    def fits(turn: float) -> bool:
+        return lo + WRIST_MARGIN <= q - turn <= hi - WRIST_MARGIN
+
+    other = err - np.pi * np.sign(err)
+    return other if abs(err) > np.pi / 4 and not fits(err) and fits(other) else err

@@ -1,17 +1,20 @@
-"""Moving an object out of the way of a drawer about to be opened over it (a LIBERO expert's first step).
+"""Clearing the way between a drawer and an object that goes into it (a LIBERO expert's first step).
 
 An open drawer can hang over what stands in front of its cabinet, and the hand, coming down on the object, then
-stalls on the drawer: the object is set down somewhere clear first.
+stalls on the drawer: before a drawer is opened over the object, the object is set down somewhere clear; a drawer
+that is open already is pushed part of the way in, as far as the hand needs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_articulated import SlideOpenExpert
+from ript.data.libero_articulated import SLIDE, Articulation, JointPushExpert, SlideOpenExpert, joint_for
 from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_geometry import HAND_HALF_WIDTH, ObstacleBoxes, collision_corners
+from ript.data.libero_geometry import HAND_HALF_SPAN, HAND_HALF_WIDTH, ObstacleBoxes, collision_corners, narrow_direction
 
+HAND_ROOM = 0.015  # room left between a drawer pushed back and the hand coming down beside it
+DRAWER_ROOM = 0.04  # ... and the least the drawer is left open beyond the object's narrow side
 MAX_SET_ASIDE = 0.26  # the farthest an object is moved out of an opening drawer's way (metres)
 # setting the bowl aside, opening the drawer and putting the bowl in took 278-283 steps in libero_goal's first three
 # demo layouts (313-321 before the fast descent from high above and the drawer's earlier turn-back, session 27);
@@ -73,3 +76,42 @@ def set_aside(task, obj: str, opener: SlideOpenExpert) -> SetAsideExpert | None:
                 continue
             return SetAsideExpert(obj, moved[:2], float(lo[2]))
     return None  # crowded all round: the pick goes on as before, reaching in past the drawer
+
+
+def push_back(task, pick: PickPlaceExpert) -> JointPushExpert | None:
+    """The step that pushes the open drawer ``pick`` puts its object into (its goal region's) in by as much as the hand,
+    coming down on the object across its narrow side, needs to clear the drawer (HAND_ROOM), or None when the
+    hand clears it as it is or the drawer would be left too shallow for the object. libero_90 KITCHEN_SCENE10's
+    top drawer starts 14.8 cm out, 15 cm over the table, its handle 5-7 cm from the chocolate pudding's side."""
+    obj, joint = joint_for(task, pick.target_site)
+    art = Articulation(task, joint)
+    if art.kind != SLIDE:
+        return None
+    # a push toward closed moves qpos the way LIBERO's close test holds (it holds near that limit)
+    close_sign = 1.0 if obj.is_close(art.qpos + 10.0) else -1.0
+    _, push = art.contact(close_sign)
+    pull = -push
+    drawer = art.corners()
+    pts = collision_corners(task.sim, f"{pick.obj}_main")
+    if pts[:, 2].max() > drawer[:, 2].min():
+        return None  # as tall as the drawer's underside: beside it, not under it
+    yaw, width = narrow_direction(pts)
+    centre = (pts[:, :2].min(0) + pts[:, :2].max(0)) / 2
+    along, side = np.array([np.cos(yaw), np.sin(yaw)]), np.array([-np.sin(yaw), np.cos(yaw)])
+    hand = np.array([centre + along * a + side * b for a in (-HAND_HALF_SPAN, HAND_HALF_SPAN)
+                     for b in (-HAND_HALF_WIDTH, HAND_HALF_WIDTH)])
+    across = np.array([-pull[1], pull[0]])
+    u, v = drawer[:, :2] @ pull[:2], drawer[:, :2] @ across
+    hand_u, hand_v = hand @ pull[:2], hand @ across
+    if hand_v.max() < v.min() or hand_v.min() > v.max():
+        return None  # the hand comes down beside the drawer
+    overlap = float(u.max() + HAND_ROOM - hand_u.min())
+    if overlap <= 0:
+        return None
+    rate = float(abs(art.axis()[:2] @ pull[:2]))  # metres along the pull per unit of qpos
+    target = art.qpos + close_sign * overlap / rate
+    # how far out the drawer is left: no less than the object's narrow side with room for the walls and the carry
+    closed = float(task.sim.model._model.jnt_range[art.joint][1 if close_sign > 0 else 0])
+    if abs(closed - target) * rate < width + DRAWER_ROOM:
+        return None
+    return JointPushExpert(art, close_sign, lambda q: (q - target) * close_sign >= -0.003, stop_at=target)
