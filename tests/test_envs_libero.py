@@ -378,6 +378,32 @@ def test_a_quarter_turn_goes_the_way_round_that_keeps_the_wrist_off_its_stop():
         task.close()
 
 
+@pytest.mark.parametrize("demo", [3, 6])
+def test_a_pan_is_gripped_far_enough_off_square_and_held_while_its_weight_tilts_it(demo):
+    """KITCHEN_SCENE3 again. Demo 3: within 30 degrees of square the hand keeps 3 mm from the moka pot and stalled
+    on it for 300 steps; a handle may be gripped 60 degrees off square. Demo 6: lifted by its handle, the pan tilts
+    10 degrees in the fingers and its far rim drops 4 cm, which read as a slip: let go and grasped again and again
+    (278 steps); a slip of a handled object is read at its handle."""
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+
+    name = "KITCHEN_SCENE3_put_the_frying_pan_on_the_stove"
+    task = LiberoTask("libero_90", name, None)
+    try:
+        task.reset(demo_layout_seed(0, demo, 0), render=False)
+        expert, rng, phases = make_expert(task), demo_noise_rng(0, name, demo, 0), []
+        while not task.done and len(phases) < 160:
+            action = expert.get_action(task)
+            phases.append(expert.phase)
+            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
+            task.step(action, render=False)
+        assert task.success, len(phases)
+        assert "align" not in phases[phases.index("lift"):]  # never let go of the pan once lifted
+    finally:
+        task.close()
+
+
 def test_a_frying_pan_slides_under_a_shelf_board_held_by_its_handle():
     """(In chefmate_8_frypan_1 wooden_two_layer_shelf_1_bottom_region): 6.9 cm under the shelf's middle board, where
     a hand cannot come down from above (carried over it, the pan landed on the shelf's top: 0/5). The pan goes in flat

@@ -28,6 +28,7 @@ FAST_DESCENT = 0.08
 SNAG_WAIT = 10  # steps stuck on the way into a drawer before a step away from what caught the object
 HURRIED_CLEARANCE = 0.05  # ... and carried 5 cm over the drawer's walls, not 10 (the default clearance)
 HANDLED = ("moka_pot", "frypan")  # too wide to grasp and closed (a lid) or flat: held by their handles
+HANDLE_TURN = 60  # degrees off square a handle may be gripped to keep the hand clear of its neighbours
 
 
 class PickPlaceExpert:
@@ -43,6 +44,7 @@ class PickPlaceExpert:
         self.rim: np.ndarray | None = None  # unit vector from the object's centre to its grasped rim, if any
         self.grasp_yaw = 0.0
         self.hang = 0.0  # grip site height above the held object's bottom
+        self.handle_hang = 0.0  # ... and above the grip height on its handle, for a pot or pan held by its handle
         self.rest_z = 0.0  # height of the object's bottom where it was picked up
         self.settle = settle  # steps after the release before the next step of a sequence may start
         self.place_yaw: float | None = None  # finger direction while carrying, when the goal region is a slot
@@ -68,8 +70,13 @@ class PickPlaceExpert:
     def finished(self) -> bool:
         return self.phase == "release" and self.timer > self.settle
 
-    def slipped(self, eef: np.ndarray, obj_bottom: float) -> bool:
-        """Whether the held object has dropped out of the fingers (it hangs lower under the hand than when grasped)."""
+    def slipped(self, sim, eef: np.ndarray, obj_bottom: float) -> bool:
+        """Whether the held object has dropped out of the fingers: it hangs lower under the hand than when grasped,
+        measured at the handle for a pot or pan held by it (a pan's weight tilts it 10 degrees in the fingers, and
+        its far rim drops 4 cm while it is still held fast: KITCHEN_SCENE3's pan was let go and grasped again and
+        again)."""
+        if self.by_handle:
+            return eef[2] - handle_grasp(sim, f"{self.obj}_main")[1] > self.handle_hang + 0.04
         return eef[2] - obj_bottom > self.hang + 0.04
 
     def _plan_grasp(self, sim, obj_pts: np.ndarray, obj_xy: np.ndarray) -> None:
@@ -100,14 +107,16 @@ class PickPlaceExpert:
                 best, self.rim = score, d
         self.grasp_yaw = float(np.arctan2(self.rim[1], self.rim[0]))
 
-    def _clear_hand_yaw(self, sim, base_yaw: float, centre: np.ndarray, top: float, fits) -> float:
-        """The finger direction for a grasp at ``centre`` across ``base_yaw``, turned by up to 30 degrees while
-        ``fits`` (the object, or a handle, still between the fingers), that keeps the hand (wide along the
+    def _clear_hand_yaw(self, sim, base_yaw: float, centre: np.ndarray, top: float, fits,
+                        max_turn: float = 30) -> float:
+        """The finger direction for a grasp at ``centre`` across ``base_yaw``, turned by up to ``max_turn``
+        degrees while ``fits`` (the object still between the fingers), that keeps the hand (wide along the
         fingers) farthest from neighbours taller than ``top``: a carton beside a flat box stops the hand above
         the box, a moka pot beside a pan's handle (base_yaw itself whenever its hand has HAND_CLEARANCE)."""
         others = ObstacleBoxes(sim, {self.obj}, top + 0.005, top + 0.15)
         best, best_score = base_yaw, -np.inf
-        for turn in np.deg2rad([0, 10, -10, 20, -20, 30, -30]):
+        turns = [t for t in (0, 10, -10, 20, -20, 30, -30, 45, -45, 60, -60) if abs(t) <= max_turn]
+        for turn in np.deg2rad(turns):
             yaw = base_yaw + turn
             d = np.array([np.cos(yaw), np.sin(yaw)])
             if not fits(d):
@@ -156,8 +165,11 @@ class PickPlaceExpert:
             # a handle shifts the footprint's centre off the pot or pan itself: place its centre of mass instead
             place_xy = sim.data._data.xipos[body_id(sim.model._model, f"{self.obj}_main")][:2].copy()
             grasp_xy, grasp_z, handle_yaw = handle_grasp(sim, f"{self.obj}_main")
-            if self.phase == "align":  # a handle is narrow: gripped 30 degrees off square it still fits
-                self.grasp_yaw = self._clear_hand_yaw(sim, handle_yaw, grasp_xy, grasp_z + 0.015, lambda d: True)
+            if self.phase == "align":  # a handle is narrow: gripped 60 degrees off square it still fits (2 cm
+                # wide, 4 cm across the fingers; KITCHEN_SCENE3's pan handle beside a moka pot leaves the hand
+                # 3 mm at up to 30 degrees and 1.4-3 cm at 45-60: it stalled on the pot for 300 steps)
+                self.grasp_yaw = self._clear_hand_yaw(sim, handle_yaw, grasp_xy, grasp_z + 0.015, lambda d: True,
+                                                      max_turn=HANDLE_TURN)
         elif self.rim is not None:
             half = float(np.max(np.abs((obj_pts[:, :2] - obj_xy) @ self.rim)))
             grasp_xy = obj_xy + self.rim * (half - RIM_INSET)
@@ -169,7 +181,7 @@ class PickPlaceExpert:
             grasp_z = max(lo[2] + 0.012, (lo[2] + hi[2]) / 2, hi[2] - 0.025)
         tgt_xy, tgt_top = self._target(sim)
 
-        if self.phase in self.HOLDING and self.slipped(eef, lo[2]):
+        if self.phase in self.HOLDING and self.slipped(sim, eef, lo[2]):
             self.phase = "align"  # the object slipped out of the fingers: open, line up and grasp again
         gripper, goal = OPEN, eef.copy()
         yaw_err = yaw_error(sim, self.grasp_yaw)
@@ -189,6 +201,7 @@ class PickPlaceExpert:
             self.timer += 1
             if self.timer >= 12:
                 self.phase, self.hang, self.rest_z = "lift", float(eef[2] - lo[2]), float(lo[2])
+                self.handle_hang = float(eef[2] - grasp_z)
                 self.place_yaw = slot_yaw(self, sim, obj_pts)
                 # turned into a walled slot (a compartment): kept upright and let go only once over it (not a pan
                 # held by its handle: turned upright, it slips from the fingers)

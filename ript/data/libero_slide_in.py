@@ -100,7 +100,7 @@ class SlideInExpert(PickPlaceExpert):
         sim, raw = task.sim, task.privileged()
         eef = raw["robot0_eef_pos"]
         obj_pts = collision_corners(sim, f"{self.obj}_main")
-        if self.phase not in self.HOLDING or self.slipped(eef, float(obj_pts[:, 2].min())):
+        if self.phase not in self.HOLDING or self.slipped(sim, eef, float(obj_pts[:, 2].min())):
             return super().get_action(task)  # picking it up (again, if it slipped), or letting go
         com = sim.data._data.xipos[body_id(sim.model._model, f"{self.obj}_main")][:2]
         open_dir = self.layer.open_dir
