@@ -13,7 +13,8 @@ import re
 import numpy as np
 
 from ript.data.libero_geometry import (CLOSE, HAND_CLEARANCE, HAND_HALF_SPAN, HAND_HALF_WIDTH, MAX_GRASP_WIDTH, OPEN,
-                                       POS_SCALE, ObstacleBoxes, body_id, collision_corners, handle_grasp, level_hand, narrow_direction, site_position, yaw_error)
+                                       POS_SCALE, ObstacleBoxes, body_id, collision_corners, handle_grasp, level_hand,
+                                       narrow_direction, site_position, yaw_error)
 from ript.errors import RiptError
 
 RIM_INSET = 0.012  # grip point inside the outer edge for a wall/rim pinch
@@ -339,9 +340,9 @@ def _clear_drawer_paths(task, steps: list) -> list:
 
 def make_expert(task):
     """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements (onto a leaning region:
-    ``libero_slanted``; a plate onto the table's region: ``libero_drag``) and (Open X) / (Close X) / (TurnOn X) / (TurnOff X) articulations, worked in GOAL_ORDER
-    (objects an opening drawer would cover set aside first: ``libero_set_aside``); other goals have none yet (a
-    one-line error)."""
+    ``libero_slanted``; a plate onto the table's region: ``libero_drag``) and (Open X) / (Close X) / (TurnOn X) /
+    (TurnOff X) articulations, worked in GOAL_ORDER (objects an opening drawer would cover set aside first, a drawer
+    open over its object pushed back first: ``libero_set_aside``); other goals have none yet (a one-line error)."""
     import mujoco
 
     from ript.data.libero_articulated import articulated_expert, closed_container, drawer_body

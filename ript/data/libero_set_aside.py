@@ -11,7 +11,8 @@ import numpy as np
 
 from ript.data.libero_articulated import SLIDE, Articulation, JointPushExpert, SlideOpenExpert, joint_for
 from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_geometry import HAND_HALF_SPAN, HAND_HALF_WIDTH, ObstacleBoxes, collision_corners, narrow_direction
+from ript.data.libero_geometry import (HAND_HALF_SPAN, HAND_HALF_WIDTH, ObstacleBoxes, collision_corners,
+                                       narrow_direction)
 
 HAND_ROOM = 0.015  # room left between a drawer pushed back and the hand coming down beside it
 DRAWER_ROOM = 0.04  # ... and the least the drawer is left open beyond the object's narrow side
@@ -79,8 +80,8 @@ def set_aside(task, obj: str, opener: SlideOpenExpert) -> SetAsideExpert | None:
 
 
 def push_back(task, pick: PickPlaceExpert) -> JointPushExpert | None:
-    """The step that pushes the open drawer ``pick`` puts its object into (its goal region's) in by as much as the hand,
-    coming down on the object across its narrow side, needs to clear the drawer (HAND_ROOM), or None when the
+    """The step that pushes the open drawer ``pick`` puts its object into (its goal region's) in by as much as the
+    hand, coming down on the object across its narrow side, needs to clear the drawer (HAND_ROOM), or None when the
     hand clears it as it is or the drawer would be left too shallow for the object. libero_90 KITCHEN_SCENE10's
     top drawer starts 14.8 cm out, 15 cm over the table, its handle 5-7 cm from the chocolate pudding's side."""
     obj, joint = joint_for(task, pick.target_site)
