@@ -404,6 +404,34 @@ def test_a_pan_is_gripped_far_enough_off_square_and_held_while_its_weight_tilts_
         task.close()
 
 
+@pytest.mark.parametrize("book,demo", [("in_the_middle", 0), ("on_the_right", 0)])
+def test_a_book_too_tall_for_the_shelf_layer_goes_in_on_its_edge(book, demo):
+    """STUDY_SCENE4: the black book stands 13.4 cm under a 13.5 cm board, the yellow one 12.2 cm: held from above,
+    neither went in (0/20). Turned in the hand until the fingers point into the layer, each slides in on its long
+    edge; the yellow book's way in is angled (straight in, the wrist came down on the black book standing in line
+    with the shelf's middle: 0/8)."""
+    from ript.data.libero_experts import make_expert
+    from ript.data.libero_turned_slide_in import TurnedSlideInExpert
+    from ript.envs.libero import LiberoTask
+    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+
+    name = f"STUDY_SCENE4_pick_up_the_book_{book}_and_place_it_on_the_cabinet_shelf"
+    task = LiberoTask("libero_90", name, None)
+    try:
+        task.reset(demo_layout_seed(0, demo, 0), render=False)
+        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, demo, 0), 0
+        assert isinstance(expert, TurnedSlideInExpert)
+        while not task.done and steps < 200:
+            action = expert.get_action(task)
+            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
+            task.step(action, render=False)
+            steps += 1
+        assert task.success, steps
+        assert expert.turned is not None  # it went in turned, not set down from above
+    finally:
+        task.close()
+
+
 def test_a_frying_pan_slides_under_a_shelf_board_held_by_its_handle():
     """(In chefmate_8_frypan_1 wooden_two_layer_shelf_1_bottom_region): 6.9 cm under the shelf's middle board, where
     a hand cannot come down from above (carried over it, the pan landed on the shelf's top: 0/5). The pan goes in flat

@@ -125,14 +125,24 @@ class ObstacleBoxes:
         self.rotations = np.array(rotations).reshape(-1, 3, 3)
         self.halves = np.array(halves).reshape(-1, 3)
 
-    def distance(self, xy: np.ndarray, samples: int = 5) -> float:
-        """Distance from a vertical finger at ``xy`` (spanning the two heights) to the nearest box."""
-        if not len(self.centers):
-            return np.inf
+    def _gaps(self, xy: np.ndarray, samples: int) -> np.ndarray:
+        """Each box's distance from a vertical finger at ``xy`` spanning the two heights."""
         points = np.array([[*xy, z] for z in np.linspace(self.z_lo, self.z_hi, samples)])
         local = np.einsum("bji,pbj->pbi", self.rotations, points[:, None, :] - self.centers[None])
         gap = np.maximum(np.abs(local) - self.halves[None], 0.0)
-        return float(np.linalg.norm(gap, axis=-1).min())
+        return np.linalg.norm(gap, axis=-1).min(0)
+
+    def distance(self, xy: np.ndarray, samples: int = 5) -> float:
+        """Distance from a vertical finger at ``xy`` (spanning the two heights) to the nearest box."""
+        return float(self._gaps(xy, samples).min()) if len(self.centers) else np.inf
+
+    def top_near(self, xy: np.ndarray, radius: float) -> float:
+        """The highest top of the boxes within ``radius`` of a vertical finger at ``xy`` (``z_lo`` where none are)."""
+        if not len(self.centers):
+            return self.z_lo
+        tops = self.centers[:, 2] + np.einsum("bj,bj->b", np.abs(self.rotations[:, 2, :]), self.halves)
+        near = self._gaps(xy, 5) < radius
+        return float(max(self.z_lo, *tops[near])) if near.any() else self.z_lo
 
 
 def handle_grasp(sim, body: str) -> tuple[np.ndarray, float, float]:

@@ -155,9 +155,10 @@ def slide_in_steps(task, obj: str, target: str, site: str) -> list | None:
     the hand could not take it deep enough, what still sticks out pushed in with a leaning hand (so that a door
     can close); None where ``site`` is no such layer or the object cannot go in this way."""
     from ript.data.libero_tilted_push import LeaningPushExpert
+    from ript.data.libero_turned_slide_in import turned_slide_in
 
     if not any(kind in obj for kind in SLID_BY_HANDLE):
-        return None
+        return turned_slide_in(task, obj, target, site)
     layer = shelf_layer(task.sim, target, site, obj)
     depth = None if layer is None else slide_depth(task.sim, obj, layer)
     if depth is None:

@@ -1,0 +1,176 @@
+"""Putting a standing box that is too tall for a shelf's layer into it on its long edge (a LIBERO expert).
+
+libero_90 STUDY_SCENE4's black book stands 13.4 cm under a 13.5 cm board, a yellow one 12.2 cm: held from above,
+neither goes in (0/20). Held by its top edge and turned in the hand until the fingers point into the layer, a book
+lies along them with its 11 cm width upright, and slides in through the open side at the floor's height. The
+forearm then trails behind the hand at that height: the way in (its direction and where across the open side) is
+the one that keeps it farthest from the other books standing in front of the shelf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ript.data.libero_experts import PickPlaceExpert
+from ript.data.libero_geometry import (CLOSE, OPEN, POS_SCALE, ObstacleBoxes, collision_corners, narrow_direction,
+                                       rotation_matrix, site_id)
+from ript.data.libero_slide_in import SLIDE_LIFT, Layer, shelf_layer
+
+STANDING_HAND = 0.05  # what a hand over a standing box needs above its top (the fingers reach 3 cm over it)
+TURN_ROOM = 0.04  # the box, turned in the hand, sweeps round this far out from the layer's open side
+FINGERS_IN = 0.03  # the fingers of a hand pointing into a layer go at most this far in past its boards' front
+SIDE_MARGIN = 0.01  # the box's outline, set down, keeps this far inside the region
+# the forearm behind a level hand: how far back from the grip it is looked for, from how far under the grip to how
+# far over it, and the clearance a way in need not exceed (its wrist link is 6 cm in radius: 0/8 with 5)
+FOREARM_LENGTH, FOREARM_BELOW, FOREARM_ABOVE, FOREARM_CLEARANCE = 0.3, 0.03, 0.12, 0.07
+WAY_IN_ANGLES = (0, 20, -20, 40, -40)  # degrees off straight into the layer a box may go in
+RELEASE_WAIT = 8  # steps the fingers take to open before the hand backs out
+
+
+@dataclass
+class WayIn:
+    """A straight way into the layer: the grip's position once the box is in (``inside``), where the box is turned
+    (``outside``), and the horizontal direction the fingers point (``pointing``)."""
+
+    inside: np.ndarray
+    outside: np.ndarray
+    pointing: np.ndarray
+
+
+class TurnedSlideInExpert(PickPlaceExpert):
+    """Pick the box from above by its top edge, lift it clear and carry it to the start of the way in, turn the hand
+    there until the fingers point along it, come down to the layer's floor, slide the box in, set it on its edge,
+    open the fingers and back out the way the hand came."""
+
+    HOLDING = ("lift", "carry", "turn", "drop", "enter", "lower")
+
+    def __init__(self, obj: str, target: str, site: str, layer: Layer):
+        super().__init__(obj, target, site)
+        self.layer = layer
+        self.turned: np.ndarray | None = None  # the hand's rotation once it points into the layer
+        self.reach = 0.0  # how far the box reaches past the grip site along the fingers, once turned
+        self.behind = 0.0  # ... and back towards the hand (its top edge, between the fingers)
+        self.upright = 0.0  # its half extent across the fingers and their closing direction: upright once turned
+        self.thick = 0.0  # its half extent along the fingers' closing direction
+        self.way: WayIn | None = None
+        self.turn_z = 0.0  # the grip's height while the box swings round
+
+    @property
+    def finished(self) -> bool:
+        return self.phase == "release" and self.timer > RELEASE_WAIT + self.settle
+
+    def _measure(self, obj_pts: np.ndarray, eef: np.ndarray) -> None:
+        """The box's extents about the grip, once it is grasped."""
+        closing = np.array([np.cos(self.grasp_yaw), np.sin(self.grasp_yaw)])
+        self.thick = float(np.ptp(obj_pts[:, :2] @ closing)) / 2
+        self.upright = float(np.ptp(obj_pts[:, :2] @ np.array([-closing[1], closing[0]]))) / 2
+        self.reach = float(eef[2] - obj_pts[:, 2].min())
+        self.behind = float(obj_pts[:, 2].max() - eef[2])
+
+    def _plan(self, sim, slide_z: float) -> None:
+        """The way in that keeps the forearm farthest from what stands in front of the layer (up to
+        FOREARM_CLEARANCE), straighter and nearer the region's middle on a tie; the box's middle at the region's
+        centre, or nearer the open side where the fingers would go deeper than FINGERS_IN."""
+        model, data = sim.model._model, sim.data._data
+        i = site_id(model, self.target_site)
+        centre, open_dir = data.site_xpos[i][:2], self.layer.open_dir
+        across = np.array([-open_dir[1], open_dir[0]])
+        half = np.abs(data.site_xmat[i].reshape(3, 3)) @ model.site_size[i]
+        half_across = float(np.abs(across) @ half[:2]) - SIDE_MARGIN
+        forearm = ObstacleBoxes(sim, {self.obj, self.target}, slide_z - FOREARM_BELOW, slide_z + FOREARM_ABOVE)
+        middle = (self.reach - self.behind) / 2  # from the grip to the box's middle, along the fingers
+        best, best_score = None, -np.inf
+        for angle in np.deg2rad(WAY_IN_ANGLES):
+            c, s = np.cos(angle), np.sin(angle)
+            pointing = -(open_dir * c + across * s)
+            outline = [pointing * a + np.array([-pointing[1], pointing[0]]) * b
+                       for a in (-(self.reach + self.behind) / 2, (self.reach + self.behind) / 2)
+                       for b in (-self.thick, self.thick)]
+            depth = max(0.0, self.layer.front - FINGERS_IN - middle * c)
+            for offset in np.arange(-half_across, half_across + 1e-9, 0.01):
+                box = centre + open_dir * depth + across * offset
+                if max(abs(float((box + p - centre) @ across)) for p in outline) > half_across:
+                    continue
+                inside = box - pointing * middle
+                # back from there until the box's far end is TURN_ROOM out of the open side
+                far_out = float((inside - centre) @ open_dir) - self.reach * c
+                outside = inside - pointing * ((self.layer.front + TURN_ROOM - far_out) / c)
+                run = float(np.linalg.norm(outside - inside)) + FOREARM_LENGTH
+                clear = min(forearm.distance(inside - pointing * t, 3) for t in np.arange(0.06, run, 0.02))
+                score = min(clear, FOREARM_CLEARANCE) - 0.01 * abs(offset) - 0.001 * abs(angle)
+                if score > best_score:
+                    best, best_score = WayIn(inside, outside, pointing), score
+        self.way = best
+        others = ObstacleBoxes(sim, {self.obj}, self.rest_z + 0.005, self.rest_z + 0.5)
+        self.turn_z = max(slide_z, others.top_near(best.outside, self.reach + TURN_ROOM) + self.reach + TURN_ROOM)
+
+    def get_action(self, task) -> np.ndarray:
+        from ript.data.libero_articulated import _rotation_vector, hand_turn
+
+        sim, raw = task.sim, task.privileged()
+        eef = raw["robot0_eef_pos"]
+        obj_pts = collision_corners(sim, f"{self.obj}_main")
+        picking = self.phase not in (*self.HOLDING, "release")
+        if picking or (self.turned is None and self.slipped(sim, eef, float(obj_pts[:, 2].min()))):
+            action = super().get_action(task)  # picking it up (again, if it slipped before the turn)
+            if picking and self.phase == "lift":
+                self._measure(obj_pts, eef)
+            return action
+        slide_z = self.layer.floor + SLIDE_LIFT + self.upright
+        if self.way is None:
+            self._plan(sim, slide_z)
+        way, goal, gripper = self.way, eef.copy(), CLOSE
+        rotation = rotation_matrix(raw["robot0_eef_quat"])
+        if self.phase == "lift":
+            goal = np.array([eef[0], eef[1], self.turn_z])
+            if eef[2] > self.turn_z - 0.01:
+                self.phase = "carry"
+        elif self.phase == "carry":
+            goal = np.array([*way.outside, self.turn_z])
+            if np.linalg.norm(way.outside - eef[:2]) < 0.015:
+                self.phase = "turn"
+                _, self.turned = hand_turn(task, np.array([*way.pointing, 0.0]),
+                                           np.array([-way.pointing[1], way.pointing[0], 0.0]))
+        elif self.phase == "turn":
+            goal = np.array([*way.outside, self.turn_z])
+            if np.linalg.norm(_rotation_vector(self.turned @ rotation.T)) < 0.08:
+                self.phase = "drop"
+        elif self.phase == "drop":
+            goal = np.array([*way.outside, slide_z])
+            if abs(eef[2] - slide_z) < 0.008:
+                self.phase = "enter"
+        elif self.phase == "enter":
+            goal = np.array([*way.inside, slide_z])
+            if np.linalg.norm(way.inside - eef[:2]) < 0.01:
+                self.phase = "lower"
+        elif self.phase == "lower":
+            goal = np.array([*way.inside, self.layer.floor + self.upright + 0.004])
+            if eef[2] < goal[2] + 0.005:
+                self.phase, self.timer = "release", 0
+        else:  # release: let go, then back out along the fingers (not up: the board over them)
+            gripper = OPEN
+            goal = np.array([*(way.inside - way.pointing * (TURN_ROOM if self.timer > RELEASE_WAIT else 0.0)), eef[2]])
+            self.timer += 1
+        action = np.zeros(7)
+        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
+        if self.turned is not None:
+            action[3:6] = np.clip(2.0 * _rotation_vector(self.turned @ rotation.T), -1.0, 1.0)
+        action[6] = gripper
+        return action
+
+
+def turned_slide_in(task, obj: str, target: str, site: str) -> list | None:
+    """[TurnedSlideInExpert] where ``site`` is a layer with a floor under a board that ``obj`` stands too tall for,
+    with a hand over it (STANDING_HAND), but fits on its long edge; None otherwise."""
+    layer = shelf_layer(task.sim, target, site, obj)
+    if layer is None or layer.floor is None:
+        return None
+    pts = collision_corners(task.sim, f"{obj}_main")
+    yaw, _ = narrow_direction(pts)
+    width = float(np.ptp(pts[:, :2] @ np.array([-np.sin(yaw), np.cos(yaw)])))
+    room = layer.ceiling - layer.floor
+    if float(np.ptp(pts[:, 2])) + STANDING_HAND <= room or width + SLIDE_LIFT + 0.005 > room:
+        return None
+    return [TurnedSlideInExpert(obj, target, site, layer)]
