@@ -105,7 +105,7 @@ class ObstacleBoxes:
         import mujoco
 
         model, data = sim.model._model, sim.data._data
-        skip = tuple(f"{e}_" for e in exclude) + ROBOT_BODIES + ("table", "floor", "world")
+        skip = tuple(f"{e}_" for e in exclude) + ROBOT_BODIES + ("floor", "world")
         self.z_lo, self.z_hi = z_lo, z_hi
         centers, rotations, halves = [], [], []
         for g in range(model.ngeom):
@@ -113,7 +113,7 @@ class ObstacleBoxes:
                 continue
             b = top_body(model, g)
             name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or ""
-            if b == 0 or name.startswith(skip):
+            if b == 0 or name.startswith(skip) or name.endswith("table"):  # (a study's is "study_table")
                 continue
             z = geom_box_corners(model, data, g)[:, 2]
             if z.max() > z_lo and z.min() < z_hi:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ript.data.libero_articulated import SLIDE
 from ript.data.libero_experts import PickPlaceExpert
 from ript.data.libero_geometry import (CLOSE, POS_SCALE, body_id, collision_corners, geom_box_corners, handle_grasp,
                                         in_subtree, is_collision_geom, ObstacleBoxes, site_id)
@@ -172,8 +173,11 @@ def slide_in_steps(task, obj: str, target: str, site: str) -> list | None:
 
 
 class StickingOut:
-    """What of ``obj`` sticks out of a layer's open side, as a part for ``LeaningPushExpert`` to push in: its
-    contact is the object's outermost face, and its ``qpos`` how far inside the boards' front that face is."""
+    """What of ``obj`` sticks out of a layer's open side, as a part for ``LeaningPushExpert`` or
+    ``JointPushExpert`` to push in (straight, as a drawer's slide): its contact is the object's outermost face, and
+    its ``qpos`` how far inside the boards' front that face is."""
+
+    kind = SLIDE
 
     def __init__(self, sim, obj: str, layer: Layer, front_point: np.ndarray):
         self.sim, self.obj = sim, obj

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ript.data.libero_experts import PickPlaceExpert
+from ript.data.libero_articulated import SLIDE
 from ript.data.libero_geometry import (CLOSE, OPEN, POS_SCALE, ObstacleBoxes, collision_corners, narrow_direction,
                                        rotation_matrix, site_id)
 from ript.data.libero_slide_in import SLIDE_LIFT, Layer, shelf_layer
@@ -27,6 +28,7 @@ SIDE_MARGIN = 0.01  # the box's outline, set down, keeps this far inside the reg
 FOREARM_LENGTH, FOREARM_BELOW, FOREARM_ABOVE, FOREARM_CLEARANCE = 0.3, 0.03, 0.12, 0.07
 WAY_IN_ANGLES = (0, 20, -20, 40, -40)  # degrees off straight into the layer a box may go in
 RELEASE_WAIT = 8  # steps the fingers take to open before the hand backs out
+LYING = 0.02  # a tipped box counts as lying once its height is within this of its thickness
 
 
 @dataclass
@@ -161,16 +163,67 @@ class TurnedSlideInExpert(PickPlaceExpert):
         return action
 
 
+class StandingBox:
+    """A standing box as the part ``JointPushExpert`` pushes to tip it over: at its top (pushed like a drawer, 3 cm
+    under its top), along its narrow side the way that faces ``towards``; its ``qpos`` is its height now."""
+
+    kind = SLIDE
+
+    def __init__(self, sim, obj: str, towards: np.ndarray):
+        self.sim, self.obj = sim, obj
+        yaw, _ = narrow_direction(self.corners())
+        push = np.array([np.cos(yaw), np.sin(yaw)])
+        self.push = np.array([*(push if push @ towards >= 0 else -push), 0.0])
+
+    def corners(self) -> np.ndarray:
+        return collision_corners(self.sim, f"{self.obj}_main")
+
+    def contact(self, sign: float) -> tuple[np.ndarray, np.ndarray]:
+        pts = self.corners()
+        along = pts @ self.push
+        return pts[along < along.min() + 0.01].mean(0), self.push  # the face the fingertip meets
+
+    @property
+    def qpos(self) -> float:
+        return float(np.ptp(self.corners()[:, 2]))
+
+
+def tip_and_push_in(task, obj: str, target: str, site: str, layer: Layer) -> list:
+    """Tip the box over towards the layer's open side, onto its face, then push it in along the table with the hand
+    leaning into the push, the fingertips in under the board, until LIBERO's test of the goal region holds (it tests
+    the box's origin, at its former bottom: the face nearest the hand, which must go 1 cm in past the boards'
+    front; the hand pointing down stops there with its palm against the board)."""
+    from ript.data.libero_articulated import JointPushExpert
+    from ript.data.libero_slide_in import PUSH_LEAN, StickingOut
+    from ript.data.libero_tilted_push import LeaningPushExpert
+
+    pts = collision_corners(task.sim, f"{obj}_main")
+    _, thick = narrow_direction(pts)
+    tip = JointPushExpert(StandingBox(task.sim, obj, -layer.open_dir), 1.0, lambda height: height < thick + LYING)
+    centre = task.sim.data._data.site_xpos[site_id(task.sim.model._model, site)][:2]
+    states = task.env.env.object_states_dict
+    lying = StickingOut(task.sim, obj, layer, centre + layer.open_dir * layer.front)
+    push_in = LeaningPushExpert(task, lying, 1.0, lambda _: bool(states[site].check_contain(states[obj])), PUSH_LEAN)
+    return [tip, push_in]
+
+
 def turned_slide_in(task, obj: str, target: str, site: str) -> list | None:
-    """[TurnedSlideInExpert] where ``site`` is a layer with a floor under a board that ``obj`` stands too tall for,
-    with a hand over it (STANDING_HAND), but fits on its long edge; None otherwise."""
+    """The steps that put a standing box too tall for a layer under a board (with a hand over it: STANDING_HAND)
+    into it: slid in on its long edge where that fits (``TurnedSlideInExpert``); tipped over and pushed in along the
+    table where the layer's floor is the table and only lying flat fits; None for a box that fits standing or a
+    region that is no such layer."""
     layer = shelf_layer(task.sim, target, site, obj)
-    if layer is None or layer.floor is None:
+    if layer is None:
         return None
     pts = collision_corners(task.sim, f"{obj}_main")
-    yaw, _ = narrow_direction(pts)
+    yaw, thick = narrow_direction(pts)
     width = float(np.ptp(pts[:, :2] @ np.array([-np.sin(yaw), np.cos(yaw)])))
-    room = layer.ceiling - layer.floor
-    if float(np.ptp(pts[:, 2])) + STANDING_HAND <= room or width + SLIDE_LIFT + 0.005 > room:
+    floor = layer.floor if layer.floor is not None else float(pts[:, 2].min())
+    room = layer.ceiling - floor
+    if float(np.ptp(pts[:, 2])) + STANDING_HAND <= room:
         return None
-    return [TurnedSlideInExpert(obj, target, site, layer)]
+    if layer.floor is not None and width + SLIDE_LIFT + 0.005 <= room:
+        return [TurnedSlideInExpert(obj, target, site, layer)]
+    if layer.floor is None and thick + LYING <= room:
+        return tip_and_push_in(task, obj, target, site, layer)
+    return None
