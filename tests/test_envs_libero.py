@@ -462,6 +462,29 @@ def test_a_book_too_tall_to_stand_under_the_shelf_board_is_tipped_over_and_pushe
         task.close()
 
 
+def test_a_pan_tilted_in_the_fingers_slides_in_over_the_board_front():
+    """KITCHEN_SCENE9's pan onto the cabinet shelf, demo 7: held by its handle the pan tilts 10 degrees and its far
+    rim hung 3-4 cm lower than when grasped, caught on the board's front and stalled there (once a tilt no longer
+    reads as a slip); it slides in with its lowest point, as it hangs now, over the floor."""
+    from ript.data.libero_experts import make_expert
+    from ript.envs.libero import LiberoTask
+    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+
+    name = "KITCHEN_SCENE9_put_the_frying_pan_on_the_cabinet_shelf"
+    task = LiberoTask("libero_90", name, None)
+    try:
+        task.reset(demo_layout_seed(0, 7, 0), render=False)
+        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, 7, 0), 0
+        while not task.done and steps < 150:
+            action = expert.get_action(task)
+            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
+            task.step(action, render=False)
+            steps += 1
+        assert task.success, steps
+    finally:
+        task.close()
+
+
 def test_a_frying_pan_slides_under_a_shelf_board_held_by_its_handle():
     """(In chefmate_8_frypan_1 wooden_two_layer_shelf_1_bottom_region): 6.9 cm under the shelf's middle board, where
     a hand cannot come down from above (carried over it, the pan landed on the shelf's top: 0/5). The pan goes in flat

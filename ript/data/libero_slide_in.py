@@ -106,7 +106,13 @@ class SlideInExpert(PickPlaceExpert):
         com = sim.data._data.xipos[body_id(sim.model._model, f"{self.obj}_main")][:2]
         open_dir = self.layer.open_dir
         floor = self.layer.floor if self.layer.floor is not None else self.rest_z
-        slide_z = floor + SLIDE_LIFT + self.hang
+        # the grip over the object's lowest point as it hangs now, as far as its top stays under the ceiling: held by
+        # its handle, a pan tilts 10 degrees in the fingers and its far rim hangs 3-4 cm lower than when it was
+        # grasped (it met the board's front: 2 in 20); a mug in a microwave has no room to rise. (Lowered as before:
+        # let go higher, a mug landed where the push after it could not take it in.)
+        under_ceiling = self.layer.ceiling - 0.005 - float(obj_pts[:, 2].max() - eef[2])
+        hang = max(self.hang, min(float(eef[2] - obj_pts[:, 2].min()), under_ceiling - floor - SLIDE_LIFT))
+        slide_z = floor + SLIDE_LIFT + hang
         lead = float(np.max((obj_pts[:, :2] - com) @ -open_dir))  # how far the object reaches in first
         tgt_xy = self._target_xy(sim)
         entry = tgt_xy + open_dir * (self.layer.half_depth + lead + ENTRY_MARGIN)
