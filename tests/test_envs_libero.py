@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import scripted_libero_episode
+from conftest import drive_scripted_demo, scripted_libero_episode
 from ript.config import compose
 from ript.errors import RiptError
 
@@ -289,28 +289,16 @@ def test_a_book_is_squared_up_and_centred_between_a_square_compartments_walls():
 def test_a_frying_pan_handle_is_gripped_turned_away_from_the_moka_pot_beside_it():
     """KITCHEN_SCENE3's pan handle lies 4-6 cm from a moka pot: gripped square across the handle, the hand (wide
     along the fingers) came down on the pot and stalled over the handle until the horizon (demo 15; the task 8/20).
-    The grip now turns up to 30 degrees to keep the hand clear of taller neighbours, as for a carton (12/20)."""
-    from ript.data.libero_experts import make_expert
+    The grip now turns off square to keep the hand clear of taller neighbours, as for a carton."""
     from ript.data.libero_geometry import handle_grasp, wrap_half_turn
-    from ript.envs.libero import LiberoTask
-    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 
-    name = "KITCHEN_SCENE3_put_the_frying_pan_on_the_stove"
-    task = LiberoTask("libero_90", name, None)
-    try:
-        task.reset(demo_layout_seed(0, 15, 0), render=False)
-        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, 15, 0), 0
-        _, _, square = handle_grasp(task.sim, f"{make_expert(task).obj}_main")
-        while not task.done and steps < 200:
-            action = expert.get_action(task)
-            if steps == 0:
-                assert abs(wrap_half_turn(expert.grasp_yaw - square)) > np.deg2rad(5)
-            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
-            task.step(action, render=False)
-            steps += 1
-        assert task.success, steps
-    finally:
-        task.close()
+    def turned(task, expert, step):
+        if step == 1:  # the grasp planned by the first step
+            _, _, square = handle_grasp(task.sim, f"{expert.obj}_main")
+            assert abs(wrap_half_turn(expert.grasp_yaw - square)) > np.deg2rad(5)
+
+    success, steps = drive_scripted_demo("libero_90", "KITCHEN_SCENE3_put_the_frying_pan_on_the_stove", 15, 200, turned)
+    assert success, steps
 
 
 def test_a_drawer_open_over_the_object_is_pushed_back_part_way_then_filled_and_closed():
@@ -320,30 +308,19 @@ def test_a_drawer_open_over_the_object_is_pushed_back_part_way_then_filled_and_c
     region's size is read along its level axes (its local x is vertical: read as its width, the pudding was turned
     long side into the shallower drawer and left half on the cabinet). Demo 1 failed for want of either."""
     from ript.data.libero_articulated import Articulation, JointPushExpert, joint_for
-    from ript.data.libero_experts import make_expert
-    from ript.envs.libero import LiberoTask
-    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+
+    def pushed_back(task, expert, step):
+        cabinet, joint = joint_for(task, "wooden_cabinet_1_top_region")
+        drawer, push = Articulation(task, joint), expert.steps[0]
+        if step == 0:
+            assert isinstance(push, JointPushExpert) and push.stop_at is not None
+            assert cabinet.is_open(drawer.qpos) and not cabinet.is_open(push.stop_at)
+        if expert.index == 1 and expert.steps[1].phase == "align":
+            assert abs(drawer.qpos - push.stop_at) < 0.01 and not cabinet.is_close(drawer.qpos)
 
     name = "KITCHEN_SCENE10_put_the_chocolate_pudding_in_the_top_drawer_of_the_cabinet_and_close_it"
-    task = LiberoTask("libero_90", name, None)
-    try:
-        task.reset(demo_layout_seed(0, 1, 0), render=False)
-        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, 1, 0), 0
-        push = expert.steps[0]
-        assert isinstance(push, JointPushExpert) and push.stop_at is not None
-        cabinet, joint = joint_for(task, "wooden_cabinet_1_top_region")
-        drawer = Articulation(task, joint)
-        assert cabinet.is_open(drawer.qpos) and not cabinet.is_open(push.stop_at)
-        while not task.done and steps < 300:
-            if expert.index == 1 and expert.steps[1].phase == "align":
-                assert abs(drawer.qpos - push.stop_at) < 0.01 and not cabinet.is_close(drawer.qpos)
-            action = expert.get_action(task)
-            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
-            task.step(action, render=False)
-            steps += 1
-        assert task.success, steps
-    finally:
-        task.close()
+    success, steps = drive_scripted_demo("libero_90", name, 1, 300, pushed_back)
+    assert success, steps
 
 
 def test_a_quarter_turn_goes_the_way_round_that_keeps_the_wrist_off_its_stop():
@@ -353,29 +330,17 @@ def test_a_quarter_turn_goes_the_way_round_that_keeps_the_wrist_off_its_stop():
     other way round (the task's demos 0-7: 5/8 -> 7/8)."""
     import mujoco
 
-    from ript.data.libero_experts import make_expert
     from ript.data.libero_geometry import WRIST_JOINT, WRIST_MARGIN
-    from ript.envs.libero import LiberoTask
-    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 
-    name = "KITCHEN_SCENE9_put_the_frying_pan_on_top_of_the_cabinet"
-    task = LiberoTask("libero_90", name, None)
-    try:
-        task.reset(demo_layout_seed(0, 7, 0), render=False)
-        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, 7, 0), 0
+    def off_the_stop(task, expert, step):
         model, data = task.sim.model._model, task.sim.data._data
         wrist = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, WRIST_JOINT)
         lo, hi = model.jnt_range[wrist]
-        while not task.done and steps < 200:
-            action = expert.get_action(task)
-            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
-            task.step(action, render=False)
-            steps += 1
-            q = data.qpos[model.jnt_qposadr[wrist]]
-            assert lo + WRIST_MARGIN / 2 < q < hi - WRIST_MARGIN / 2, (steps, q)
-        assert task.success, steps
-    finally:
-        task.close()
+        assert lo + WRIST_MARGIN / 2 < data.qpos[model.jnt_qposadr[wrist]] < hi - WRIST_MARGIN / 2, step
+
+    success, steps = drive_scripted_demo("libero_90", "KITCHEN_SCENE9_put_the_frying_pan_on_top_of_the_cabinet", 7, 200,
+                                         off_the_stop)
+    assert success, steps
 
 
 @pytest.mark.parametrize("demo", [3, 6])
@@ -384,52 +349,25 @@ def test_a_pan_is_gripped_far_enough_off_square_and_held_while_its_weight_tilts_
     on it for 300 steps; a handle may be gripped 60 degrees off square. Demo 6: lifted by its handle, the pan tilts
     10 degrees in the fingers and its far rim drops 4 cm, which read as a slip: let go and grasped again and again
     (278 steps); a slip of a handled object is read at its handle."""
-    from ript.data.libero_experts import make_expert
-    from ript.envs.libero import LiberoTask
-    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
-
-    name = "KITCHEN_SCENE3_put_the_frying_pan_on_the_stove"
-    task = LiberoTask("libero_90", name, None)
-    try:
-        task.reset(demo_layout_seed(0, demo, 0), render=False)
-        expert, rng, phases = make_expert(task), demo_noise_rng(0, name, demo, 0), []
-        while not task.done and len(phases) < 160:
-            action = expert.get_action(task)
-            phases.append(expert.phase)
-            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
-            task.step(action, render=False)
-        assert task.success, len(phases)
-        assert "align" not in phases[phases.index("lift"):]  # never let go of the pan once lifted
-    finally:
-        task.close()
+    phases = []
+    success, steps = drive_scripted_demo("libero_90", "KITCHEN_SCENE3_put_the_frying_pan_on_the_stove", demo, 160,
+                                         lambda task, expert, step: phases.append(expert.phase))
+    assert success, steps
+    assert "align" not in phases[phases.index("lift"):]  # never let go of the pan once lifted
 
 
-@pytest.mark.parametrize("book,demo", [("in_the_middle", 0), ("on_the_right", 0)])
-def test_a_book_too_tall_for_the_shelf_layer_goes_in_on_its_edge(book, demo):
+@pytest.mark.parametrize("book", ["in_the_middle", "on_the_right"])
+def test_a_book_too_tall_for_the_shelf_layer_goes_in_on_its_edge(book):
     """STUDY_SCENE4: the black book stands 13.4 cm under a 13.5 cm board, the yellow one 12.2 cm: held from above,
     neither went in (0/20). Turned in the hand until the fingers point into the layer, each slides in on its long
     edge; the yellow book's way in is angled (straight in, the wrist came down on the black book standing in line
     with the shelf's middle: 0/8)."""
-    from ript.data.libero_experts import make_expert
     from ript.data.libero_turned_slide_in import TurnedSlideInExpert
-    from ript.envs.libero import LiberoTask
-    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 
-    name = f"STUDY_SCENE4_pick_up_the_book_{book}_and_place_it_on_the_cabinet_shelf"
-    task = LiberoTask("libero_90", name, None)
-    try:
-        task.reset(demo_layout_seed(0, demo, 0), render=False)
-        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, demo, 0), 0
-        assert isinstance(expert, TurnedSlideInExpert)
-        while not task.done and steps < 200:
-            action = expert.get_action(task)
-            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
-            task.step(action, render=False)
-            steps += 1
-        assert task.success, steps
-        assert expert.turned is not None  # it went in turned, not set down from above
-    finally:
-        task.close()
+    expert, demo = scripted_libero_episode("libero_90", f"STUDY_SCENE4_pick_up_the_book_{book}_and_place_it_on_the_"
+                                           "cabinet_shelf", demo=0)
+    assert isinstance(expert, TurnedSlideInExpert)
+    assert demo.attrs["success"] and len(demo.actions) < 200
 
 
 def test_a_book_too_tall_to_stand_under_the_shelf_board_is_tipped_over_and_pushed_in():
@@ -439,50 +377,22 @@ def test_a_book_too_tall_to_stand_under_the_shelf_board_is_tipped_over_and_pushe
     before). The layer's open side is found with the study's table left out of the walls (it is "study_table":
     taken for a wall, it hid the open side and the book was tipped away from the shelf)."""
     from ript.data.libero_articulated import JointPushExpert
-    from ript.data.libero_experts import make_expert
     from ript.data.libero_tilted_push import LeaningPushExpert
-    from ript.envs.libero import LiberoTask
-    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 
-    name = "STUDY_SCENE4_pick_up_the_book_on_the_right_and_place_it_under_the_cabinet_shelf"
-    task = LiberoTask("libero_90", name, None)
-    try:
-        task.reset(demo_layout_seed(0, 0, 0), render=False)
-        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, 0, 0), 0
-        tip, push_in = expert.steps
-        assert isinstance(tip, JointPushExpert) and isinstance(push_in, LeaningPushExpert)
-        assert tip.art.push[1] > 0.9  # towards the shelf, whose open side faces -y
-        while not task.done and steps < 200:
-            action = expert.get_action(task)
-            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
-            task.step(action, render=False)
-            steps += 1
-        assert task.success, steps
-    finally:
-        task.close()
+    expert, demo = scripted_libero_episode("libero_90", "STUDY_SCENE4_pick_up_the_book_on_the_right_and_place_it_"
+                                           "under_the_cabinet_shelf", demo=0)
+    tip, push_in = expert.steps
+    assert isinstance(tip, JointPushExpert) and isinstance(push_in, LeaningPushExpert)
+    assert tip.art.push[1] > 0.9  # towards the shelf, whose open side faces -y
+    assert demo.attrs["success"] and len(demo.actions) < 200
 
 
 def test_a_pan_tilted_in_the_fingers_slides_in_over_the_board_front():
     """KITCHEN_SCENE9's pan onto the cabinet shelf, demo 7: held by its handle the pan tilts 10 degrees and its far
     rim hung 3-4 cm lower than when grasped, caught on the board's front and stalled there (once a tilt no longer
     reads as a slip); it slides in with its lowest point, as it hangs now, over the floor."""
-    from ript.data.libero_experts import make_expert
-    from ript.envs.libero import LiberoTask
-    from ript.envs.seeds import demo_layout_seed, demo_noise_rng
-
-    name = "KITCHEN_SCENE9_put_the_frying_pan_on_the_cabinet_shelf"
-    task = LiberoTask("libero_90", name, None)
-    try:
-        task.reset(demo_layout_seed(0, 7, 0), render=False)
-        expert, rng, steps = make_expert(task), demo_noise_rng(0, name, 7, 0), 0
-        while not task.done and steps < 150:
-            action = expert.get_action(task)
-            action[:6] = np.clip(action[:6] + rng.normal(0, 0.05, 6), -1, 1)
-            task.step(action, render=False)
-            steps += 1
-        assert task.success, steps
-    finally:
-        task.close()
+    _, demo = scripted_libero_episode("libero_90", "KITCHEN_SCENE9_put_the_frying_pan_on_the_cabinet_shelf", demo=7)
+    assert demo.attrs["success"] and len(demo.actions) < 150
 
 
 def test_a_frying_pan_slides_under_a_shelf_board_held_by_its_handle():
