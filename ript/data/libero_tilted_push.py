@@ -1,22 +1,31 @@
-"""Closing a low drawer with the hand leaning into the push (a LIBERO expert).
+"""Closing a low drawer with the hand leaning into the push, and opening one whose handle cannot be grasped with
+the hand leaning over its bar (LIBERO experts).
 
 Pushed with the hand pointing straight down, a bottom drawer (its top 14 cm under the cabinet's) stops 8 cm short
 of closed: the forearm, above and behind the low fingertips, meets the cabinet's front over the drawer. Leaning
 the hand 45 degrees towards the push, fingers closed and side by side, keeps the wrist and forearm back and up
 while the fingertips follow the drawer's front in; the hand passes over what stands in front of the drawer (a
 bowl) instead of sweeping through it as a level hand would.
+
+A bottom drawer's handle 4.6 cm over the table cannot be grasped: the hand reaches 10.6 cm each way along its
+closing direction, and whichever way it holds the level bar one end meets the table or the cabinet's face; pointing
+straight down over the bar, its palm meets the handle of the drawer above. Leaning 45 degrees into the drawer, the
+closed fingertips come down on the bar's top, press on it and pull: the drawer follows.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_articulated import (APPROACH, FINGER_BELOW, HOLD_STEPS, HOVER, PUSH_AHEAD, Articulation,
-                                          _rotation_vector, hand_turn)
-from ript.data.libero_geometry import CLOSE, POS_SCALE, rotation_matrix
+from ript.data.libero_articulated import (APPROACH, FINGER_BELOW, HAND_HALF_HEIGHT, HOLD_STEPS, HOVER, PUSH_AHEAD,
+                                          Articulation, _rotation_vector, hand_turn)
+from ript.data.libero_geometry import CLOSE, POS_SCALE, geom_box_corners, rotation_matrix
 
 LOW_PART = 0.10  # a drawer whose top is this far under its furniture's top is pushed with the hand leaning
 LEAN = np.deg2rad(45.0)  # the hand's pointing direction, down from level towards the push
+PRESS = 0.02  # how far under the bar's top the leaning fingertips are sent: the pressure that drags the drawer
+PULL_AHEAD = 0.06  # how far ahead of the bar, along the pull, the pressing fingertips are sent
+PRESS_STEPS = 15  # steps pressing on the bar before the pull
 
 
 def is_low_drawer(art: Articulation, furniture_top: float) -> bool:
@@ -77,4 +86,74 @@ class LeaningPushExpert:
         action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
         action[3:6] = np.clip(rot_err * 2.0, -1.0, 1.0)
         action[6] = CLOSE  # closed fingers: one compact fingertip to push with
+        return action
+
+
+def ungraspable_handle(handle_z: float, furniture_bottom: float) -> bool:
+    """Whether a drawer's handle is too low over what its furniture stands on for a hand to grasp it (its lower
+    edge, coming in level, would be under the table)."""
+    return handle_z - HAND_HALF_HEIGHT < furniture_bottom
+
+
+class LeaningPullExpert:
+    """Open a drawer by its handle's bar without grasping it: turn the hand to lean LEAN into the drawer, fingers
+    closed and side by side along the bar, come over the bar, press the fingertips on its top, pull along the slide
+    until ``done(qpos)`` holds, then back away upwards and turn the hand back down."""
+
+    def __init__(self, task, articulation: Articulation, done):
+        self.art, self.done = articulation, done
+        self.phase, self.timer, self.rot_err = "turn", 0, np.inf
+        sign = -1.0 if done(articulation.qpos - 10.0) else 1.0  # LIBERO's open test holds near one limit
+        _, self.pull = articulation.contact(sign)
+        into = -self.pull
+        self.pointing = np.cos(LEAN) * into + np.sin(LEAN) * np.array([0.0, 0.0, -1.0])
+        across = np.cross(np.array([0.0, 0.0, 1.0]), into)
+        r0, self.target_rot = hand_turn(task, self.pointing, across / np.linalg.norm(across))
+        self.start_rot = r0  # turned back to at the end: the next expert expects the hand pointing down
+        centers = articulation.centers()
+        self.handle = articulation.geoms[int(np.argmax(centers @ self.pull))]  # the outermost geom: the bar
+
+    @property
+    def finished(self) -> bool:
+        return self.phase == "away" and self.timer > 10 and self.rot_err < 0.1
+
+    def get_action(self, task) -> np.ndarray:
+        raw = task.privileged()
+        eef = raw["robot0_eef_pos"]
+        model, data = task.sim.model._model, task.sim.data._data
+        bar = geom_box_corners(model, data, self.handle)
+        top = np.array([*bar[:, :2].mean(0), bar[:, 2].max()])
+        grip = top - self.pointing * FINGER_BELOW  # the grip site with the fingertips on the bar's top
+        turning_back = self.phase == "away" and self.timer > 10
+        rot_err = _rotation_vector((self.start_rot if turning_back else self.target_rot)
+                                   @ rotation_matrix(raw["robot0_eef_quat"]).T)
+        self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
+        pressed = grip - np.array([0.0, 0.0, PRESS])
+        goal = eef.copy()
+        if self.phase == "turn":  # out along the pull and high, clear of the furniture
+            goal = np.array([*(grip[:2] + self.pull[:2] * 0.08), max(eef[2], top[2] + 0.1)])
+            if np.linalg.norm(rot_err) < 0.1 and np.linalg.norm(goal[:2] - eef[:2]) < 0.015:
+                self.phase = "over"
+        elif self.phase == "over":
+            goal = grip + np.array([0.0, 0.0, 0.04])
+            self.timer += 1
+            if np.linalg.norm(goal - eef) < 0.01 or self.timer > 40:
+                self.phase, self.timer = "press", 0
+        elif self.phase == "press":
+            goal = pressed
+            self.timer += 1
+            if self.timer >= PRESS_STEPS:
+                self.phase, self.timer = "pull", 0
+        elif self.phase == "pull":
+            goal = pressed + np.array([*(self.pull[:2] * PULL_AHEAD), 0.0])
+            self.timer = self.timer + 1 if self.done(self.art.qpos) else 0
+            if self.timer >= HOLD_STEPS:
+                self.phase, self.timer = "away", 0
+        else:  # up and back along the pull, then the hand turned back down
+            goal = eef + (np.array([*(self.pull[:2] * 0.02), 0.03]) if self.timer <= 10 else 0.0)
+            self.timer += 1
+        action = np.zeros(7)
+        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
+        action[3:6] = np.clip(rot_err * 2.0, -1.0, 1.0)
+        action[6] = CLOSE
         return action
