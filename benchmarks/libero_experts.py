@@ -1,6 +1,7 @@
 """Success rate of the scripted LIBERO experts, per task, on the episodes ``ript collect`` would run.
 
     python -m benchmarks.libero_experts --suites libero_object libero_spatial --episodes 20 [--workers 2]
+    python -m benchmarks.libero_experts --merge all.json changed_tasks.json --out joined.json
 
 Runs the collection code path (same layout seeds, same action noise) without rendering: the experts read
 the simulator state, so images do not change the outcome. Writes a JSON file and prints a markdown table.
@@ -56,29 +57,47 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", default=None, help="a regular expression: only the tasks whose name it finds")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/libero_expert_success.json"))
+    parser.add_argument("--merge", type=Path, nargs="+", default=None,
+                        help="join earlier results instead of running: a task's row from a later file replaces it")
     a = parser.parse_args()
+    if a.merge is not None:
+        merged: dict[tuple[str, str], dict] = {}
+        for path in a.merge:
+            try:
+                merged.update({(r["suite"], r["task"]): r for r in json.loads(path.read_text())["tasks"]})
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise SystemExit(f"error: {path}: not a results file of this benchmark ({e})") from None
+        save(a.out, {"merged": [str(path) for path in a.merge]}, list(merged.values()))
+        print_table(list(merged.values()))
+        return
     from ript.envs.libero import suite_tasks
 
     jobs = [(s, n, a.episodes, a.seed, a.noise) for s in a.suites for n in suite_tasks(s)
             if a.only is None or re.search(a.only, n)]
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-
-    def save(rows: list[dict]) -> None:
-        tmp = a.out.with_name(a.out.name + ".tmp")
-        tmp.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "tasks": rows}, indent=2))
-        tmp.replace(a.out)
-
     rows = []
     with mp.get_context("spawn").Pool(a.workers) as pool:
         # the file rewritten as each task finishes: a run cut short (a lease's end) keeps the tasks it finished
         for row in pool.imap_unordered(run_task, jobs, chunksize=1):
             rows.append(row)
-            save(rows)
+            save(a.out, vars(a), rows)
     order = {(s, n): i for i, (s, n, *_) in enumerate(jobs)}
     rows.sort(key=lambda r: order[(r["suite"], r["task"])])
-    save(rows)
+    save(a.out, vars(a), rows)
+    print_table(rows)
+
+
+def save(out: Path, args: dict, rows: list[dict]) -> None:
+    """The results file, written atomically (a run cut short, a lease's end, keeps the tasks it finished)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps({"args": {k: str(v) for k, v in args.items()}, "tasks": rows}, indent=2))
+    tmp.replace(out)
+
+
+def print_table(rows: list[dict]) -> None:
+    """A markdown table of the rows, suite by suite in their order, with each suite's total."""
     print("| suite | task | expert success | mean length |\n| --- | --- | --- | --- |")
-    for suite in a.suites:
+    for suite in dict.fromkeys(r["suite"] for r in rows):
         mine = [r for r in rows if r["suite"] == suite]
         for r in mine:
             if "no_expert" in r:
