@@ -18,7 +18,7 @@ import numpy as np
 from ript.data.libero_experts import SequenceExpert
 from ript.data.libero_geometry import (CLOSE, HAND_HALF_SPAN, HAND_HALF_WIDTH, POS_SCALE, body_id, collision_corners,
                                         geom_box_corners, in_subtree, is_collision_geom, rotation_matrix,
-                                        yaw_error)
+                                        rotation_vector, yaw_error)
 from ript.errors import RiptError
 
 FREE, SLIDE, HINGE = 0, 2, 3  # MuJoCo joint types
@@ -156,15 +156,6 @@ class JointPushExpert:
         return action
 
 
-def _rotation_vector(r: np.ndarray) -> np.ndarray:
-    """Axis x angle of a rotation matrix (angles below pi)."""
-    angle = float(np.arccos(np.clip((np.trace(r) - 1) / 2, -1.0, 1.0)))
-    if angle < 1e-6:
-        return np.zeros(3)
-    axis = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]]) / (2 * np.sin(angle))
-    return axis * angle
-
-
 def hand_turn(task, pointing: np.ndarray, across: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the hand's rotation now, the rotation that points it along ``pointing`` with the fingers along ``across``
     or ``-across``, whichever needs the smaller turn: the hand is symmetric). The two directions are found in the
@@ -180,7 +171,7 @@ def hand_turn(task, pointing: np.ndarray, across: np.ndarray) -> tuple[np.ndarra
     a_local, f_local = r0.T @ approach, r0.T @ fingers
     local = np.stack([a_local, f_local, np.cross(a_local, f_local)], axis=1)
     turns = [np.stack([pointing, f, np.cross(pointing, f)], axis=1) @ local.T for f in (across, -across)]
-    return r0, min(turns, key=lambda r: np.linalg.norm(_rotation_vector(r @ r0.T)))
+    return r0, min(turns, key=lambda r: np.linalg.norm(rotation_vector(r @ r0.T)))
 
 
 class PullOpenExpert:
@@ -258,7 +249,7 @@ class PullOpenExpert:
         # handle (for every opening, together with a faster descent everywhere: libero_90 419 -> 411/450, the
         # microwave door 4/5 -> 2/5; NOTES session 27)
         turning_back = self.phase == "away" and self.timer > (4 if self.hurried else 10)
-        rot_err = _rotation_vector((self.start_rot if turning_back else self._hand_rotation())
+        rot_err = rotation_vector((self.start_rot if turning_back else self._hand_rotation())
                                    @ rotation_matrix(raw["robot0_eef_quat"]).T)
         self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
         gripper, goal = -1.0, eef.copy()

@@ -185,6 +185,15 @@ def rotation_matrix(quat_xyzw: np.ndarray) -> np.ndarray:
                      [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
 
 
+def rotation_vector(r: np.ndarray) -> np.ndarray:
+    """Axis x angle of a rotation matrix (angles below pi)."""
+    angle = float(np.arccos(np.clip((np.trace(r) - 1) / 2, -1.0, 1.0)))
+    if angle < 1e-6:
+        return np.zeros(3)
+    axis = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]]) / (2 * np.sin(angle))
+    return axis * angle
+
+
 def level_hand(quat_xyzw: np.ndarray) -> np.ndarray:
     """The roll and pitch actions that turn the hand back to pointing straight down. OSC_POSE's rotation deltas
     with nothing commanded hold whatever tilt the hand has drifted to (a fast turn about the vertical tilts it:

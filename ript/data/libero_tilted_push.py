@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_articulated import (APPROACH, FINGER_BELOW, HAND_HALF_HEIGHT, HOLD_STEPS, HOVER, PUSH_AHEAD,
-                                          Articulation, _rotation_vector, hand_turn)
-from ript.data.libero_geometry import CLOSE, POS_SCALE, geom_box_corners, rotation_matrix
+                                          Articulation, hand_turn)
+from ript.data.libero_geometry import CLOSE, POS_SCALE, geom_box_corners, rotation_matrix, rotation_vector
 
 LOW_PART = 0.10  # a drawer whose top is this far under its furniture's top is pushed with the hand leaning
 LEAN = np.deg2rad(45.0)  # the hand's pointing direction, down from level towards the push
@@ -61,7 +61,7 @@ class LeaningPushExpert:
         height = float(np.clip(point[2], lo + 0.02, hi - 0.005)) + FINGER_BELOW * np.sin(self.lean)
         start = np.array([*(point[:2] - push[:2] * (APPROACH + FINGER_BELOW)), height])
         turning_back = self.phase == "away" and self.timer > 10
-        rot_err = _rotation_vector((self.start_rot if turning_back else self.target_rot)
+        rot_err = rotation_vector((self.start_rot if turning_back else self.target_rot)
                                    @ rotation_matrix(raw["robot0_eef_quat"]).T)
         self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
         goal = eef.copy()
@@ -125,7 +125,7 @@ class LeaningPullExpert:
         top = np.array([*bar[:, :2].mean(0), bar[:, 2].max()])
         grip = top - self.pointing * FINGER_BELOW  # the grip site with the fingertips on the bar's top
         turning_back = self.phase == "away" and self.timer > 10
-        rot_err = _rotation_vector((self.start_rot if turning_back else self.target_rot)
+        rot_err = rotation_vector((self.start_rot if turning_back else self.target_rot)
                                    @ rotation_matrix(raw["robot0_eef_quat"]).T)
         self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
         pressed = grip - np.array([0.0, 0.0, PRESS])

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_articulated import SLIDE
+from ript.data.libero_articulated import SLIDE, hand_turn
 from ript.data.libero_geometry import (CLOSE, OPEN, POS_SCALE, ObstacleBoxes, collision_corners, narrow_direction,
-                                       rotation_matrix, site_id)
+                                       rotation_matrix, rotation_vector, site_id)
 from ript.data.libero_slide_in import SLIDE_LIFT, Layer, shelf_layer
 
 STANDING_HAND = 0.05  # what a hand over a standing box needs above its top (the fingers reach 3 cm over it)
@@ -109,8 +109,6 @@ class TurnedSlideInExpert(PickPlaceExpert):
         self.turn_z = max(slide_z, others.top_near(best.outside, self.reach + TURN_ROOM) + self.reach + TURN_ROOM)
 
     def get_action(self, task) -> np.ndarray:
-        from ript.data.libero_articulated import _rotation_vector, hand_turn
-
         sim, raw = task.sim, task.privileged()
         eef = raw["robot0_eef_pos"]
         obj_pts = collision_corners(sim, f"{self.obj}_main")
@@ -137,7 +135,7 @@ class TurnedSlideInExpert(PickPlaceExpert):
                                            np.array([-way.pointing[1], way.pointing[0], 0.0]))
         elif self.phase == "turn":
             goal = np.array([*way.outside, self.turn_z])
-            if np.linalg.norm(_rotation_vector(self.turned @ rotation.T)) < 0.08:
+            if np.linalg.norm(rotation_vector(self.turned @ rotation.T)) < 0.08:
                 self.phase = "drop"
         elif self.phase == "drop":
             goal = np.array([*way.outside, slide_z])
@@ -158,7 +156,7 @@ class TurnedSlideInExpert(PickPlaceExpert):
         action = np.zeros(7)
         action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
         if self.turned is not None:
-            action[3:6] = np.clip(2.0 * _rotation_vector(self.turned @ rotation.T), -1.0, 1.0)
+            action[3:6] = np.clip(2.0 * rotation_vector(self.turned @ rotation.T), -1.0, 1.0)
         action[6] = gripper
         return action
 
