@@ -32,24 +32,46 @@ def is_low_drawer(art: Articulation, furniture_top: float) -> bool:
     return float(art.corners()[:, 2].max()) < furniture_top - LOW_PART
 
 
-class LeaningPushExpert:
+class LeaningHand:
+    """What the leaning experts share: the hand turned to lean down from level towards a horizontal direction,
+    fingers closed and side by side across it, and turned back down once it has backed away (the next expert
+    expects it pointing down). Subclasses run the phases; ``away`` is the last."""
+
+    phase: str
+    timer: int
+
+    def _lean(self, task, towards: np.ndarray, lean: float) -> np.ndarray:
+        """Set the turn that leans the hand ``lean`` towards ``towards``; returns the pointing direction."""
+        pointing = np.cos(lean) * towards + np.sin(lean) * np.array([0.0, 0.0, -1.0])
+        across = np.cross(np.array([0.0, 0.0, 1.0]), towards)
+        self.start_rot, self.target_rot = hand_turn(task, pointing, across / np.linalg.norm(across))
+        self.rot_err = np.inf
+        return pointing
+
+    @property
+    def finished(self) -> bool:
+        return self.phase == "away" and self.timer > 10 and self.rot_err < 0.1
+
+    def _rotation_error(self, raw: dict) -> np.ndarray:
+        """The rotation still to make: to the lean, or back down once 10 steps away."""
+        turning_back = self.phase == "away" and self.timer > 10
+        err = rotation_vector((self.start_rot if turning_back else self.target_rot)
+                              @ rotation_matrix(raw["robot0_eef_quat"]).T)
+        self.rot_err = float(np.linalg.norm(err)) if turning_back else np.inf
+        return err
+
+
+class LeaningPushExpert(LeaningHand):
     """Push a slide until ``done(qpos)`` holds with the hand leaning LEAN into the push: turn over the start, come
     down in front of the part at its handle's height, push (re-aimed every step), hold, back away and turn the
     hand back down."""
 
     def __init__(self, task, articulation: Articulation, sign: float, done, lean: float = LEAN):
         self.art, self.sign, self.done = articulation, sign, done
-        self.phase, self.timer, self.rot_err = "turn", 0, np.inf
+        self.phase, self.timer = "turn", 0
         _, push = articulation.contact(sign)
-        pointing = np.cos(lean) * push + np.sin(lean) * np.array([0.0, 0.0, -1.0])
         self.lean = lean
-        across = np.cross(np.array([0.0, 0.0, 1.0]), push)
-        r0, self.target_rot = hand_turn(task, pointing, across / np.linalg.norm(across))
-        self.start_rot = r0  # turned back to at the end: the next expert expects the hand pointing down
-
-    @property
-    def finished(self) -> bool:
-        return self.phase == "away" and self.timer > 10 and self.rot_err < 0.1
+        self._lean(task, push, lean)
 
     def get_action(self, task) -> np.ndarray:
         raw = task.privileged()
@@ -60,10 +82,7 @@ class LeaningPushExpert:
         # the fingertips (FINGER_BELOW along the lean from the grip site) at the handle, above the drawer's floor
         height = float(np.clip(point[2], lo + 0.02, hi - 0.005)) + FINGER_BELOW * np.sin(self.lean)
         start = np.array([*(point[:2] - push[:2] * (APPROACH + FINGER_BELOW)), height])
-        turning_back = self.phase == "away" and self.timer > 10
-        rot_err = rotation_vector((self.start_rot if turning_back else self.target_rot)
-                                   @ rotation_matrix(raw["robot0_eef_quat"]).T)
-        self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
+        rot_err = self._rotation_error(raw)
         goal = eef.copy()
         if self.phase == "turn":  # over the start, clear of the part
             goal = np.array([*start[:2], max(eef[2], hi + HOVER)])
@@ -95,27 +114,19 @@ def ungraspable_handle(handle_z: float, furniture_bottom: float) -> bool:
     return handle_z - HAND_HALF_HEIGHT < furniture_bottom
 
 
-class LeaningPullExpert:
+class LeaningPullExpert(LeaningHand):
     """Open a drawer by its handle's bar without grasping it: turn the hand to lean LEAN into the drawer, fingers
     closed and side by side along the bar, come over the bar, press the fingertips on its top, pull along the slide
     until ``done(qpos)`` holds, then back away upwards and turn the hand back down."""
 
     def __init__(self, task, articulation: Articulation, done):
         self.art, self.done = articulation, done
-        self.phase, self.timer, self.rot_err = "turn", 0, np.inf
+        self.phase, self.timer = "turn", 0
         sign = -1.0 if done(articulation.qpos - 10.0) else 1.0  # LIBERO's open test holds near one limit
         _, self.pull = articulation.contact(sign)
-        into = -self.pull
-        self.pointing = np.cos(LEAN) * into + np.sin(LEAN) * np.array([0.0, 0.0, -1.0])
-        across = np.cross(np.array([0.0, 0.0, 1.0]), into)
-        r0, self.target_rot = hand_turn(task, self.pointing, across / np.linalg.norm(across))
-        self.start_rot = r0  # turned back to at the end: the next expert expects the hand pointing down
+        self.pointing = self._lean(task, -self.pull, LEAN)
         centers = articulation.centers()
         self.handle = articulation.geoms[int(np.argmax(centers @ self.pull))]  # the outermost geom: the bar
-
-    @property
-    def finished(self) -> bool:
-        return self.phase == "away" and self.timer > 10 and self.rot_err < 0.1
 
     def get_action(self, task) -> np.ndarray:
         raw = task.privileged()
@@ -124,10 +135,7 @@ class LeaningPullExpert:
         bar = geom_box_corners(model, data, self.handle)
         top = np.array([*bar[:, :2].mean(0), bar[:, 2].max()])
         grip = top - self.pointing * FINGER_BELOW  # the grip site with the fingertips on the bar's top
-        turning_back = self.phase == "away" and self.timer > 10
-        rot_err = rotation_vector((self.start_rot if turning_back else self.target_rot)
-                                   @ rotation_matrix(raw["robot0_eef_quat"]).T)
-        self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
+        rot_err = self._rotation_error(raw)
         pressed = grip - np.array([0.0, 0.0, PRESS])
         goal = eef.copy()
         if self.phase == "turn":  # out along the pull and high, clear of the furniture
