@@ -4,7 +4,9 @@ libero_90 STUDY_SCENE4's black book stands 13.4 cm under a 13.5 cm board, a yell
 neither goes in (0/20). Held by its top edge and turned in the hand until the fingers point into the layer, a book
 lies along them with its 11 cm width upright, and slides in through the open side at the floor's height. The
 forearm then trails behind the hand at that height: the way in (its direction and where across the open side) is
-the one that keeps it farthest from the other books standing in front of the shelf.
+the one that keeps it farthest from the other books standing in front of the shelf. Under the shelf's middle board
+(6.9 cm) only lying flat fits, and no grasp holds a flat book with the hand above the table: the book is tipped over
+towards the shelf and pushed in along the table by a hand leaning into the push.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ript.data.libero_articulated import SLIDE, JointPushExpert, hand_turn
 from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_articulated import SLIDE, hand_turn
 from ript.data.libero_geometry import (CLOSE, OPEN, POS_SCALE, ObstacleBoxes, collision_corners, narrow_direction,
                                        rotation_matrix, rotation_vector, site_id)
-from ript.data.libero_slide_in import SLIDE_LIFT, Layer, shelf_layer
+from ript.data.libero_slide_in import PUSH_LEAN, SLIDE_LIFT, Layer, StickingOut, shelf_layer
+from ript.data.libero_tilted_push import LeaningPushExpert
 
 STANDING_HAND = 0.05  # what a hand over a standing box needs above its top (the fingers reach 3 cm over it)
 TURN_ROOM = 0.04  # the box, turned in the hand, sweeps round this far out from the layer's open side
@@ -191,10 +194,6 @@ def tip_and_push_in(task, obj: str, target: str, site: str, layer: Layer) -> lis
     leaning into the push, the fingertips in under the board, until LIBERO's test of the goal region holds (it tests
     the box's origin, at its former bottom: the face nearest the hand, which must go 1 cm in past the boards'
     front; the hand pointing down stops there with its palm against the board)."""
-    from ript.data.libero_articulated import JointPushExpert
-    from ript.data.libero_slide_in import PUSH_LEAN, StickingOut
-    from ript.data.libero_tilted_push import LeaningPushExpert
-
     pts = collision_corners(task.sim, f"{obj}_main")
     _, thick = narrow_direction(pts)
     tip = JointPushExpert(StandingBox(task.sim, obj, -layer.open_dir), 1.0, lambda height: height < thick + LYING)
