@@ -81,11 +81,11 @@ def set_aside(task, obj: str, opener: SlideOpenExpert) -> SetAsideExpert | None:
 
 def push_back(task, pick: PickPlaceExpert) -> JointPushExpert | None:
     """The step that pushes the open drawer ``pick`` puts its object into (its goal region's) in by as much as the
-    hand, coming down on the object across its narrow side, needs to clear the drawer (HAND_ROOM), or None when the
-    hand clears it as it is, the drawer would be left too shallow for the object, or the object is gripped by its
-    rim or handle (KITCHEN_SCENE5's bowl, pinched on the side away from the drawer: 19/20 as it was, 11/20 after
-    a push-back). libero_90 KITCHEN_SCENE10's
-    top drawer starts 14.8 cm out, 15 cm over the table, its handle 5-7 cm from the chocolate pudding's side."""
+    hand, coming down on the object across its narrow side, needs to clear the drawer (HAND_ROOM): libero_90
+    KITCHEN_SCENE10's top drawer starts 14.8 cm out, 15 cm over the table, its handle 5-7 cm from the chocolate
+    pudding's side. None when the hand clears it as it is, the drawer would be left too shallow for the object, or
+    the object is gripped by its rim or handle (KITCHEN_SCENE5's bowl, pinched on the side away from the drawer:
+    19/20 as it was, 11/20 after a push-back)."""
     obj, joint = joint_for(task, pick.target_site)
     art = Articulation(task, joint)
     if art.kind != SLIDE:
