@@ -400,9 +400,10 @@ def articulated_expert(task, pred: tuple[str, ...]):
             from ript.data.libero_tilted_push import LeaningPullExpert, ungraspable_handle
 
             opener = SlideOpenExpert(task, art, obj.is_open)
-            handle, _ = opener._grip()
+            handle, pull = opener._grip()
             if ungraspable_handle(float(handle[2]), float(collision_corners(task.sim, f"{obj.name}_main")[:, 2].min())):
-                return LeaningPullExpert(task, art, obj.is_open)  # a bottom drawer's handle 4.6 cm over the table
+                # a bottom drawer's handle 4.6 cm over the table
+                return LeaningPullExpert(task, art, obj.is_open, opener.handle_geom, pull)
             return opener
         # a door: pulled by its handle until ajar (the bar slips from the fingers as it turns past ~30 degrees),
         # then pushed the rest of the way from behind, where the gap now lets the fingertip in

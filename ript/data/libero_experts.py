@@ -71,13 +71,13 @@ class PickPlaceExpert:
     def finished(self) -> bool:
         return self.phase == "release" and self.timer > self.settle
 
-    def slipped(self, sim, eef: np.ndarray, obj_bottom: float) -> bool:
+    def slipped(self, eef: np.ndarray, obj_bottom: float, handle_z: float | None = None) -> bool:
         """Whether the held object has dropped out of the fingers: it hangs lower under the hand than when grasped,
-        measured at the handle for a pot or pan held by it (a pan's weight tilts it 10 degrees in the fingers, and
-        its far rim drops 4 cm while it is still held fast: KITCHEN_SCENE3's pan was let go and grasped again and
-        again)."""
+        measured at the handle (``handle_z``, its grip height now) for a pot or pan held by it (a pan's weight tilts
+        it 10 degrees in the fingers, and its far rim drops 4 cm while it is still held fast: KITCHEN_SCENE3's pan
+        was let go and grasped again and again)."""
         if self.by_handle:
-            return eef[2] - handle_grasp(sim, f"{self.obj}_main")[1] > self.handle_hang + 0.04
+            return eef[2] - handle_z > self.handle_hang + 0.04
         return eef[2] - obj_bottom > self.hang + 0.04
 
     def _plan_grasp(self, sim, obj_pts: np.ndarray, obj_xy: np.ndarray) -> None:
@@ -182,7 +182,7 @@ class PickPlaceExpert:
             grasp_z = max(lo[2] + 0.012, (lo[2] + hi[2]) / 2, hi[2] - 0.025)
         tgt_xy, tgt_top = self._target(sim)
 
-        if self.phase in self.HOLDING and self.slipped(sim, eef, lo[2]):
+        if self.phase in self.HOLDING and self.slipped(eef, lo[2], grasp_z):
             self.phase = "align"  # the object slipped out of the fingers: open, line up and grasp again
         gripper, goal = OPEN, eef.copy()
         yaw_err = yaw_error(sim, self.grasp_yaw)

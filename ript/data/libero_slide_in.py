@@ -41,6 +41,7 @@ class Layer:
     open_dir: np.ndarray
     half_depth: float
     front: float
+    half_width: float  # the region's half extent across the open side
 
 
 def shelf_layer(sim, target: str, site: str, obj: str) -> Layer | None:
@@ -80,8 +81,9 @@ def shelf_layer(sim, target: str, site: str, obj: str) -> Layer | None:
             if run > best_run:
                 best, best_run = d, run
     half_depth = float(np.abs(best) @ half[:2])
+    half_width = float(np.abs(np.array([-best[1], best[0]])) @ half[:2])
     front = max(float(np.max((b - centre[:2]) @ best)) for b in boards)  # where the boards over it end
-    return Layer(floor, float(ceiling), best, half_depth, front)
+    return Layer(floor, float(ceiling), best, half_depth, front, half_width)
 
 
 class SlideInExpert(PickPlaceExpert):
@@ -101,7 +103,8 @@ class SlideInExpert(PickPlaceExpert):
         sim, raw = task.sim, task.privileged()
         eef = raw["robot0_eef_pos"]
         obj_pts = collision_corners(sim, f"{self.obj}_main")
-        if self.phase not in self.HOLDING or self.slipped(sim, eef, float(obj_pts[:, 2].min())):
+        if self.phase not in self.HOLDING or self.slipped(eef, float(obj_pts[:, 2].min()),
+                                                          handle_grasp(sim, f"{self.obj}_main")[1]):
             return super().get_action(task)  # picking it up (again, if it slipped), or letting go
         com = sim.data._data.xipos[body_id(sim.model._model, f"{self.obj}_main")][:2]
         open_dir = self.layer.open_dir

@@ -119,14 +119,12 @@ class LeaningPullExpert(LeaningHand):
     closed and side by side along the bar, come over the bar, press the fingertips on its top, pull along the slide
     until ``done(qpos)`` holds, then back away upwards and turn the hand back down."""
 
-    def __init__(self, task, articulation: Articulation, done):
-        self.art, self.done = articulation, done
+    def __init__(self, task, articulation: Articulation, done, handle: int, pull: np.ndarray):
+        """``handle``: the bar's geom; ``pull``: the horizontal direction that opens the drawer (both as
+        ``SlideOpenExpert`` finds them)."""
+        self.art, self.done, self.handle, self.pull = articulation, done, handle, pull
         self.phase, self.timer = "turn", 0
-        sign = -1.0 if done(articulation.qpos - 10.0) else 1.0  # LIBERO's open test holds near one limit
-        _, self.pull = articulation.contact(sign)
-        self.pointing = self._lean(task, -self.pull, LEAN)
-        centers = articulation.centers()
-        self.handle = articulation.geoms[int(np.argmax(centers @ self.pull))]  # the outermost geom: the bar
+        self.pointing = self._lean(task, -pull, LEAN)
 
     def get_action(self, task) -> np.ndarray:
         raw = task.privileged()

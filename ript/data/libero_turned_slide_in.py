@@ -78,12 +78,10 @@ class TurnedSlideInExpert(PickPlaceExpert):
         """The way in that keeps the forearm farthest from what stands in front of the layer (up to
         FOREARM_CLEARANCE), straighter and nearer the region's middle on a tie; the box's middle at the region's
         centre, or nearer the open side where the fingers would go deeper than FINGERS_IN."""
-        model, data = sim.model._model, sim.data._data
-        i = site_id(model, self.target_site)
-        centre, open_dir = data.site_xpos[i][:2], self.layer.open_dir
+        centre = sim.data._data.site_xpos[site_id(sim.model._model, self.target_site)][:2]
+        open_dir = self.layer.open_dir
         across = np.array([-open_dir[1], open_dir[0]])
-        half = np.abs(data.site_xmat[i].reshape(3, 3)) @ model.site_size[i]
-        half_across = float(np.abs(across) @ half[:2]) - SIDE_MARGIN
+        half_across = self.layer.half_width - SIDE_MARGIN
         forearm = ObstacleBoxes(sim, {self.obj, self.target}, slide_z - FOREARM_BELOW, slide_z + FOREARM_ABOVE)
         middle = (self.reach - self.behind) / 2  # from the grip to the box's middle, along the fingers
         best, best_score = None, -np.inf
@@ -116,7 +114,7 @@ class TurnedSlideInExpert(PickPlaceExpert):
         eef = raw["robot0_eef_pos"]
         obj_pts = collision_corners(sim, f"{self.obj}_main")
         picking = self.phase not in (*self.HOLDING, "release")
-        if picking or (self.turned is None and self.slipped(sim, eef, float(obj_pts[:, 2].min()))):
+        if picking or (self.turned is None and self.slipped(eef, float(obj_pts[:, 2].min()))):
             action = super().get_action(task)  # picking it up (again, if it slipped before the turn)
             if picking and self.phase == "lift":
                 self._measure(obj_pts, eef)
