@@ -61,3 +61,14 @@ def test_batch_share_splits_the_global_batch_evenly():
     assert batch_share(16, DistInfo()) == slice(0, 16)
     with pytest.raises(RiptError, match="train.batch_size=15 is not divisible by the 2 processes"):
         batch_share(15, DistInfo(0, 2))
+
+
+def test_auto_workers_share_the_host_cores_among_its_ranks(monkeypatch):
+    from ript.utils import distributed
+    from ript.utils.distributed import DistInfo
+
+    monkeypatch.setattr(distributed.os, "cpu_count", lambda: 32)
+    assert DistInfo().cores_per_rank() == 32
+    assert DistInfo(1, 4, 1, local_world_size=2).cores_per_rank() == 16
+    monkeypatch.setattr(distributed.os, "cpu_count", lambda: 2)
+    assert DistInfo(0, 4, 0, local_world_size=4).cores_per_rank() == 1

@@ -100,7 +100,8 @@ def train_loop(run: RLRun) -> str:
         log.info("rl: resumed from %s at iteration %d", resume_from, start_iter)
     logger = MetricLogger(run_dir, to_dict(cfg), run_id, enabled=info.is_main)
     history = RolloutHistory(run_dir, start_iter) if info.is_main else None
-    runner = runner_from_metadata(metadata, names, cfg.workers, episodes_per_task=1, num_workers=cfg.rl.num_workers,
+    workers = info.cores_per_rank() if cfg.rl.num_workers == "auto" else cfg.rl.num_workers
+    runner = runner_from_metadata(metadata, names, cfg.workers, episodes_per_task=1, num_workers=workers,
                                   max_episode_steps=cfg.rl.max_episode_steps, on_worker_failure="drop",
                                   episodes_at_once=sampling.most_episodes_per_round(info.world_size))
 

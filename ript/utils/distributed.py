@@ -16,10 +16,16 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # ranks on this host, sharing its cores
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def cores_per_rank(self) -> int:
+        """This rank's share of the host's cores: what an "auto" count of env workers means, so that the ranks on
+        one host do not each start a worker per core (the simulator is CPU-bound)."""
+        return max(1, (os.cpu_count() or 1) // self.local_world_size)
 
 
 def init_rank(device: str) -> tuple[str, DistInfo]:
@@ -46,7 +52,8 @@ def init_rank(device: str) -> tuple[str, DistInfo]:
             dist.init_process_group("nccl", device_id=torch.device(device))
         else:
             dist.init_process_group("gloo")
-    return device, DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+    return device, DistInfo(dist.get_rank(), dist.get_world_size(), local_rank,
+                            int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def render_on_rank_gpu(local_rank: int) -> None:
