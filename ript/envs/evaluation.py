@@ -18,10 +18,12 @@ from ript.utils.plots import frames_grid, success_bars
 
 def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, episodes_per_task: int | None,
                          num_workers, seed: int = 0, n_videos: int = 0, max_episode_steps: int | None = None,
-                         on_worker_failure: str = "rerun", episodes_at_once: int | None = None) -> EnvRunner:
+                         on_worker_failure: str = "rerun", episodes_at_once: int | None = None,
+                         driver_threads: int | None = None) -> EnvRunner:
     """The one place an env runner is built: the suite, cameras, image size and render quality the checkpoint's
     data was rendered with; ``episodes_per_task`` None: the suite's standard protocol; ``episodes_at_once``: the
-    most episodes one run holds when the caller passes its own (RL), which bounds the workers worth starting."""
+    most episodes one run holds when the caller passes its own (RL), which bounds the workers worth starting;
+    ``driver_threads``: the driving process's torch threads (None: the host's cores its workers leave)."""
     env_args = metadata.get("env_args") or {}
     if "render" not in env_args:
         raise RiptError("checkpoint metadata has no env_args.render; it was not trained on ript-collected data")
@@ -40,6 +42,7 @@ def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, 
         else int(workers_cfg.envs_per_worker),
         on_worker_failure=on_worker_failure,
         episodes_at_once=episodes_at_once,
+        driver_threads=driver_threads,
     )
 
 
