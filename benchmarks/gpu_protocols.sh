@@ -54,8 +54,8 @@ keep_state() {
   ls -la $R/state; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
 workers="+phases.collect.num_workers=${COLLECT_WORKERS:-$(nproc)}"  # 16 on the H100 host, 32 on nvidia-h200-x2
-# protocol $1's training phases without progress bars; the same in every run of it, since the protocol refuses a
-# finished phase's changed setting (a later part going on to RL passes them again)
+# protocol $1's training phases without progress bars (a finished phase's progress setting and worker counts may
+# differ in a later part going on from its run folder; its other settings may not)
 no_bars() { case $1 in ml45_fewshot*) echo "+phases.finetune.progress=false" ;;
                        *) echo "+phases.stage0.progress=false +phases.stage1.progress=false" ;; esac; }
 # collect and stages 0-1 of protocol $1, then its checkpoints in pieces (PROTOCOL_EXTRA's settings of the

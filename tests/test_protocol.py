@@ -55,6 +55,13 @@ def test_a_protocol_runs_every_phase_continues_a_cut_one_and_skips_finished_ones
     again = protocol.run(compose("protocol", protocol_overrides(tiny_data, root)))  # nothing left to run
     assert again == results
     assert json.loads((root / "protocol.json").read_text()) == state
+    # on a host of another size, without progress bars: how the phases are driven, not what they compute
+    other_host = protocol_overrides(tiny_data, root) + ["phases.collect.num_workers=1", "phases.eval.num_workers=3",
+                                                        "phases.rl.rl.num_workers=1", "phases.stage0.progress=true"]
+    assert protocol.run(compose("protocol", other_host)) == results
+    more_rl = protocol_overrides(tiny_data, root) + ["phases.rl.rl.iterations=2"]
+    with pytest.raises(RiptError, match="phase rl finished .* without rl.iterations=2"):
+        protocol.run(compose("protocol", more_rl))
 
     changed = protocol_overrides(tiny_data, root) + ["phases.stage0.train.steps=6"]
     with pytest.raises(RiptError, match="phase stage0 finished .* without train.steps=6"):

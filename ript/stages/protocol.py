@@ -23,7 +23,7 @@ from ript.config import CONFIG_DIR, compose, to_dict
 from ript.errors import RiptError
 from ript.utils.atomic import atomic_write_text
 from ript.utils.logging import log, setup_console_logging
-from ript.utils.run_dir import flatten
+from ript.utils.run_dir import RUN_CONTROL_KEYS, covered, flatten
 
 PHASES = ("collect", "stage0", "stage1", "finetune", "eval", "rl", "eval_rl")
 JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune": "finetune", "eval": "eval",
@@ -31,6 +31,8 @@ JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune"
 TRAINING = ("stage0", "stage1", "finetune", "rl")  # run under torchrun when several GPUs are used
 EVALUATIONS = {"eval": "imitation", "eval_rl": "after RL"}
 STATE_FILE = "protocol.json"
+# see result_settings; a finished RL phase asked for more iterations is refused, not skipped
+DRIVING_KEYS = tuple(k for k in RUN_CONTROL_KEYS if k != "rl.iterations") + ("num_workers",)
 
 
 def protocol_names() -> list[str]:
@@ -135,13 +137,22 @@ def read_state(root: Path) -> dict[str, Any]:
         raise RiptError(f"cannot read {path}: {e}; move it away to start the protocol over") from None
 
 
+def result_settings(overrides: list[str]) -> list[str]:
+    """The overrides that can change what a phase computes: not how it is driven or reported (the run-control
+    keys a resumed job may change, and collection's worker count: demo j is the same however the work is
+    split, and so is evaluation's episode j), so that a finished phase is skipped on a host of another size or
+    with other progress output."""
+    return [o for o in overrides if not covered(o.split("=", 1)[0].lstrip("+~"), DRIVING_KEYS)]
+
+
 def finished_differently(phase: Phase, record: dict) -> str | None:
-    """The first override a finished phase ran without, or with another value (None: same settings)."""
-    done = set(record["overrides"])
-    for o in phase.overrides:
-        if o not in done:
+    """The first override that changes results which a finished phase ran without, or with another value
+    (None: same settings)."""
+    now, done = result_settings(phase.overrides), result_settings(record["overrides"])
+    for o in now:
+        if o not in set(done):
             return o
-    return next((o for o in record["overrides"] if o not in set(phase.overrides)), None)
+    return next((o for o in done if o not in set(now)), None)
 
 
 def run_phase(phase: Phase, gpus: int) -> None:

@@ -39,8 +39,9 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _allowed(key: str, allowed: tuple[str, ...]) -> bool:
-    return any(key == a or key.startswith(a + ".") for a in allowed)
+def covered(key: str, keys: tuple[str, ...]) -> bool:
+    """Is ``key`` one of ``keys`` or inside one of them (``train.lr`` is inside ``train``)?"""
+    return any(key == k or key.startswith(k + ".") for k in keys)
 
 
 def changed_keys(stored: dict, new: dict, allowed: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
@@ -50,7 +51,7 @@ def changed_keys(stored: dict, new: dict, allowed: tuple[str, ...]) -> list[tupl
     out = []
     for key in sorted(set(old) | set(cur)):
         a, b = old.get(key, missing), cur.get(key, missing)
-        if a != b and not _allowed(key, allowed):
+        if a != b and not covered(key, allowed):
             out.append((key, None if a is missing else a, None if b is missing else b))
     return out
 
