@@ -3,6 +3,7 @@
 # limit, and polls it from later calls (each within 30 s of the last, or the idle machine is given back).
 #   bash benchmarks/gpu_background.sh start <preamble> <pipeline script> <phase>...   (env vars pass through)
 #   bash benchmarks/gpu_background.sh poll <seconds> <run dir> [<results dir>]
+#   bash benchmarks/gpu_background.sh pieces <dir> <first> [<count>]   (pieces first.. of <dir>'s *.part*, 4 by default)
 # poll waits until the chain ends or <seconds> pass, then copies the log, the evaluation results and whatever
 # the chain has written to <results dir> so far to $OUT.
 set -uo pipefail
@@ -28,5 +29,11 @@ case "${1:-}" in
     for d in eval eval_rl; do [ -f "$run/$d/results.json" ] && cp "$run/$d/results.json" "$OUT/$d.json"; done
     [ -n "$results" ] && [ -d "$results" ] && cp -r "$results" "$OUT/results"
     tail -25 "$OUT/chain.log" ;;
-  *) echo "usage: $0 start <preamble> <script> <phase>... | poll <seconds> <run dir> [<results dir>]" >&2; exit 2 ;;
+  pieces)
+    # $OUT takes 8 files of 16 MiB, 64 MiB in all, per call: a run state of ~13 pieces of 15 MiB comes back over
+    # four calls (first = 1, 5, 9, 13)
+    dir=$2 first=$3 count=${4:-4}
+    ls "$dir"/*.part* | sort | tail -n +"$first" | head -"$count" | xargs -r -I{} cp {} "$OUT/"
+    ls "$dir"/*.part* | wc -l | xargs echo "pieces in all:"; ls "$OUT" ;;
+  *) echo "usage: $0 start <preamble> <script> <phase>... | poll <seconds> <run dir> [<results dir>] | pieces <dir> <first> [<count>]" >&2; exit 2 ;;
 esac

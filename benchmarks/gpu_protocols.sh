@@ -26,9 +26,13 @@
 #                 RL_BEST_HORIZON=1 RL samples at the action horizon of the best imitation evaluation (`sampling`'s
 #                 eval_h<N> folders beside the protocol's own)
 #   state         protocol PROTO's run folder as far as a later lease needs it to go on (protocol.json, the
-#                 evaluations' results, the imitation checkpoint RL starts from): $R/state/<PROTO>.tar.part*
-#   resume        unpacks the pieces a later call carried in .resume/ (the `state` part's) into runs/protocols,
-#                 so that the same `ript protocol` command skips the finished phases and goes on (e.g. to RL)
+#                 evaluations' results, the imitation checkpoint RL starts from, and an RL run's last checkpoint
+#                 with its optimizer and sampler state, which RL resumes from exactly): $R/state/<PROTO>.tar.part*,
+#                 15 MiB each (~4 pieces with the imitation alone, ~13 with RL: fetch them 4 at a time with
+#                 `gpu_background.sh pieces`)
+#   resume        unpacks the pieces later calls carried in .resume*/ (the `state` part's; a folder per call, as
+#                 each call carries at most 64 MiB) into runs/protocols, so that the same `ript protocol` command
+#                 skips the finished phases and goes on (e.g. to RL, or RL from its last iteration)
 #   bash benchmarks/gpu_background.sh start .libero/preamble.sh benchmarks/gpu_protocols.sh libero_speed libero
 #   bash benchmarks/gpu_background.sh poll 560 runs/protocols/libero_object runs/session_results
 # Carry .whl and data/metaworld/lang_cache.safetensors (LIBERO: .libero and its suite's lang_cache instead).
@@ -44,13 +48,18 @@ keep_ckpt() { local stage; mkdir -p $R/ckpt; for stage in stage0 stage1; do
                 tar -C "$(readlink -f runs/protocols/$1/$stage/checkpoints/last)" -cf - config.json model.safetensors \
                   | split -b 15M - $R/ckpt/$stage.tar.part; done
               ls -la $R/ckpt; }
-# protocol $1's run state for a later lease; the weights make it ~51 MiB for LIBERO, too much to carry beside
-# .libero (42 MiB) in one call, so the later lease carries .libero in a first call and .resume in a second
+# protocol $1's run state for a later lease: the imitation checkpoint (~51 MiB for LIBERO, too much to carry beside
+# .libero's 42 MiB in one call), and RL's last checkpoint with its optimizer state (~150 MiB more) if RL ran; a
+# later lease carries .libero in a first call and the pieces in .resume1, .resume2, ... in the next ones
 keep_state() {
-  local step; step=$(readlink runs/protocols/$1/stage1/checkpoints/last); mkdir -p $R/state
-  (cd runs/protocols && tar -cf - $1/protocol.json $(ls $1/eval*/results.json 2>/dev/null) $1/stage1/checkpoints/last \
-     $1/stage1/checkpoints/$step/config.json $1/stage1/checkpoints/$step/model.safetensors) \
-    | split -b 15M - $R/state/$1.tar.part
+  local run=$1 step rl_step files; step=$(readlink runs/protocols/$run/stage1/checkpoints/last); mkdir -p $R/state
+  files="$run/protocol.json $(cd runs/protocols && ls $run/eval*/results.json 2>/dev/null) $run/stage1/checkpoints/last
+         $run/stage1/checkpoints/$step/config.json $run/stage1/checkpoints/$step/model.safetensors"
+  if [ -L runs/protocols/$run/rl/checkpoints/last ]; then
+    rl_step=$(readlink runs/protocols/$run/rl/checkpoints/last)
+    files="$files $run/rl/config.json $run/rl/rl_history.json $run/rl/checkpoints/last $run/rl/checkpoints/$rl_step"
+  fi
+  (cd runs/protocols && tar -cf - $files) | split -b 15M - $R/state/$run.tar.part
   ls -la $R/state; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
 workers="+phases.collect.num_workers=${COLLECT_WORKERS:-$(nproc)}"  # 16 on the H100 host, 32 on nvidia-h200-x2
@@ -184,8 +193,10 @@ for part in "$@"; do
       eval_rl_cut $p ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
-      phase "resume from .resume"
-      mkdir -p runs/protocols; cat .resume/*.tar.part* | tar -xf - -C runs/protocols || exit 1
+      phase "resume from .resume*"
+      # the pieces in the order split named them, whichever carried folder holds each
+      pieces=$(ls .resume*/*.tar.part* | awk -F/ '{print $NF, $0}' | sort | cut -d' ' -f2)
+      mkdir -p runs/protocols; cat $pieces | tar -xf - -C runs/protocols || exit 1
       ls -la runs/protocols/* ;;
     *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, state, resume)" >&2; exit 2 ;;
   esac
