@@ -22,7 +22,8 @@
 #                 evaluated again with each variant of EVAL_SAMPLING ("tag override...;tag ...", e.g.
 #                 "h4 sampling.action_horizon=4"): $R/<protocol>_eval_<tag>.json
 #   rl            protocol PROTO again with RL_EXTRA (e.g. after a run with phases.rl=null: RL's settings), so it
-#                 skips the finished phases and runs RL; an RL run cut by its time limit is still evaluated; with
+#                 skips the finished phases and runs RL; an RL run cut by its time limit is still evaluated (not
+#                 with NO_CUT_EVAL=1, for a lease that carries its state on to the next); with
 #                 RL_BEST_HORIZON=1 RL samples at the action horizon of the best imitation evaluation (`sampling`'s
 #                 eval_h<N> folders beside the protocol's own)
 #   state         protocol PROTO's run folder as far as a later lease needs it to go on (protocol.json, the
@@ -190,7 +191,7 @@ for part in "$@"; do
       echo "rl: ${RL_EXTRA:-} $h"
       python3 -m ript.cli protocol $p $workers $(no_bars $p) ${RL_EXTRA:-} $h 2>&1 | quiet
       keep $p
-      eval_rl_cut $p ;;
+      [ -z "${NO_CUT_EVAL:-}" ] && eval_rl_cut $p ;;  # NO_CUT_EVAL=1: a lease that only carries RL on to the next
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
       phase "resume from .resume*"
