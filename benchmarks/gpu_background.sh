@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_background.sh start <preamble> <pipeline script> <phase>...   (env vars pass through)
 #   bash benchmarks/gpu_background.sh poll <seconds> <run dir> [<results dir>]
 #   bash benchmarks/gpu_background.sh pieces <dir> <first> [<count>]   (pieces first.. of <dir>'s *.part*, 4 by default)
+#   bash benchmarks/gpu_background.sh carry <pieces dir>   (here, not on the GPU host: the pieces into .resume1,
+#        .resume2, ... 3 each, the most one call carries beside the tree; carry them one folder a call)
 # poll waits until the chain ends or <seconds> pass, then copies the log, the evaluation results and whatever
 # the chain has written to <results dir> so far to $OUT.
 set -uo pipefail
@@ -35,5 +37,12 @@ case "${1:-}" in
     dir=$2 first=$3 count=${4:-4}
     ls "$dir"/*.part* | sort | tail -n +"$first" | head -"$count" | xargs -r -I{} cp {} "$OUT/"
     ls "$dir"/*.part* | wc -l | xargs echo "pieces in all:"; ls "$OUT" ;;
-  *) echo "usage: $0 start <preamble> <script> <phase>... | poll <seconds> <run dir> [<results dir>] | pieces <dir> <first> [<count>]" >&2; exit 2 ;;
+  carry)
+    src=$2
+    ls "$src"/*.part* >/dev/null || exit 1
+    rm -rf .resume*/
+    ls "$src"/*.part* | sort | awk '{printf "%s .resume%d\n", $0, int((NR - 1) / 3) + 1}' \
+      | while read -r piece dest; do mkdir -p "$dest" && cp "$piece" "$dest/"; done
+    du -sh .resume*/ ;;
+  *) echo "usage: $0 start <preamble> <script> <phase>... | poll <seconds> <run dir> [<results dir>] | pieces <dir> <first> [<count>] | carry <pieces dir>" >&2; exit 2 ;;
 esac
