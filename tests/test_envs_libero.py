@@ -307,7 +307,8 @@ def test_a_drawer_open_over_the_object_is_pushed_back_part_way_then_filled_and_c
     pushed in only as far as the hand needs (stopping there: pushed at full speed it coasted 2.5 cm on), and the
     region's size is read along its level axes (its local x is vertical: read as its width, the pudding was turned
     long side into the shallower drawer and left half on the cabinet). Demo 1 failed for want of either."""
-    from ript.data.libero_articulated import Articulation, JointPushExpert, joint_for
+    from ript.data.libero_articulated import JointPushExpert
+    from ript.data.libero_joints import Articulation, joint_for
 
     def pushed_back(task, expert, step):
         cabinet, joint = joint_for(task, "wooden_cabinet_1_top_region")

@@ -169,7 +169,8 @@ def test_the_microwave_door_is_pulled_ajar_by_its_handle_then_pushed_open():
     """A hinged door had no Open expert: it is pulled by its upright bar (the hand turning with the door) until
     ajar, then pushed from behind until LIBERO's open test holds (75 degrees)."""
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_articulated import Articulation, HingeOpenExpert, JointPushExpert, joint_for
+    from ript.data.libero_articulated import HingeOpenExpert, JointPushExpert
+    from ript.data.libero_joints import Articulation, joint_for
     from ript.data.libero_experts import make_expert
     from ript.envs.libero import LiberoTask
 

@@ -345,7 +345,8 @@ def make_expert(task):
     open over its object pushed back first: ``libero_set_aside``); other goals have none yet (a one-line error)."""
     import mujoco
 
-    from ript.data.libero_articulated import articulated_expert, closed_container, drawer_body
+    from ript.data.libero_articulated import articulated_expert
+    from ript.data.libero_joints import closed_container, drawer_body
     from ript.data.libero_drag import DragExpert, drags
     from ript.data.libero_fit import region_spot
     from ript.data.libero_set_aside import push_back

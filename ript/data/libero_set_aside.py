@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_articulated import SLIDE, Articulation, JointPushExpert, SlideOpenExpert, joint_for
+from ript.data.libero_articulated import JointPushExpert, SlideOpenExpert
+from ript.data.libero_joints import SLIDE, Articulation, joint_for
 from ript.data.libero_experts import PickPlaceExpert
 from ript.data.libero_geometry import (HAND_HALF_SPAN, HAND_HALF_WIDTH, MAX_GRASP_WIDTH, ObstacleBoxes,
                                        collision_corners, narrow_direction)

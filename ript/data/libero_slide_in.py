@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ript.data.libero_articulated import SLIDE
+from ript.data.libero_joints import SLIDE
 from ript.data.libero_experts import PickPlaceExpert
 from ript.data.libero_geometry import (CLOSE, POS_SCALE, body_id, collision_corners, geom_box_corners, handle_grasp,
                                         in_subtree, is_collision_geom, ObstacleBoxes, site_id)

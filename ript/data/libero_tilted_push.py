@@ -18,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from ript.data.libero_articulated import (APPROACH, FINGER_BELOW, HAND_HALF_HEIGHT, HOLD_STEPS, HOVER, PUSH_AHEAD,
-                                          Articulation, hand_turn)
+                                          hand_turn)
 from ript.data.libero_geometry import CLOSE, POS_SCALE, geom_box_corners, rotation_matrix, rotation_vector
+from ript.data.libero_joints import Articulation
 
 LOW_PART = 0.10  # a drawer whose top is this far under its furniture's top is pushed with the hand leaning
 LEAN = np.deg2rad(45.0)  # the hand's pointing direction, down from level towards the push

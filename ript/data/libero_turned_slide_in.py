@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ript.data.libero_articulated import SLIDE, JointPushExpert, hand_turn
+from ript.data.libero_articulated import JointPushExpert, hand_turn
+from ript.data.libero_joints import SLIDE
 from ript.data.libero_experts import PickPlaceExpert
 from ript.data.libero_geometry import (CLOSE, OPEN, POS_SCALE, ObstacleBoxes, collision_corners, narrow_direction,
                                        rotation_matrix, rotation_vector, site_id)
