@@ -346,9 +346,9 @@ def make_expert(task):
     import mujoco
 
     from ript.data.libero_articulated import articulated_expert
-    from ript.data.libero_joints import closed_container, drawer_body
     from ript.data.libero_drag import DragExpert, drags
     from ript.data.libero_fit import region_spot
+    from ript.data.libero_joints import closed_container, drawer_body
     from ript.data.libero_set_aside import push_back
     from ript.data.libero_slanted import DrawerLayExpert, SlantedPlaceExpert, is_slanted, too_tall_for
     from ript.data.libero_slide_in import slide_in_steps
