@@ -32,8 +32,8 @@ case "${1:-}" in
     [ -n "$results" ] && [ -d "$results" ] && cp -r "$results" "$OUT/results"
     tail -25 "$OUT/chain.log" ;;
   pieces)
-    # $OUT takes 8 files of 16 MiB, 64 MiB in all, per call: a run state of ~13 pieces of 15 MiB comes back over
-    # four calls (first = 1, 5, 9, 13)
+    # $OUT takes 8 files of 16 MiB, 64 MiB in all, per call: a LIBERO run state with RL (11 pieces of 15 MiB)
+    # comes back over three calls (first = 1, 5, 9)
     dir=$2 first=$3 count=${4:-4}
     ls "$dir"/*.part* | sort | tail -n +"$first" | head -"$count" | xargs -r -I{} cp {} "$OUT/"
     ls "$dir"/*.part* | wc -l | xargs echo "pieces in all:"; ls "$OUT" ;;

@@ -29,7 +29,7 @@
 #   state         protocol PROTO's run folder as far as a later lease needs it to go on (protocol.json, the
 #                 evaluations' results, the imitation checkpoint RL starts from, and an RL run's last checkpoint
 #                 with its optimizer and sampler state, which RL resumes from exactly): $R/state/<PROTO>.tar.part*,
-#                 15 MiB each (~4 pieces with the imitation alone, ~13 with RL: fetch them 4 at a time with
+#                 15 MiB each (LIBERO: 4 pieces with the imitation alone, 11 with RL: fetch them 4 at a time with
 #                 `gpu_background.sh pieces`)
 #   resume        unpacks the pieces later calls carried in .resume*/ (the `state` part's; a folder per call, as
 #                 each call carries at most 64 MiB) into runs/protocols, so that the same `ript protocol` command
