@@ -26,8 +26,10 @@ case "${1:-}" in
     # a fresh machine (the last one was given back) has no chain: say so now, not after <seconds> of waiting
     [ -f "$LOG" ] || { echo "no chain on this machine ($LOG is missing): start it again" >&2; exit 3; }
     while [ "$SECONDS" -lt "$limit" ] && ! grep -q CHAIN_EXIT "$LOG"; do sleep 5; done
-    # the progress bars are carriage-return lines: keep the last state of each
-    tr '\r' '\n' <"$LOG" | grep -v -E '^\s*(collect|rollout|eval):\s+[0-9]+%' >"$OUT/chain.log"
+    # the progress bars are carriage-return lines: keep the last state of each; drop the import-time warnings every
+    # LIBERO worker prints (robosuite's macro file, its logo's escape sequence), which bury the progress lines
+    tr '\r' '\n' <"$LOG" | grep -v -E '^\s*(collect|rollout|eval):\s+[0-9]+%' \
+      | grep -v -E 'robosuite WARNING|__logo__ = |SyntaxWarning: invalid escape' >"$OUT/chain.log"
     for d in eval eval_rl; do [ -f "$run/$d/results.json" ] && cp "$run/$d/results.json" "$OUT/$d.json"; done
     [ -n "$results" ] && [ -d "$results" ] && cp -r "$results" "$OUT/results"
     tail -25 "$OUT/chain.log" ;;
