@@ -314,6 +314,9 @@ def test_rl_under_torchrun_with_two_gloo_processes(stage1_run, tmp_path):
     state = torch.load(run_dir / "checkpoints" / "last" / "training_state.pt", weights_only=True)
     assert len(state["ranks"]) == 2
     assert state["ranks"][0]["sampler"]["rng"] != state["ranks"][1]["sampler"]["rng"]
+    # the per-task record counts both ranks' episodes, as the total does
+    entry = json.loads((run_dir / "rl_history.json").read_text())[-1]
+    assert sum(t["episodes"] for t in entry["per_task"].values()) == entry["episodes"] > 0
 
 
 def step_by_step(policy, spec: EpisodeSpec, render: dict, max_steps: int) -> dict:

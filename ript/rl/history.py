@@ -1,4 +1,4 @@
-"""RL's rollout record, one entry per iteration (``<run_dir>/rl_history.json``), and its picture
+"""RL's rollout record, one entry per iteration and task (``<run_dir>/rl_history.json``), and its picture
 (``<run_dir>/rl_success.png``: rollout success against iterations and against environment steps). The steps
 are those of the episodes that count, not of episodes a sampling round cancelled, so a resumed run's record
 equals an uninterrupted one's."""
@@ -36,9 +36,12 @@ class RolloutHistory:
             # an iteration logged after the checkpoint resumed from (a crash in between) is run again
             self.entries = [e for e in read_history(self.path) if e["iteration"] <= start_iteration]
 
-    def add(self, iteration: int, episodes: int, successes: int, env_steps: int) -> None:
+    def add(self, iteration: int, episodes: int, successes: int, env_steps: int,
+            per_task: dict[str, tuple[int, int]] | None = None) -> None:
+        """One iteration's counted episodes over all ranks; ``per_task``: each task's (episodes, successes)."""
         so_far = self.entries[-1]["env_steps"] if self.entries else 0
         self.entries.append({"iteration": iteration, "episodes": episodes, "success_rate": successes / max(1, episodes),
-                             "env_steps": so_far + env_steps})
+                             "env_steps": so_far + env_steps,
+                             "per_task": {t: {"episodes": n, "successes": k} for t, (n, k) in (per_task or {}).items()}})
         atomic_write_text(self.path, json.dumps(self.entries, indent=1))
         rl_curves(self.entries, self.picture)

@@ -146,7 +146,12 @@ def train_loop(run: RLRun) -> str:
                      policy.inference_seconds - inference_before, batch["env_steps"],
                      0 if targets is None else len(targets.episode_returns),
                      0 if targets is None else float(targets.episode_returns.sum())]
-            total = ddist.all_sum(local, info)
+            by_task = [x for task in names for x in (sum(e["task"] == task for e in eps),
+                                                      sum(e["success"] for e in eps if e["task"] == task))]
+            summed = ddist.all_sum(local + by_task, info)  # one collective
+            total, by_task = summed[:len(local)], summed[len(local):]
+            per_task = {task: (int(by_task[2 * i]), int(by_task[2 * i + 1])) for i, task in enumerate(names)
+                        if by_task[2 * i]}  # (episodes, successes) over all ranks
             if batch["capped"] and info.is_main:
                 log.warning("rl iteration %d: only %d of %d groups were informative after %d sampling rounds; "
                             "training on those", it + 1, int(batch["total_kept"]), sampling.groups,
@@ -167,17 +172,15 @@ def train_loop(run: RLRun) -> str:
                 "time/inference_share": total[4] / max(1e-9, t_rollout * info.world_size),
                 "time/env_steps_per_s": total[5] / max(1e-9, t_rollout),  # cancelled episodes' steps too
             }
-            for task in names:
-                task_eps = [e for e in eps if e["task"] == task]
-                if task_eps:
-                    metrics[f"rollout/success/{task}"] = sum(e["success"] for e in task_eps) / len(task_eps)
+            for task, (n, wins) in per_task.items():  # every rank's episodes (rank 0's alone before)
+                metrics[f"rollout/success/{task}"] = wins / n
             env_steps_done += int(total[2])
             metrics["rollout/env_steps_total"] = env_steps_done
             logger.log(metrics, it + 1)
             if videos is not None:
                 logger.log_videos(sorted(videos.glob("*.mp4")), "rollout/video", it + 1)
             if history is not None:
-                history.add(it + 1, int(total[0]), int(total[1]), int(total[2]))
+                history.add(it + 1, int(total[0]), int(total[1]), int(total[2]), per_task)
             if info.is_main:
                 log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d rounds, %d episodes, %d "
                          "cancelled), clip %.3f, kl %.4f, %.1f s rollout (%.0f env steps/s) + %.1f s train (%.1f s of it "
