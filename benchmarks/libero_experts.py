@@ -23,7 +23,7 @@ from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 
 def run_task(args: tuple[str, str, int, int, float]) -> dict:
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import make_expert
+    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
     from ript.errors import RiptError
 

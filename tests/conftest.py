@@ -130,7 +130,7 @@ def drive_scripted_demo(suite: str, task_name: str, demo: int, limit: int, check
     step)`` is called before every step. Returns (success, steps)."""
     import numpy as np
 
-    from ript.data.libero_experts import make_expert
+    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
     from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 
@@ -157,7 +157,7 @@ def scripted_libero_episode(suite: str, task_name: str, demo: int | None = None)
     import numpy as np
 
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import make_expert
+    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
     from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 

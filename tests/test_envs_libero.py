@@ -199,7 +199,7 @@ def test_expert_places_on_a_table_region():
     """(On chocolate_pudding_1 living_room_table_plate_right_region): the target is a region of the table, a
     site with no object under it; the expert releases over the site and the environment reports success."""
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import make_expert
+    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
 
     name = "LIVING_ROOM_SCENE6_put_the_white_mug_on_the_plate_and_put_the_chocolate_pudding_to_the_right_of_the_plate"
@@ -220,7 +220,7 @@ def test_a_book_turns_to_fit_the_caddys_front_compartment():
     """(In black_book_1 desk_caddy_1_front_contain_region): the compartment is narrower (7.2 cm) than the book
     is wide (~11.6 cm), so the carried book turns its narrow side across it and drops in (0/15 before)."""
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import make_expert
+    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
 
     task = LiberoTask("libero_90", "STUDY_SCENE1_pick_up_the_book_and_place_it_in_the_front_compartment_of_the_caddy",
@@ -238,7 +238,7 @@ def test_a_moka_pot_is_carried_by_its_handle_onto_the_stove():
     """The moka pot is wider than the hand opens and has a lid (no rim to pinch): the expert grips its handle,
     the geoms farthest from its centre of mass (1/10 before, 5/5 after in benchmarks/libero_experts)."""
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import make_expert
+    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
 
     task = LiberoTask("libero_90", "KITCHEN_SCENE3_put_the_moka_pot_on_the_stove", None)
@@ -255,7 +255,8 @@ def test_two_objects_bound_for_one_region_go_side_by_side():
     """(On moka_pot_1 flat_stove_1_cook_region) (On moka_pot_2 flat_stove_1_cook_region): the second pot used to be
     released on top of the first; now each gets its own spot along the region (0/5 before, 5/5 after)."""
     from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import make_expert, PickPlaceExpert
+    from ript.data.libero_experts import PickPlaceExpert
+    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
 
     task = LiberoTask("libero_10", "KITCHEN_SCENE8_put_both_moka_pots_on_the_stove", None)

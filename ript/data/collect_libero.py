@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ript.data.hdf5 import EXPERT_ACTIONS, Demo
-from ript.data.libero_experts import make_expert
+from ript.data.libero_goals import make_expert
 from ript.envs.libero import LiberoRender, LiberoTask
 
 
