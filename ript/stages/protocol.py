@@ -31,8 +31,9 @@ JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune"
 TRAINING = ("stage0", "stage1", "finetune", "rl")  # run under torchrun when several GPUs are used
 EVALUATIONS = {"eval": "imitation", "eval_rl": "after RL"}
 STATE_FILE = "protocol.json"
-# see result_settings; a finished RL phase asked for more iterations is refused, not skipped
-DRIVING_KEYS = tuple(k for k in RUN_CONTROL_KEYS if k != "rl.iterations") + ("num_workers",)
+# see result_settings; a finished RL phase asked for more iterations is refused, not skipped, and so is a training
+# phase whose in-training evaluation changed (it chooses checkpoints/best, which evaluate=best starts from)
+DRIVING_KEYS = tuple(k for k in RUN_CONTROL_KEYS if k not in ("rl.iterations", "eval")) + ("num_workers",)
 
 
 def protocol_names() -> list[str]:
