@@ -67,8 +67,8 @@ def test_auto_workers_share_the_host_cores_among_its_ranks(monkeypatch):
     from ript.utils import distributed
     from ript.utils.distributed import DistInfo
 
-    monkeypatch.setattr(distributed.os, "cpu_count", lambda: 32)
+    monkeypatch.setattr(distributed, "usable_cores", lambda: 32)
     assert DistInfo().cores_per_rank() == 32
     assert DistInfo(1, 4, 1, local_world_size=2).cores_per_rank() == 16
-    monkeypatch.setattr(distributed.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(distributed, "usable_cores", lambda: 2)
     assert DistInfo(0, 4, 0, local_world_size=4).cores_per_rank() == 1

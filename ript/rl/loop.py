@@ -172,7 +172,7 @@ def train_loop(run: RLRun) -> str:
                 "time/inference_share": total[4] / max(1e-9, t_rollout * info.world_size),
                 "time/env_steps_per_s": total[5] / max(1e-9, t_rollout),  # cancelled episodes' steps too
             }
-            for task, (n, wins) in per_task.items():  # every rank's episodes (rank 0's alone before)
+            for task, (n, wins) in per_task.items():  # over all ranks
                 metrics[f"rollout/success/{task}"] = wins / n
             env_steps_done += int(total[2])
             metrics["rollout/env_steps_total"] = env_steps_done

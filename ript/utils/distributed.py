@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ript.errors import RiptError
+from ript.utils.processes import usable_cores
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class DistInfo:
     def cores_per_rank(self) -> int:
         """This rank's share of the host's cores: what an "auto" count of env workers means, so that the ranks on
         one host do not each start a worker per core (the simulator is CPU-bound)."""
-        return max(1, (os.cpu_count() or 1) // self.local_world_size)
+        return max(1, usable_cores() // self.local_world_size)
 
 
 def init_rank(device: str) -> tuple[str, DistInfo]:
