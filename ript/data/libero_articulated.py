@@ -17,7 +17,7 @@ import numpy as np
 
 from ript.data.libero_experts import SequenceExpert
 from ript.data.libero_geometry import (CLOSE, HAND_HALF_SPAN, HAND_HALF_WIDTH, POS_SCALE, body_id, collision_corners,
-                                        rotation_matrix, rotation_vector, yaw_error)
+                                        pose_action, rotation_matrix, rotation_vector, yaw_error)
 from ript.data.libero_joints import FREE, SLIDE, Articulation, joint_for
 from ript.errors import RiptError
 
@@ -229,11 +229,7 @@ class PullOpenExpert:
         else:  # out along the pull and up, then the hand turned back down
             goal = eef + (pull * 0.03 + np.array([0.0, 0.0, 0.02]) if self.timer <= 10 else 0.0)
             self.timer += 1
-        action = np.zeros(7)
-        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
-        action[3:6] = np.clip(rot_err * 2.0, -1.0, 1.0)
-        action[6] = gripper
-        return action
+        return pose_action(goal, eef, rot_err, gripper)
 
 
 class SlideOpenExpert(PullOpenExpert):

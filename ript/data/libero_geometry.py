@@ -194,6 +194,16 @@ def rotation_vector(r: np.ndarray) -> np.ndarray:
     return axis * angle
 
 
+def pose_action(goal: np.ndarray, eef: np.ndarray, rot_err: np.ndarray, gripper: float) -> np.ndarray:
+    """An OSC_POSE action that moves the hand toward ``goal`` and turns it by ``rot_err`` (an axis-angle in the
+    world frame), each clipped to the controller's range, with ``gripper`` (OPEN or CLOSE)."""
+    action = np.zeros(7)
+    action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
+    action[3:6] = np.clip(rot_err * 2.0, -1.0, 1.0)
+    action[6] = gripper
+    return action
+
+
 def level_hand(quat_xyzw: np.ndarray) -> np.ndarray:
     """The roll and pitch actions that turn the hand back to pointing straight down. OSC_POSE's rotation deltas
     with nothing commanded hold whatever tilt the hand has drifted to (a fast turn about the vertical tilts it:

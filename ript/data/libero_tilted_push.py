@@ -19,7 +19,7 @@ import numpy as np
 
 from ript.data.libero_articulated import (APPROACH, FINGER_BELOW, HAND_HALF_HEIGHT, HOLD_STEPS, HOVER, PUSH_AHEAD,
                                           hand_turn)
-from ript.data.libero_geometry import CLOSE, POS_SCALE, geom_box_corners, rotation_matrix, rotation_vector
+from ript.data.libero_geometry import CLOSE, geom_box_corners, pose_action, rotation_matrix, rotation_vector
 from ript.data.libero_joints import Articulation
 
 LOW_PART = 0.10  # a drawer whose top is this far under its furniture's top is pushed with the hand leaning
@@ -102,11 +102,7 @@ class LeaningPushExpert(LeaningHand):
         else:  # back out against the push and up, then the hand turned back down
             goal = eef + (np.array([*(-push[:2] * 0.03), 0.02]) if self.timer <= 10 else 0.0)
             self.timer += 1
-        action = np.zeros(7)
-        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
-        action[3:6] = np.clip(rot_err * 2.0, -1.0, 1.0)
-        action[6] = CLOSE  # closed fingers: one compact fingertip to push with
-        return action
+        return pose_action(goal, eef, rot_err, CLOSE)  # closed fingers: one compact fingertip to push with
 
 
 def ungraspable_handle(handle_z: float, furniture_bottom: float) -> bool:
@@ -159,8 +155,4 @@ class LeaningPullExpert(LeaningHand):
         else:  # up and back along the pull, then the hand turned back down
             goal = eef + (np.array([*(self.pull[:2] * 0.02), 0.03]) if self.timer <= 10 else 0.0)
             self.timer += 1
-        action = np.zeros(7)
-        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
-        action[3:6] = np.clip(rot_err * 2.0, -1.0, 1.0)
-        action[6] = CLOSE
-        return action
+        return pose_action(goal, eef, rot_err, CLOSE)
