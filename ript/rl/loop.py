@@ -102,11 +102,12 @@ def train_loop(run: RLRun) -> str:
     history = RolloutHistory(run_dir, start_iter) if info.is_main else None
     # this rank's share of the host: its workers, and the cores they leave to the policy's host-side ops (the
     # other ranks' workers keep the rest busy)
-    workers = info.cores_per_rank() if cfg.rl.num_workers == "auto" else int(cfg.rl.num_workers)
+    share = info.cores_per_rank()
+    workers = share if cfg.rl.num_workers == "auto" else int(cfg.rl.num_workers)
     runner = runner_from_metadata(metadata, names, cfg.workers, episodes_per_task=1, num_workers=workers,
                                   max_episode_steps=cfg.rl.max_episode_steps, on_worker_failure="drop",
                                   episodes_at_once=sampling.most_episodes_per_round(info.world_size),
-                                  driver_threads=max(1, info.cores_per_rank() - workers))
+                                  driver_threads=max(1, share - workers))
 
     def save(iteration: int) -> None:
         mine = rank_state(sampler=sampler.state_dict(), policy_rng=policy.generator.get_state(),
