@@ -89,7 +89,11 @@ def test_every_protocol_composes_with_its_task_and_phases():
         assert [p.name for p in phases][-1] == "eval_rl"
         for phase in phases:
             compose(phase.job, phase.overrides)
-    assert compose("protocol", ["protocol=libero_spatial"]).task.name == "libero_spatial"
+    spatial = compose("protocol", ["protocol=libero_spatial"])
+    assert spatial.task.name == "libero_spatial"
+    # its RL policy is evaluated by its mode (session 32: greedy 99.2%, sampled 96.0%); RL itself samples
+    jobs = {phase.name: compose(phase.job, phase.overrides) for phase in protocol.plan(spatial)}
+    assert jobs["eval_rl"].sampling.greedy and not jobs["eval"].sampling.greedy and not jobs["rl"].sampling.greedy
     # every protocol learns the noise-free labels of its own collection; LIBERO's with QueST's image encoder
     for name in protocol.protocol_names():
         for phase in protocol.plan(compose("protocol", [f"protocol={name}"])):
