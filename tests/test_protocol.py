@@ -27,7 +27,7 @@ def protocol_overrides(data_dir, root, stage1_extra: str = "") -> list[str]:
         "++phases.rl={task_names: [drawer-close-v3], sampling: {temperature: 3.0}, eval: {every: 0}, rl: {iterations: 1, "
         "groups_per_iteration: 2, rollouts_per_group: 2, max_episode_steps: 36, num_workers: 2, "
         "max_sampling_rounds: 2, epochs: 2, minibatches: 2, lr: 1e-3}}",
-        f"++phases.eval_rl={EVAL}",
+        f"++phases.eval_rl={EVAL[:-1]}, sampling: {{greedy: true}}}}",  # as LIBERO-Spatial's: RL's mode
     ]
 
 
@@ -51,6 +51,8 @@ def test_a_protocol_runs_every_phase_continues_a_cut_one_and_skips_finished_ones
     assert json.loads((root / "results.json").read_text()) == results
     table = capsys.readouterr().out
     assert "button-press-v3" in table and "after RL" in table and "stage1" in table
+    decoding = next(line for line in table.splitlines() if line.startswith("decoding")).split()
+    assert decoding[1:] == ["T1", "k10", "h8", "greedy", "h8"], decoding  # each evaluation's own
 
     again = protocol.run(compose("protocol", protocol_overrides(tiny_data, root)))  # nothing left to run
     assert again == results

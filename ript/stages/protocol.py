@@ -184,6 +184,14 @@ def reached_step(run_dir: Path) -> int:
     return int(resolve_checkpoint_dir(run_dir).name)
 
 
+def decoding(sampling: dict[str, Any]) -> str:
+    """An evaluation's decoding in a table cell: greedy or temperature/top-k, and the actions run per decision
+    (LIBERO-Spatial's evaluation after RL decodes greedily, the others sample: the same policy scores differently)."""
+    top_k = f" k{sampling['top_k']}" if sampling.get("top_k") else ""
+    how = "greedy" if sampling.get("greedy") else f"T{float(sampling['temperature']):g}{top_k}"
+    return f"{how} h{sampling['action_horizon']}"
+
+
 def protocol_table(results: dict[str, Any]) -> str:
     labels = list(results["evaluations"])
     tasks = list(dict.fromkeys(t for e in results["evaluations"].values() for t in e["per_task"]))
@@ -194,6 +202,7 @@ def protocol_table(results: dict[str, Any]) -> str:
         rows.append(f"{t:<40}" + "".join(f"{c:>12.1%}" if c is not None else f"{'-':>12}" for c in cells))
     rows.append(f"{'average':<40}" + "".join(f"{results['evaluations'][e]['success_rate']:>12.1%}" for e in labels))
     rows.append(f"{'episodes':<40}" + "".join(f"{results['evaluations'][e]['episodes']:>12d}" for e in labels))
+    rows.append(f"{'decoding':<40}" + "".join(f"{decoding(results['evaluations'][e]['sampling']):>12}" for e in labels))
     rows.append("")
     for name, record in results["phases"].items():
         step = f" (step {record['step']})" if "step" in record else ""
@@ -211,7 +220,8 @@ def summarize(cfg, phases: list[Phase], state: dict) -> dict[str, Any]:
         evaluations[phase.name] = {
             "checkpoint": res.get("checkpoint"), "success_rate": res["success_rate"],
             "episodes": sum(int(t["episodes"]) for t in res["per_task"].values()),
-            "per_task": {t: v["success_rate"] for t, v in res["per_task"].items()}}
+            "per_task": {t: v["success_rate"] for t, v in res["per_task"].items()},
+            "sampling": res["sampling"]}
     return {"protocol": str(cfg.name), "task": str(cfg.task.name), "evaluations": evaluations,
             "phases": {p.name: state["phases"][p.name] for p in phases}}
 
