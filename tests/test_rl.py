@@ -1,4 +1,5 @@
-"""RL stage: estimators, objective, and real iterations on MetaWorld (rollouts, dynamic sampling, resume)."""
+"""RL stage: estimators, objective, sampling and real iterations on MetaWorld (resume, torchrun); the runner's
+rollouts against an oracle are in test_rl_rollouts.py."""
 
 import json
 import os
@@ -317,95 +318,6 @@ def test_rl_under_torchrun_with_two_gloo_processes(stage1_run, tmp_path):
     # the per-task record counts both ranks' episodes, as the total does
     entry = json.loads((run_dir / "rl_history.json").read_text())[-1]
     assert sum(t["episodes"] for t in entry["per_task"].values()) == entry["episodes"] > 0
-
-
-def step_by_step(policy, spec: EpisodeSpec, render: dict, max_steps: int) -> dict:
-    """The oracle: one env in this process, every step rendered and observed (the runner renders only the
-    frames a decision reads, in a worker, for several envs at once)."""
-    from ript.envs.metaworld import MetaWorldTask, RenderSettings
-
-    task = MetaWorldTask(spec.task_name, RenderSettings.from_dict(render), max_steps)
-    try:
-        policy.reset(1)
-        policy.reset_env(0, spec.task_name, spec.key)
-        policy.observe(0, task.reset(spec.seed, render=True))
-        length, done, success, rewards = 0, False, False, []
-        while not done:
-            rewards.append(0.0)
-            for action in policy.act_chunk([True])[0]:
-                obs, reward, done, info = task.step(action, render=True)
-                policy.observe(0, obs)
-                length, success, rewards[-1] = length + 1, info["success"], rewards[-1] + reward
-                if done:
-                    break
-        if not success:
-            policy.bootstrap([0])  # a critic's value of the last observation (nothing without one)
-        return {"task": spec.task_name, "seed": spec.seed, "success": success, "length": length,
-                "decisions": policy.take_record(0), "chunk_rewards": rewards}
-    finally:
-        task.close()
-
-
-def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
-    """Whole chunks per worker call, rendering only what a decision reads, for several envs in parallel,
-    take the same decisions and end the same episodes as stepping one env at a time and observing every
-    frame (greedy decoding, so the comparison does not depend on how envs are batched)."""
-    model, ckpt = load_model(stage1_run)
-    render = ckpt["metadata"]["env_args"]["render"]
-    settings = sampling_settings(ckpt["metadata"], {"greedy": True}, ckpt["cfg"])
-    specs = [EpisodeSpec("button-press-v3", 3, 0, record=True), EpisodeSpec("drawer-close-v3", 3, 1),
-             EpisodeSpec("button-press-v3", 4, 2)]
-    policy = make_policy(model, settings, "cpu", seed=0)
-    policy.record = True
-    runner = EnvRunner("metaworld", model.task_names, render, 30, 1, num_workers=2)
-    try:
-        out = runner.run(policy, video_dir=tmp_path, specs=specs)
-    finally:
-        runner.close()
-    episodes = sorted(out["episodes"], key=lambda e: e["episode"])
-    for spec, got in zip(specs, episodes):
-        want = step_by_step(policy, spec, render, 30)
-        assert (got["task"], got["seed"], got["success"], got["length"]) == \
-            (want["task"], want["seed"], want["success"], want["length"])
-        assert len(got["decisions"]) == len(want["decisions"]) > 1
-        assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(got["decisions"], want["decisions"]))
-    assert out["env_steps"] == sum(e["length"] for e in episodes)
-    assert [p.name for p in tmp_path.glob("*.mp4")] == [f"button-press-v3_ep0_{'success' if episodes[0]['success'] else 'failure'}.mp4"]
-
-
-def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage1_run):
-    """Each episode samples from its own noise stream (seeded by its key and the run's draw of the policy's
-    generator): the same specs give the same sampled decisions with 1 worker (batches of 1), 3 workers answering
-    in whatever order (batches of 1 to 3), and envs sharing a worker (3 in one; 2 workers of 2 envs), so results
-    depend on neither the machine's core count nor the schedule nor the slot an episode lands in."""
-    model, ckpt = load_model(stage1_run)
-    render = ckpt["metadata"]["env_args"]["render"]
-    settings = sampling_settings(ckpt["metadata"], {}, ckpt["cfg"])
-    assert not settings["greedy"]
-    specs = [EpisodeSpec(t, s, j) for j, (t, s) in enumerate([("button-press-v3", 3), ("drawer-close-v3", 3),
-                                                               ("button-press-v3", 3), ("drawer-close-v3", 5)])]
-    runs = []
-    for workers, per_worker in ((1, 1), (3, 1), (1, 3), (2, 2)):
-        policy = make_policy(model, settings, "cpu", seed=7)
-        policy.record = True
-        runner = EnvRunner("metaworld", model.task_names, render, 24, 1, num_workers=workers,
-                           envs_per_worker=per_worker)
-        try:
-            out = runner.run(policy, specs=specs)
-        finally:
-            runner.close()
-        runs.append(sorted(out["episodes"], key=lambda e: e["episode"]))
-        assert out["env_steps"] == sum(e["length"] for e in out["episodes"])
-    for other in runs[1:]:
-        for a, b in zip(runs[0], other):
-            assert (a["success"], a["length"]) == (b["success"], b["length"])
-            assert len(a["decisions"]) == len(b["decisions"]) == 3
-            for x, y in zip(a["decisions"], b["decisions"]):
-                assert torch.equal(x["tokens"], y["tokens"])
-                torch.testing.assert_close(x["log_probs"], y["log_probs"])
-    # two episodes of one layout (RL's K rollouts) still sample differently
-    assert not all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(runs[0][0]["decisions"],
-                                                                         runs[0][2]["decisions"]))
 
 
 def test_the_rl_benchmark_times_a_real_iteration():
