@@ -195,9 +195,13 @@ for part in "$@"; do
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
       phase "resume from .resume*"
-      # the pieces in the order split named them, whichever carried folder holds each
-      pieces=$(ls .resume*/*.tar.part* | awk -F/ '{print $NF, $0}' | sort | cut -d' ' -f2)
-      mkdir -p runs/protocols; cat $pieces | tar -xf - -C runs/protocols || exit 1
+      # each protocol's pieces in the order split named them, whichever carried folder holds each (two protocols
+      # carried together are two streams)
+      mkdir -p runs/protocols
+      for run in $(ls .resume*/*.tar.part* | sed -E 's#.*/##; s#\.tar\.part[a-z]+$##' | sort -u); do
+        pieces=$(ls .resume*/$run.tar.part* | awk -F/ '{print $NF, $0}' | sort | cut -d' ' -f2)
+        cat $pieces | tar -xf - -C runs/protocols || exit 1
+      done
       ls -la runs/protocols/* ;;
     *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, state, resume)" >&2; exit 2 ;;
   esac
