@@ -97,7 +97,7 @@ def test_recorded_values_rewards_and_bootstraps_match_a_step_by_step_oracle(stag
     """20-step episodes of 8-step chunks end mid-chunk: the runner renders the last frames before the time
     limit, so the critic's bootstrap value is that of the true last observation; each decision's value and
     the shaped reward summed over its chunk are the oracle's too (several envs per worker, two groups)."""
-    from test_rl import step_by_step
+    from test_rl_rollouts import step_by_step
 
     model, ckpt, _, learner, policy = critic_policy(stage1_run, greedy=True)
     render = ckpt["metadata"]["env_args"]["render"]
