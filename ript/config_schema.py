@@ -250,9 +250,13 @@ class Stage1Job(Stage0Job):
     workers: WorkerLimits
 
 
+class RLEval(EvalEvery):
+    sampling: Sampling    # the in-training evaluation's decoding; null keys: RL's own
+
+
 class RLJob(RunJob):
     rl: RL
-    eval: EvalEvery
+    eval: RLEval
     sampling: Sampling
     keep_last: Optional[Size]
     workers: WorkerLimits
@@ -260,6 +264,7 @@ class RLJob(RunJob):
 
 class OFTJob(RLJob):
     task: Task
+    eval: EvalEvery
     sampling: Optional[Sampling] = None
 
 

@@ -296,10 +296,12 @@ def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsy
     # one-step episodes: every rollout fails, every group has equal rewards
     overrides = rl_overrides(stage1_run, tmp_path / "r", 1) + [
         "rl.max_episode_steps=1", "rl.task_weighting=informative", "eval.every=1", "eval.episodes_per_task=1", "eval.num_workers=1",
-        "eval.max_episode_steps=8"]
+        "eval.max_episode_steps=8", "eval.sampling.greedy=true"]
     rl.run(compose("rl", overrides))
     for iteration in ("iter0000", "iter0001"):  # evaluated before training and after the iteration
-        assert (tmp_path / "r" / "eval" / iteration / "results.json").is_file()
+        evaluation = json.loads((tmp_path / "r" / "eval" / iteration / "results.json").read_text())
+        assert evaluation["sampling"]["greedy"]  # the evaluations follow the mode; RL samples
+    assert not load_model(tmp_path / "r")[1]["metadata"]["sampling"]["greedy"]
     assert "only 0 of 2 groups were informative after 2 sampling rounds" in capsys.readouterr().err
     assert (tmp_path / "r" / "checkpoints" / "last").exists()
 

@@ -78,16 +78,17 @@ def evaluate_during_training(runner: EnvRunner, model, settings: dict, device: s
                              logger, step: int, label: str, cuda_graph: bool = True) -> dict[str, Any]:
     """One evaluation of a chunk-policy model inside a training loop (see ``evaluate_policy``)."""
     return evaluate_policy(runner, lambda: make_policy(model, settings, device, seed, cuda_graph), device, out_dir,
-                           logger, step, label)
+                           logger, step, label, {"sampling": settings})
 
 
 def evaluate_policy(runner: EnvRunner, make: Callable[[], Any], device: str, out_dir: Path, logger, step: int,
-                    label: str) -> dict[str, Any]:
+                    label: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the policy ``make()`` builds, leaving the training RNG streams untouched; write
     ``out_dir/results.json`` and videos, log ``eval/...`` metrics and the success table."""
     devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
     with torch.random.fork_rng(devices=devices):
         results = runner.run(make(), video_dir=out_dir / "videos")
+    results.update(extra or {})  # e.g. the decoding, as `ript eval` records it
     write_evaluation(out_dir, results, label)
     logger.log({"eval/success_rate": results["success_rate"],
                 **{f"eval/success/{t}": r["success_rate"] for t, r in results["per_task"].items()}}, step)

@@ -16,11 +16,12 @@ def sampling_settings(metadata: dict, overrides: dict | None = None, legacy_cfg:
         if legacy_cfg is None:
             raise RiptError("checkpoint metadata has no sampling settings (metadata.sampling)")
         out = stage1_sampling(legacy_cfg["algo"])
-    out = dict(out)
-    for k, v in (overrides or {}).items():
-        if v is not None:
-            out[k] = v
-    return out
+    return with_overrides(out, overrides)
+
+
+def with_overrides(settings: dict, overrides: dict | None) -> dict[str, Any]:
+    """``settings`` with the non-null ``overrides`` applied (a null key keeps the setting)."""
+    return {**settings, **{k: v for k, v in (overrides or {}).items() if v is not None}}
 
 
 def stage1_sampling(algo_cfg) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from ript.envs.evaluation import evaluate_during_training, make_runner
 from ript.envs.seeds import rank_seed
 from ript.errors import RiptError
 from ript.model_loader import load_model
-from ript.policies.build import make_policy, sampling_settings
+from ript.policies.build import make_policy, sampling_settings, with_overrides
 from ript.rl.advantages import build_estimator
 from ript.rl.critic import CRITIC_FILE, load_critic
 from ript.rl.learners import ChunkLearner
@@ -46,10 +46,11 @@ def run(cfg) -> str:
     metadata = {**base["metadata"], "base_checkpoint": base["checkpoint_dir"], "sampling": settings}
     ckpt_config = checkpoint_config("rl", "skill_prior", base["model_kwargs"], cfg, metadata)
     eval_runner = make_runner(metadata, names, cfg.eval, cfg.workers) if info.is_main and cfg.eval.every else None
+    eval_settings = with_overrides(settings, dict(cfg.eval.sampling))
 
     def evaluate(iteration: int, logger) -> None:
         if eval_runner is not None:
-            evaluate_during_training(eval_runner, model, settings, device, int(cfg.eval.seed),
+            evaluate_during_training(eval_runner, model, eval_settings, device, int(cfg.eval.seed),
                                      run_dir / "eval" / f"iter{iteration:04d}", logger, iteration,
                                      f"rl iteration {iteration}", bool(cfg.cuda_graph))
 
