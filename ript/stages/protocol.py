@@ -150,10 +150,8 @@ def finished_differently(phase: Phase, record: dict) -> str | None:
     """The first override that changes results which a finished phase ran without, or with another value
     (None: same settings)."""
     now, done = result_settings(phase.overrides), result_settings(record["overrides"])
-    for o in now:
-        if o not in set(done):
-            return o
-    return next((o for o in done if o not in set(now)), None)
+    now_set, done_set = set(now), set(done)
+    return next((o for o in now if o not in done_set), None) or next((o for o in done if o not in now_set), None)
 
 
 def run_phase(phase: Phase, gpus: int) -> None:
@@ -185,8 +183,8 @@ def reached_step(run_dir: Path) -> int:
 
 
 def decoding(sampling: dict[str, Any]) -> str:
-    """An evaluation's decoding in a table cell: greedy or temperature/top-k, and the actions run per decision
-    (LIBERO-Spatial's evaluation after RL decodes greedily, the others sample: the same policy scores differently)."""
+    """An evaluation's decoding in a table cell: greedy or temperature/top-k, and the actions run per decision (the
+    same policy scores differently decoded otherwise)."""
     top_k = f" k{sampling['top_k']}" if sampling.get("top_k") else ""
     how = "greedy" if sampling.get("greedy") else f"T{float(sampling['temperature']):g}{top_k}"
     return f"{how} h{sampling['action_horizon']}"
