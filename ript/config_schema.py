@@ -99,7 +99,7 @@ class Train(Section):
     @field_validator("deterministic")
     @classmethod
     def eager_when_deterministic(cls, deterministic: bool, info) -> bool:
-        # two compiled stage-1 runs on CUDA differed in the last bits, deterministic kernels or not (NOTES)
+        # two compiled stage-1 runs on CUDA differed in the last bits, deterministic kernels or not
         if deterministic and info.data.get("compile") is True:
             raise ValueError("identical reruns need the eager step: with train.deterministic=true leave "
                              "train.compile=auto (then eager) or set it false")

@@ -257,7 +257,7 @@ def test_a_bowl_under_a_drawer_is_set_aside_and_still_goes_in_within_libero_goal
     is set aside first; setting it aside, opening the drawer and putting it in took 313-321 steps, over the suite's 300
     (the set-aside was off there: 1/5). Only in such a sequence, the picks come down fast, the drawer's hand lines up
     while it turns and turns back early, and the bowl is carried 5 cm over the drawer, not 10: demo 1 took 283 steps
-    with the first two (session 27), 276 with all four, leaving room for the layouts that need more."""
+    with the first two, 276 with all four, leaving room for the layouts that need more."""
     from ript.data.libero_articulated import SlideOpenExpert
     from ript.data.libero_set_aside import SetAsideExpert
 

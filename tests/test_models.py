@@ -189,7 +189,7 @@ def test_deterministic_switch_sets_the_process_math_flags():
 
 
 def test_deterministic_runs_step_eagerly_and_refuse_a_forced_compile():
-    """Two compiled stage-1 runs on an H100 differed in the last bits (NOTES, session 12), so
+    """Two compiled stage-1 runs on an H100 differed in the last bits, so
     ``train.deterministic`` turns ``compile=auto`` into the eager step, and refuses ``compile=true``."""
     from omegaconf import OmegaConf
 

@@ -93,7 +93,7 @@ def test_every_protocol_composes_with_its_task_and_phases():
             compose(phase.job, phase.overrides)
     spatial = compose("protocol", ["protocol=libero_spatial"])
     assert spatial.task.name == "libero_spatial"
-    # its RL policy is evaluated by its mode (session 32: greedy 99.2%, sampled 96.0%); RL itself samples
+    # its RL policy is evaluated by its mode (greedy 99.2%, sampled 96.0%); RL itself samples
     jobs = {phase.name: compose(phase.job, phase.overrides) for phase in protocol.plan(spatial)}
     assert jobs["eval_rl"].sampling.greedy and not jobs["eval"].sampling.greedy and not jobs["rl"].sampling.greedy
     # every protocol learns the noise-free labels of its own collection; LIBERO's with QueST's image encoder
@@ -106,7 +106,7 @@ def test_every_protocol_composes_with_its_task_and_phases():
 
 
 def test_an_rl_phase_cut_by_its_time_limit_is_told_from_one_that_spent_its_env_step_budget(tmp_path):
-    # session 27: a LIBERO protocol's RL (rl.max_env_steps set) stopped by rl.stop_after_minutes after 3 of 15
+    # a LIBERO protocol's RL (rl.max_env_steps set) stopped by rl.stop_after_minutes after 3 of 15
     # iterations was recorded as finished and evaluated; the same command again would have skipped the rest
     rl = protocol.Phase("rl", "rl", [], run_dir=tmp_path, last_step=15, env_step_budget=200_000)
     assert protocol.cut_short(rl, 3)  # no record yet: nothing spent

@@ -71,7 +71,7 @@ def job_settings(job: Job) -> dict[str, Any]:
 def work_lists(jobs: list[Job], workers: int) -> list[list[Job]]:
     """The jobs in contiguous runs of about equal episode counts, two per worker. A worker runs a run in order
     and opens a task once for its consecutive jobs (opening a MetaWorld task with its renderer takes ~0.8 s on
-    the GPU host: with one open per job it took 22-51% of the workers' time, NOTES session 15); two runs per
+    the GPU host: with one open per job it took 22-51% of the workers' time); two runs per
     worker leave room to even out tasks whose episodes differ in length."""
     n_lists = max(1, min(len(jobs), 2 * workers))
     total = sum(job.num_episodes for job in jobs)

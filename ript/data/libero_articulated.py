@@ -183,7 +183,7 @@ class PullOpenExpert:
         handle, pull = self._grip()
         # the hand turned back down after 10 steps out and up, or (hurried) as soon as the open fingers are off the
         # handle (for every opening, together with a faster descent everywhere: libero_90 419 -> 411/450, the
-        # microwave door 4/5 -> 2/5; NOTES session 27)
+        # microwave door 4/5 -> 2/5)
         turning_back = self.phase == "away" and self.timer > (4 if self.hurried else 10)
         rot_err = rotation_vector((self.start_rot if turning_back else self._hand_rotation())
                                    @ rotation_matrix(raw["robot0_eef_quat"]).T)

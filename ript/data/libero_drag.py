@@ -3,7 +3,7 @@
 libero_goal's "push the plate to the front of the stove": the plate (1.8 cm tall, 14 cm across) is too wide to
 grasp across and too light and shallow to lift by a rim pinch (it slips out every time: 1/5), and its far side
 cannot be reached: the cabinet stands 2-4 cm behind it, and the arm's forearm meets the cabinet's top before the
-fingers reach the table there (NOTES, session 23). So the rim is pinched where the hand has room and the plate is
+fingers reach the table there. So the rim is pinched where the hand has room and the plate is
 dragged along the table at the height it was gripped, around what stands near its path: straight, or through one
 corner, whichever path keeps the plate (and the outer finger) farthest from the other objects, to the point of the
 region that leaves it most room.

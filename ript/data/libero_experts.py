@@ -53,7 +53,7 @@ class PickPlaceExpert:
         self.lowest = np.inf  # the hand's lowest height while lowering the object
         self.unsnagged = 0.0  # how far the goal has been moved away from what caught the object on its way down
         # down at full speed until FAST_DESCENT over the grasp: the three steps of a set-aside drawer task do not
-        # fit libero_goal's 300 steps otherwise (everywhere, it lost more picks than it won: NOTES session 27)
+        # fit libero_goal's 300 steps otherwise (everywhere, it lost more picks than it won)
         self.fast_descent = False
 
     HOLDING = ("lift", "carry", "lower")  # the phases with the object in the hand

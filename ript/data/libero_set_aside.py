@@ -19,7 +19,7 @@ HAND_ROOM = 0.015  # room left between a drawer pushed back and the hand coming 
 DRAWER_ROOM = 0.04  # ... and the least the drawer is left open beyond the object's narrow side
 MAX_SET_ASIDE = 0.26  # the farthest an object is moved out of an opening drawer's way (metres)
 # setting the bowl aside, opening the drawer and putting the bowl in took 278-283 steps in libero_goal's first three
-# demo layouts (313-321 before the fast descent from high above and the drawer's earlier turn-back, session 27);
+# demo layouts (313-321 before the fast descent from high above and the drawer's earlier turn-back);
 # in a shorter episode reaching in past the open drawer is tried instead
 SET_ASIDE_HORIZON = 300
 

@@ -44,7 +44,7 @@ def egl_device_count() -> int:
 def worker_egl_devices(workers: int) -> list[str | None]:
     """The EGL device each of ``workers`` simulator processes renders on: the one chosen for this process (a
     torchrun rank's own GPU, or the user's ``MUJOCO_EGL_DEVICE_ID``), else round-robin over the host's devices
-    (a device serves a fixed number of readbacks per second across all processes, NOTES session 15), else EGL's
+    (a device serves a fixed number of readbacks per second across all processes), else EGL's
     default (None)."""
     if EGL_DEVICE in os.environ:
         return [os.environ[EGL_DEVICE]] * workers

@@ -1,7 +1,7 @@
 """Several cameras of one MuJoCo scene rendered side by side into one offscreen buffer and read back at once.
 
 On a GPU host one EGL device delivers about 4,100 frames/s in all, however many processes render (two H200s,
-``benchmarks/render_floor.py``, NOTES session 15): every readback waits for the device, and the processes'
+``benchmarks/render_floor.py``): every readback waits for the device, and the processes'
 contexts take turns on it. One readback for all of an env's cameras halves those waits for two cameras. The
 first camera's pixels are those ``mujoco.Renderer`` gives; the others are drawn at another offset in the buffer,
 where a few pixels on triangle edges come out otherwise (0.005% of the gripper camera's pixels over the quickstart's

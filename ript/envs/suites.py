@@ -94,7 +94,7 @@ class LiberoSuite(Suite):
 
 
 # MetaWorld: 4 envs per worker ran rollouts fastest on the 16-core H100 host (8,200 env steps/s against 7,100
-# with 2 and 5,600-6,700 with 1; benchmarks/NOTES.md, session 11). LIBERO: 50 packaged init states per task
+# with 2 and 5,600-6,700 with 1). LIBERO: 50 packaged init states per task
 # define the standard protocol and RL's initial conditions; a scene holds ~0.8 GB, so an env slot keeps one,
 # one slot per worker, and the runner gives it episodes of that task while any are left.
 SUITES: dict[str, Suite] = {

@@ -41,8 +41,8 @@ def rescore(learner, data: dict, cfg, device: str, order: torch.Tensor | None = 
     """The recorded decisions' log-probs under the training forward, before any update, in the micro-batches
     the first epoch will form from ``order`` (default: in order). In bf16 at 7B, log-probs depend on which
     decisions share a batch (prompt padding, kernel choice): OFT's step-0 forward in shuffled micro-batches was
-    0.027 per action dimension from the rollout's values but 0.144 from an in-order rescoring (H100, NOTES,
-    session 14). Scored in the first epoch's own micro-batches, PPO's first ratios are 1 up to kernel choice."""
+    0.027 per action dimension from the rollout's values but 0.144 from an in-order rescoring (on an
+    H100). Scored in the first epoch's own micro-batches, PPO's first ratios are 1 up to kernel choice."""
     learner.model.eval()
     n = len(data["old_log_probs"])
     order = torch.arange(n) if order is None else order

@@ -60,7 +60,7 @@ def init_rank(device: str) -> tuple[str, DistInfo]:
 def render_on_rank_gpu(local_rank: int) -> None:
     """Under torchrun, the rank's env workers (spawned later, they inherit the environment) render through EGL
     on the rank's own GPU rather than all on the first one (an EGL device serves a fixed number of readbacks per
-    second across all processes, NOTES session 15). A device the user chose is kept; nothing is set where EGL
+    second across all processes). A device the user chose is kept; nothing is set where EGL
     lists no device of that index."""
     from ript.envs.gl import EGL_DEVICE, egl_device_count
 

@@ -30,7 +30,7 @@ def driver_threads(busy_workers: int, threads: int | None = None):
     cores left over (at least one), or ``threads``. With torch's default of one OpenMP thread per core, a parallel
     host-side op of a policy call (it indexed the batch's images) waited for cores the simulators held, and the
     spinning threads slowed the simulators: 25 ms per LIBERO policy call inside the runner against 5-7 ms alone
-    (``benchmarks/profile_rollout.py``, 16 workers on 16 cores, NOTES session 27)."""
+    (``benchmarks/profile_rollout.py``, 16 workers on 16 cores)."""
     import torch
 
     before = torch.get_num_threads()

@@ -64,7 +64,7 @@ def prepare_model(model: torch.nn.Module, device: str, train_cfg) -> torch.nn.Mo
 
 def compile_wanted(setting: str | bool, device: str, deterministic: bool = False) -> bool:
     """``compile: auto`` means on CUDA, unless the run must be deterministic: two compiled stage-1 runs on an
-    H100 differed in the last bits (NOTES)."""
+    H100 differed in the last bits."""
     if setting == "auto":
         return device.startswith("cuda") and not deterministic
     return bool(setting)
