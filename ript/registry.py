@@ -35,3 +35,5 @@ class Registry:
 
 MODELS = Registry("model")
 ADVANTAGES = Registry("advantage estimator")
+POLICIES = Registry("policy family")
+EXPERTS = Registry("scripted expert")
