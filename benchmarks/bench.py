@@ -150,7 +150,7 @@ def rollout_floor(sim: dict, cfg) -> float:
 def bench_concurrent_floor(cfg, workers: int) -> dict:
     """The floor measured with ``workers`` processes at once (`benchmarks/render_floor.py`), spread over EGL
     devices as the runner's workers are: on a GPU host the processes share one device's readbacks, so this,
-    not the per-core rate times the workers, is what collection and rollouts can reach (NOTES session 15)."""
+    not the per-core rate times the workers, is what collection and rollouts can reach (docs/speed.md)."""
     from benchmarks.render_floor import measure
     from ript.envs.gl import worker_egl_devices
 
@@ -165,7 +165,7 @@ def bench_concurrent_floor(cfg, workers: int) -> dict:
 
 
 TARGETS = {"stage1 samples/s": 20000, "stage0 samples/s": 50000, "collection env steps/s": 5000,
-           "evaluation env steps/s": 6000, "RL rollout env steps/s": 6000}  # issue 16, on one H100 host
+           "evaluation env steps/s": 6000, "RL rollout env steps/s": 6000}  # the targets on one H100 host
 
 
 def summary(results: dict, cfg) -> str:

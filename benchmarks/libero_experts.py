@@ -76,7 +76,7 @@ def main() -> None:
             if a.only is None or re.search(a.only, n)]
     rows = []
     with mp.get_context("spawn").Pool(a.workers) as pool:
-        # the file rewritten as each task finishes: a run cut short (a lease's end) keeps the tasks it finished
+        # the file rewritten as each task finishes: a run cut short keeps the tasks it finished
         for row in pool.imap_unordered(run_task, jobs, chunksize=1):
             rows.append(row)
             save(a.out, vars(a), rows)
@@ -87,7 +87,7 @@ def main() -> None:
 
 
 def save(out: Path, args: dict, rows: list[dict]) -> None:
-    """The results file, written atomically (a run cut short, a lease's end, keeps the tasks it finished)."""
+    """The results file, written atomically (a run cut short keeps the tasks it finished)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps({"args": {k: str(v) for k, v in args.items()}, "tasks": rows}, indent=2))
