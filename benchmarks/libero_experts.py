@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.05, help="as the LIBERO task configs' expert_noise")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", default=None, help="a regular expression: only the tasks whose name it finds")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/libero_expert_success.json"))
+    parser.add_argument("--out", type=Path, default=Path("runs/libero_experts.json"))
     parser.add_argument("--merge", type=Path, nargs="+", default=None,
                         help="join earlier results instead of running: a task's row from a later file replaces it")
     a = parser.parse_args()
