@@ -9,7 +9,7 @@ the simulator floor per core (one physics step, one rendered frame); env-steps/s
 RL rollouts against the number of workers, with the RL iteration's split (rollout, training, policy share);
 then one table of every figure against its floors — the per-core simulator rate times the workers, and the
 rate that many processes reach stepping and rendering at once (on a GPU host they share one EGL device) — and
-the issue's targets. Several GPUs: `benchmarks/gpu_scaling.sh` (torchrun) measures stage 1 and RL on 1 and N.
+the targets set for one H100 host. Several GPUs: `benchmarks/gpu_scaling.sh` (torchrun) measures stage 1 and RL on 1 and N.
 """
 
 from __future__ import annotations

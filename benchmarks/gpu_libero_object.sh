@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU acceptance run on LIBERO-Object: scripted demonstrations (50 per task), stage 0, stage 1, the
+# The staged pipeline on LIBERO-Object on a GPU host: scripted demonstrations (50 per task), stage 0, stage 1, the
 # standard protocol (50 episodes per task from the packaged init states), RL, the standard protocol again.
 # LIBERO travels to the offline GPU host as .libero/ (python -m tools.libero_bundle); carry it and
 # data/libero/libero_object/lang_cache.safetensors (the instructions' embeddings, made here), then
