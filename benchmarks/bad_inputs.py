@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.helpers.faults import env_workers, fill_disk
+
 TASK = ["task=metaworld_quick", "task.demos_per_task=3", "task.render.image_size=32", "task.max_episode_steps=120"]
 TRAIN = ["algo=quest_small", "progress=false", "train.steps=4", "train.batch_size=16", "train.warmup_steps=2",
          "train.log_every=1", "train.val_every=2", "train.save_every=2", "data.val_fraction=0.34"]
@@ -94,43 +96,6 @@ def mount_tmpfs(where: Path) -> bool:
     where.mkdir(parents=True)
     return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(where)],
                           capture_output=True).returncode == 0
-
-
-def processes() -> list[dict]:
-    """Every process's pid, parent, process group, state and command line, from /proc."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, IndexError):
-            continue
-        out.append({"pid": int(stat.parent.name), "state": fields[0], "ppid": int(fields[1]),
-                    "pgid": int(fields[2]), "cmdline": cmdline})
-    return out
-
-
-def env_workers(parent: int, n: int, timeout: float = 120) -> list[int]:
-    """The spawned worker processes of ``parent`` (not spawn's resource tracker), once ``n`` are running."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        workers = sorted(p["pid"] for p in processes() if p["ppid"] == parent and b"spawn_main" in p["cmdline"]
-                         and b"resource_tracker" not in p["cmdline"])
-        if len(workers) >= n:
-            return workers
-        time.sleep(0.1)
-    raise RuntimeError(f"{n} worker processes of {parent} did not start in {timeout:.0f} s")
-
-
-def fill_disk(folder: Path) -> None:
-    """Write zeros into ``folder`` until its filesystem is full."""
-    with open(folder / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
 
 
 def worker_fault(m: Matrix, s1: Path, sig: int, case: str) -> None:

@@ -9,7 +9,7 @@ the simulator floor per core (one physics step, one rendered frame); env-steps/s
 RL rollouts against the number of workers, with the RL iteration's split (rollout, training, policy share);
 then one table of every figure against its floors — the per-core simulator rate times the workers, and the
 rate that many processes reach stepping and rendering at once (on a GPU host they share one EGL device) — and
-the issue's targets. Several GPUs: `benchmarks/gpu_scaling.sh` (torchrun) measures stage 1 and RL on 1 and N.
+the targets set for one H100 host. Several GPUs: `benchmarks/gpu_scaling.sh` (torchrun) measures stage 1 and RL on 1 and N.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def rollout_floor(sim: dict, cfg) -> float:
 def bench_concurrent_floor(cfg, workers: int) -> dict:
     """The floor measured with ``workers`` processes at once (`benchmarks/render_floor.py`), spread over EGL
     devices as the runner's workers are: on a GPU host the processes share one device's readbacks, so this,
-    not the per-core rate times the workers, is what collection and rollouts can reach (NOTES session 15)."""
+    not the per-core rate times the workers, is what collection and rollouts can reach (docs/speed.md)."""
     from benchmarks.render_floor import measure
     from ript.envs.gl import worker_egl_devices
 
@@ -165,7 +165,7 @@ def bench_concurrent_floor(cfg, workers: int) -> dict:
 
 
 TARGETS = {"stage1 samples/s": 20000, "stage0 samples/s": 50000, "collection env steps/s": 5000,
-           "evaluation env steps/s": 6000, "RL rollout env steps/s": 6000}  # issue 16, on one H100 host
+           "evaluation env steps/s": 6000, "RL rollout env steps/s": 6000}  # the targets on one H100 host
 
 
 def summary(results: dict, cfg) -> str:

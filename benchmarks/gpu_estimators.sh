@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Issue 18's comparison: RLOO vs GRPO vs PPO-GAE (sparse) vs PPO-GAE (dense) from one stage-1 checkpoint, at
+# The estimators compared: RLOO vs GRPO vs PPO-GAE (sparse) vs PPO-GAE (dense) from one stage-1 checkpoint, at
 # equal env steps (rl.max_env_steps), on ten harder ML45 tasks where the prior leaves headroom. The RL runs
 # share the host PARALLEL at a time (WORKERS env workers each), then each final checkpoint is evaluated.
-# (Session 13: four at once trained 57-76 s per iteration on the shared GPU, against 6-8 s for one alone.)
-#   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_estimators.sh
-#   bash benchmarks/gpu_background.sh poll 560 runs/est          # back to back until CHAIN_EXIT
+# (Four at once trained 57-76 s per iteration on one shared H100, against 6-8 s for one alone.)
+#   bash benchmarks/gpu_estimators.sh            # docs/rl.md shows its result
 # Knobs: DEMOS (per task, 20), S0/S1 (training steps, 1000/1200), BUDGET (env steps per RL run, 300000),
 # EVAL_EPS (episodes per task, 10), HORIZON (RL episode limit, 250), PARALLEL (RL runs at once, 2), WORKERS (per
 # RL run, 16 / PARALLEL), B (groups per iteration, 16), ONLY (labels), RL_COMPILE (false: runs of a few minutes
@@ -30,7 +29,7 @@ ript eval checkpoint=$R/stage1 out_dir=$R/eval_stage1 overwrite=true $EVAL 2>&1 
 O=${OUT:-runs}
 mkdir -p $O
 cp $R/eval_stage1/results.json $O/eval_stage1.json 2>/dev/null
-# what has finished so far, in $O (a lease that ends early still leaves the finished runs' histories and logs)
+# what has finished so far, in $O (a run cut short still leaves the finished runs' histories and logs)
 keep() { for v in $LABELS; do cp $R/rl_$v/rl_history.json $O/rl_history_$v.json 2>/dev/null
   cp $R/rl_$v.log $O/ 2>/dev/null; cp $R/rl_$v/eval_final/results.json $O/eval_final_$v.json 2>/dev/null; done; }
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The staged pipeline on a GPU host, one phase per call or several in a row: scripted demonstrations, stage 0,
-# stage 1, the suite's standard evaluation, RL, the evaluation again. Each phase fits a 10-minute device
-# command; stage 1 and RL stop after S1_MINUTES / RL_MINUTES and resume on the next call.
+# The staged pipeline on a GPU host, one phase per command or several in a row: scripted demonstrations,
+# stage 0, stage 1, the suite's standard evaluation, RL, the evaluation again. Stage 1 and RL stop after
+# S1_MINUTES / RL_MINUTES and resume where they stopped when the same phase is run again.
 #   TASK=<task config> bash benchmarks/gpu_pipeline.sh collect|stage0|stage1|eval|rl|eval_rl ...
-# benchmarks/gpu_ml45_10.sh and benchmarks/gpu_libero_object.sh set TASK for the two acceptance runs.
+# benchmarks/gpu_ml45_10.sh and benchmarks/gpu_libero_object.sh set TASK for ML45-10 and LIBERO-Object.
 set -euo pipefail
 ript() { python3 -m ript.cli "$@"; }
 T="task=${TASK:?set TASK to a task config, e.g. metaworld_ml45_10}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU vs two (torchrun, NCCL) on the nvidia-h200-x2 host: stage-1 training throughput (per-GPU batch 256)
 # and RL iteration time at equal total rollouts, on 10 ML45 tasks x 50 scripted demos.
-#   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_scaling.sh
+#   bash benchmarks/gpu_scaling.sh
 # RL_ONLY=1 skips the two-GPU stage 1 (S1_STEPS / S1_EXTRA shorten the one stage-1 run the RL runs start from).
 # RL at equal total rollouts: one sampling round of exactly B groups of K (rl.oversample=1), split over ranks;
 # RL_EGL0=1 adds a two-GPU run whose workers all render on the first GPU (MUJOCO_EGL_DEVICE_ID=0).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's one-GPU measurements in one lease (it ends after 30 minutes held, so put the important part first):
+# One-GPU speed measurements, one part after another (the most important first, in case the host's time runs out):
 #   chain    the 10-task ML45 chain end to end, each phase timed (collect -> stage 0 -> stage 1 -> eval -> RL -> eval)
 #   profile  rollout throughput of the runner: lock-step or two groups, 1 / 2 / 4 envs per worker (PROFILE="g,e ...")
 #   resume   exact resume on the GPU with the fast step on (benchmarks/gpu_resume.sh; needs the chain's data)
@@ -10,10 +10,10 @@
 #   rl       a short ML45-10 chain (DEMOS per task, stage 0/1 of S0_SHORT/S1_SHORT steps), then RL_SHORT RL
 #            iterations with the old one-for-one draw (rl.oversample=1) and with rl.oversample=auto, same checkpoint
 #            (OVERSAMPLES="auto" runs only the second)
-#   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_speed.sh chain profile resume
-#   bash benchmarks/gpu_background.sh poll 560 runs/metaworld_ml45_10     # back to back until CHAIN_EXIT
+#   bash benchmarks/gpu_speed.sh chain profile resume
+#   (as a detached job: bash tools/detached_job.sh start .whl/preamble.sh benchmarks/gpu_speed.sh chain ...)
 # The MiniLM text model is not on the GPU host: carry data/metaworld/lang_cache.safetensors (made on a CPU
-# machine, see benchmarks/NOTES.md), which stage 1 reads instead.
+# machine, see docs/install.md), which stage 1 reads instead.
 set -uo pipefail
 here=$(dirname "$0")
 phase() { echo "== $1 at ${SECONDS}s"; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Validation curves of stages 0 and 1 at equal steps, eager (as before the fast step) vs the default fast step
 # (torch.compile + CUDA graphs, channels-last, bf16), on 10 ML45 tasks x 50 scripted demos; then a summary table.
-#   bash benchmarks/gpu_background.sh start .whl/preamble.sh benchmarks/gpu_train_compare.sh
+#   bash benchmarks/gpu_train_compare.sh
 set -euo pipefail
 ript() { python3 -m ript.cli "$@"; }
 T=task=metaworld_ml45_10

@@ -9,7 +9,7 @@ records the expert's clean command beside the executed (noisy) action every step
 Printed per episode and on average: the share of token positions where clean == executed and where executed ==
 another noise draw around the clean chunk (the token accuracy a prior trained on executed actions could reach
 even knowing the clean plan), and the L1 of each decoded chunk against the clean one. LIBERO-Object,
-15,000-step stage 0: 7.5% and 5.1% (session 21, the collection's draws; session 20's own draws: 9.2% and 4.6%).
+15,000-step stage 0: 7.5% and 5.1% (the collection's draws; the script's own draws: 9.2% and 4.6%).
 """
 
 from __future__ import annotations

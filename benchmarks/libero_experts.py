@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.05, help="as the LIBERO task configs' expert_noise")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", default=None, help="a regular expression: only the tasks whose name it finds")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/libero_expert_success.json"))
+    parser.add_argument("--out", type=Path, default=Path("runs/libero_experts.json"))
     parser.add_argument("--merge", type=Path, nargs="+", default=None,
                         help="join earlier results instead of running: a task's row from a later file replaces it")
     a = parser.parse_args()
@@ -76,7 +76,7 @@ def main() -> None:
             if a.only is None or re.search(a.only, n)]
     rows = []
     with mp.get_context("spawn").Pool(a.workers) as pool:
-        # the file rewritten as each task finishes: a run cut short (a lease's end) keeps the tasks it finished
+        # the file rewritten as each task finishes: a run cut short keeps the tasks it finished
         for row in pool.imap_unordered(run_task, jobs, chunksize=1):
             rows.append(row)
             save(a.out, vars(a), rows)
@@ -87,7 +87,7 @@ def main() -> None:
 
 
 def save(out: Path, args: dict, rows: list[dict]) -> None:
-    """The results file, written atomically (a run cut short, a lease's end, keeps the tasks it finished)."""
+    """The results file, written atomically (a run cut short keeps the tasks it finished)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps({"args": {k: str(v) for k, v in args.items()}, "tasks": rows}, indent=2))

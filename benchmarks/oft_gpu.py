@@ -18,7 +18,7 @@ import torch
 
 from ript.config import compose
 from ript.models.openvla_oft.official import load_official
-from benchmarks.oft_official_writer import LLAMA2_7B, official_config, write_official_checkpoint
+from tests.helpers.official_checkpoints import LLAMA2_7B, official_config, write_official_checkpoint
 
 
 def main() -> None:

@@ -26,7 +26,6 @@ from ript.config import compose
 from ript.envs.runner import EnvRunner
 from ript.envs.worker_env import EpisodeSpec
 from ript.envs.seeds import rl_layout_seed
-from benchmarks.oft_official_writer import LLAMA2_7B, official_config, write_official_checkpoint
 from ript.models.openvla_oft.lora import add_lora
 from ript.rl.advantages import GAE, rloo
 from ript.rl.learners import OFTLearner, OpenVLALearner
@@ -35,6 +34,7 @@ from ript.rl.update import epoch_orders, make_optimizer, minibatches, ppo_update
 from ript.stages import oft
 from ript.utils import training
 from ript.utils.distributed import DistInfo
+from tests.helpers.official_checkpoints import LLAMA2_7B, official_config, write_official_checkpoint
 
 TASKS = ["reach-v3", "button-press-v3"]
 

@@ -123,7 +123,7 @@ def main() -> None:
     ap.add_argument("--torch-profile", type=int, default=0)
     ap.add_argument("--driver-threads", type=int, default=None,
                     help="torch threads of the driving process during runs (default: the runner's, the cores "
-                         "its workers leave; the number of cores: torch's own default, as before session 27)")
+                         "its workers leave; the number of cores: torch's own default, as ript had it before)")
     ap.add_argument("--load-procs", type=int, default=0, help="background simulator processes (0: skip)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

@@ -6,7 +6,7 @@ expert) and rendering through EGL reach together, against N x the one-process ra
 ``--render-every 1`` is collection's pattern (both cameras every step), 8 a rollout's (the frames a decision
 reads), 0 physics and expert only; ``--envs`` envs per process (each its own renderer context, as the
 runner's workers host them); ``--renderer separate``: one ``mujoco.Renderer`` render and readback per camera
-(before session 15), else MetaWorldTask's side-by-side renderer; ``--egl-devices`` spreads the processes over
+(the earlier renderer), else MetaWorldTask's side-by-side renderer; ``--egl-devices`` spreads the processes over
 EGL devices round-robin (``MUJOCO_EGL_DEVICE_ID``). Every process starts timing at one barrier and counts steps
 for ``--seconds``.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def _separate_frames(task) -> callable:
-    """The renderer before session 15: ``mujoco.Renderer``, one render and one readback per camera."""
+    """The earlier renderer: ``mujoco.Renderer``, one render and one readback per camera."""
     import mujoco
 
     renderer = mujoco.Renderer(task.env.model, task.render_settings.image_size, task.render_settings.image_size)

@@ -7,7 +7,7 @@ stage-1 training step of the same model: decisions scored forward + backward per
 The decisions are synthetic (random uint8 images from two cameras, MetaWorld's 39-d state, random tokens and
 advantages) in the layout the chunk policy records them; the learner, ``ppo_update`` (rl.epochs x
 rl.minibatches optimiser steps, micro-batches of rl.micro_batch) and the optimiser are the RL stage's own.
-Variants: ``eager`` (eager scoring, no TF32 or channels-last: the update before session 14), ``eager+fast``
+Variants: ``eager`` (eager scoring, no TF32 or channels-last: the earlier update), ``eager+fast``
 (TF32, channels-last), ``compiled`` (also torch.compile with every micro-batch padded to rl.micro_batch rows,
 replayed as CUDA graphs: the RL stage's default on CUDA). The first update of each variant (compilation) is
 timed apart.

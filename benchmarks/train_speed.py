@@ -5,7 +5,7 @@
 
 A variant is the amp setting (fp32 or bf16) and any of +cl (channels-last weights), +compile (torch.compile of
 the loss), +graphs (its CUDA-graph mode), +tf32 (TF32 matmuls), +bench (cuDNN autotuning): the ``train.*``
-switches the stages read; +sync: the optimiser step before session 15 (a host sync every step to check
+switches the stages read; +sync: the earlier optimiser step (a host sync every step to check
 finiteness) instead of GuardedStep's.
 
 The inputs are synthetic tensors of the real shapes (two cameras, uint8 images, 4-D MetaWorld actions), fed
@@ -57,7 +57,7 @@ class SyntheticData:
 
 def timed(step, n: int, warmup: int, windows: int = 5) -> float:
     """Seconds per step: the median over ``windows`` windows of ``n`` steps (one window of a few hundred ms
-    varied 2-3x between leases for stage 0's ~5 ms step)."""
+    varied 2-3x between machines of the same kind for stage 0's ~5 ms step)."""
     for _ in range(warmup):
         step()
     per_window = []
@@ -91,7 +91,7 @@ def train_settings(variant: str) -> dict:
 
 
 def synchronous_step(model, opt, sched):
-    """The optimiser step before session 15, for comparison (variant ``+sync``): the loss and gradient norm
+    """The earlier optimiser step, for comparison (variant ``+sync``): the loss and gradient norm
     read back to the host every step to check they are finite."""
     params = [p for p in model.parameters() if p.requires_grad]
 

@@ -5,7 +5,7 @@ import time
 import h5py
 import numpy as np
 
-from benchmarks.bad_inputs import processes
+from tests.helpers.faults import processes
 from conftest import TASKS
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks.bad_inputs import env_workers, fill_disk
+from tests.helpers.faults import env_workers, fill_disk
 from conftest import assert_one_line_error, ript, stage1_overrides, train_overrides
 
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks.oft_official_writer import official_config, write_official_checkpoint
 from ript.config import compose, to_dict
 from ript.envs.runner import EnvRunner
 from ript.envs.suites import get_suite
@@ -18,6 +17,7 @@ from ript.envs.worker_env import EpisodeSpec
 from ript.errors import RiptError
 from ript.models.openvla.official import load_official_openvla
 from ript.models.openvla_oft.official import dataset_statistics, pick_statistics
+from tests.helpers.official_checkpoints import official_config, write_official_checkpoint
 from test_openvla_oft import TINY_TEXT, TINY_VISION
 
 BINS = 16

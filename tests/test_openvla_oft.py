@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from ript.config import compose
 from ript.errors import RiptError
 from ript.models.openvla_oft.official import load_official
-from benchmarks.oft_official_writer import official_config, write_official_checkpoint
 from ript.policies.oft_policy import assemble_text
+from tests.helpers.official_checkpoints import official_config, write_official_checkpoint
 
 TINY_VISION = {"vit_large_patch14_reg4_dinov2.lvd142m": {"embed_dim": 32, "depth": 3, "num_heads": 2, "mlp_dim": 64},
                "vit_so400m_patch14_siglip_224": {"embed_dim": 48, "depth": 3, "num_heads": 2, "mlp_dim": 80}}

@@ -322,12 +322,13 @@ def test_rl_under_torchrun_with_two_gloo_processes(stage1_run, tmp_path):
     assert sum(t["episodes"] for t in entry["per_task"].values()) == entry["episodes"] > 0
 
 
-def test_the_rl_benchmark_times_a_real_iteration():
+def test_the_rl_benchmark_times_a_real_iteration(tmp_path):
     """benchmarks/bench_rl.py (the bench's RL part) runs rollouts and one update through the current RL API."""
-    from benchmarks.bench_rl import bench_rl
-    from ript.config import compose
-
-    cfg = compose("stage1", ["task.render.image_size=32", "algo=quest_small", "device=cpu"])
-    out = bench_rl(cfg, [1], "cpu", groups=2, k=2, horizon=24)
-    r = out["per_workers"][1]
+    out = tmp_path / "bench_rl.json"
+    cmd = [sys.executable, "-m", "benchmarks.bench_rl", "--overrides", "task.render.image_size=32", "algo=quest_small",
+           "device=cpu", "--workers", "1", "--groups", "2", "--k", "2", "--steps", "24", f"--out={out}"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())["per_workers"]["1"]
     assert r["env_steps"] > 0 and r["decisions"] > 0 and r["train_s"] > 0

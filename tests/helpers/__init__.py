@@ -1,0 +1,1 @@
+"""Helpers the tests share: an official-layout OpenVLA/OFT checkpoint writer and fault injection."""

@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# Reference protocols and their variants on a GPU host, as a detached job (`ript protocol`, see docs/protocols.md):
+#   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering
+#   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
+#                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps VIDEO_COUNT (3) videos of
+#                 the tasks VIDEOS finds (a regular expression; LIBERO-Object's bottles by default), or with CKPT=1
+#                 the stage-0 and stage-1 checkpoints in pieces
+#   libero_ckpt   LIBERO_SUITE through collect and stages 0-1; the stage-0 and stage-1 checkpoints kept in pieces
+#   profile       benchmarks/profile_rollout.py on LIBERO_SUITE's first two tasks with QueST's encoder, for each
+#                 variant of PROFILE_VARIANTS ("tag args...;tag ...", e.g. "threads16 --driver-threads 16;fix"):
+#                 $R/profile_<tag>.json
+#   ae            stage 0 alone on AE_TASKS of LIBERO-Object for each of AE_STEPS; checkpoints kept in pieces
+#   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
+#   ml45_fewshot  ML45 few-shot through its protocol, from the ml45 part's stage 1 (FEWSHOT_EXTRA)
+#   fewshot_variants  ML45 few-shot again for each variant of FEWSHOT_VARIANTS ("tag override...;tag ..."), each in
+#                 runs/protocols/ml45_fewshot_<tag> on the same demos (collection skips finished files) and base
+#                 checkpoint (FEWSHOT_EXTRA too)
+#   steps         protocol PROTO's stage-1 checkpoints at EVAL_STEPS (e.g. "3000 6000") through its evaluation phase
+#                 (keep them: +phases.stage1.train.keep_last=20)
+#   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
+#   sampling      each of SAMPLING_ON's "protocol:checkpoint" (default PROTO's stage1; e.g. "ml45_fewshot:finetune")
+#                 evaluated again with each variant of EVAL_SAMPLING ("tag override...;tag ...", e.g.
+#                 "h4 sampling.action_horizon=4"): $R/<protocol>_eval_<tag>.json
+#   rl            protocol PROTO again with RL_EXTRA (e.g. after a run with phases.rl=null: RL's settings), so it
+#                 skips the finished phases and runs RL; an RL run cut by its time limit is still evaluated (not
+#                 with NO_CUT_EVAL=1, for a run whose state goes on to another machine); with
+#                 RL_BEST_HORIZON=1 RL samples at the action horizon of the best imitation evaluation (`sampling`'s
+#                 eval_h<N> folders beside the protocol's own)
+#   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the
+#                 evaluations' results, the imitation checkpoint RL starts from, and an RL run's last checkpoint
+#                 with its optimizer and sampler state, which RL resumes from exactly): $R/state/<PROTO>.tar.part*,
+#                 15 MiB each (LIBERO: 4 pieces with the imitation alone, 11 with RL: fetch them 4 at a time with
+#                 `tools/detached_job.sh pieces`)
+#   resume        unpacks the pieces carried in .resume*/ (the `state` part's, a folder per command) into
+#                 runs/protocols, so that the same `ript protocol` command
+#                 skips the finished phases and goes on (e.g. to RL, or RL from its last iteration)
+#   bash tools/detached_job.sh start .libero/preamble.sh tools/protocol_runs.sh libero_speed libero
+#   bash tools/detached_job.sh poll 560 runs/protocols/libero_object runs/protocol_results
+# Carry .whl and data/metaworld/lang_cache.safetensors (LIBERO: .libero and its suite's lang_cache instead).
+set -uo pipefail
+R=${RESULTS:-runs/protocol_results}   # what comes back through the poll
+phase() { echo "== $1 at ${SECONDS}s"; }
+keep() { mkdir -p $R; cp "runs/protocols/$1/results.json" "$R/$1.json" 2>/dev/null
+         cp "runs/protocols/$1/protocol.json" "$R/$1.protocol.json" 2>/dev/null
+         cp "runs/protocols/$1/rl/rl_history.json" "$R/$1.rl_history.json" 2>/dev/null; }
+# the stage-0 and stage-1 checkpoints (weights and config) as 15 MiB pieces of a tar each
+keep_ckpt() { local stage; mkdir -p $R/ckpt; for stage in stage0 stage1; do
+                tar -C "$(readlink -f runs/protocols/$1/$stage/checkpoints/last)" -cf - config.json model.safetensors \
+                  | split -b 15M - $R/ckpt/$stage.tar.part; done
+              ls -la $R/ckpt; }
+# protocol $1's run state for another machine: the imitation checkpoint (~51 MiB for LIBERO) and RL's last
+# checkpoint with its optimizer state (~150 MiB more) if RL ran, in pieces that travel in .resume1, .resume2, ...
+keep_state() {
+  local run=$1 step rl_step files; step=$(readlink runs/protocols/$run/stage1/checkpoints/last); mkdir -p $R/state
+  files="$run/protocol.json $(cd runs/protocols && ls $run/eval*/results.json 2>/dev/null) $run/stage1/checkpoints/last
+         $run/stage1/checkpoints/$step/config.json $run/stage1/checkpoints/$step/model.safetensors"
+  if [ -L runs/protocols/$run/rl/checkpoints/last ]; then
+    rl_step=$(readlink runs/protocols/$run/rl/checkpoints/last)
+    files="$files $run/rl/config.json $run/rl/rl_history.json $run/rl/checkpoints/last $run/rl/checkpoints/$rl_step"
+  fi
+  (cd runs/protocols && tar -cf - $files) | split -b 15M - $R/state/$run.tar.part
+  ls -la $R/state; }
+quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
+workers="+phases.collect.num_workers=${COLLECT_WORKERS:-$(nproc)}"  # one per core
+# protocol $1's training phases without progress bars (a finished phase's progress setting and worker counts may
+# differ in a later part going on from its run folder; its other settings may not)
+no_bars() { case $1 in ml45_fewshot*) echo "+phases.finetune.progress=false" ;;
+                       *) echo "+phases.stage0.progress=false +phases.stage1.progress=false" ;; esac; }
+# collect and stages 0-1 of protocol $1, then its checkpoints in pieces (PROTOCOL_EXTRA's settings of the
+# phases left out are dropped: they cannot apply to a null phase)
+imitation_ckpt() {
+  local extra; extra=$(for o in ${PROTOCOL_EXTRA:-}; do case "$o" in phases.rl*|+phases.rl*|phases.eval*|+phases.eval*) ;;
+                       *) printf '%s ' "$o" ;; esac; done)
+  python3 -m ript.cli protocol $1 $workers $(no_bars $1) phases.eval=null phases.rl=null phases.eval_rl=null $extra 2>&1 | quiet
+  keep_ckpt $1; }
+# protocol $1's checkpoint $2 (under its run folder) through the evaluation again, with overrides $4...;
+# results in eval_$3 and $R/$1_eval_$3.json
+eval_again() {
+  local p=$1 checkpoint=$2 tag=$3; shift 3
+  phase "$p eval $tag"
+  python3 -m ript.cli eval checkpoint=runs/protocols/$p/$checkpoint n_videos=0 out_dir=runs/protocols/$p/eval_$tag \
+    "$@" 2>&1 | quiet
+  cp runs/protocols/$p/eval_$tag/results.json $R/${p}_eval_$tag.json; }
+# RL stopped by its time limit (rl.stop_after_minutes) ends protocol $1 before eval_rl: evaluate what it got,
+# in eval_rl_cut<iteration> (a later cut of the same run, resumed, is another folder)
+eval_rl_cut() {
+  local last
+  if [ -d runs/protocols/$1/rl ] && [ ! -f runs/protocols/$1/eval_rl/results.json ]; then
+    last=$(basename "$(readlink runs/protocols/$1/rl/checkpoints/last)")
+    eval_again $1 rl rl_cut$((10#$last)) ${RL_CUT_EVAL:-}; fi; }
+# the action horizon of protocol $1's best imitation evaluation: eval (the checkpoint's own) or an eval_h<N> of the
+# `sampling` part (EVAL_SAMPLING="h4 sampling.action_horizon=4;...")
+best_horizon() {
+  python3 - "runs/protocols/$1" <<'PY'
+import json, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+own = json.loads((root / "stage1/checkpoints/last/config.json").read_text())["metadata"]["sampling"]["action_horizon"]
+rates = {int(own): json.loads((root / "eval/results.json").read_text())["success_rate"]}
+for f in root.glob("eval_h*/results.json"):
+    rates[int(f.parent.name[len("eval_h"):])] = json.loads(f.read_text())["success_rate"]
+print(max(rates, key=lambda h: (rates[h], -h)))
+PY
+}
+# ML45 few-shot as variant $1 with overrides $2...
+fewshot_variant() {
+  local tag=$1; shift
+  phase "ml45_fewshot_$tag"
+  python3 -m ript.cli protocol ml45_fewshot name=ml45_fewshot_$tag $workers $(no_bars ml45_fewshot) \
+    ${FEWSHOT_EXTRA:-} "$@" 2>&1 | quiet
+  keep ml45_fewshot_$tag; }
+mkdir -p $R
+for part in "$@"; do
+  case "$part" in
+    libero_speed)
+      phase "libero_speed"
+      MUJOCO_GL=egl python3 -m benchmarks.libero_step_speed --procs 1,16 --render-every 0,8 --seconds 8 \
+        --out $R/libero_step_speed.json 2>&1 | grep -v -i warning ;;
+    libero)
+      s=${LIBERO_SUITE:-libero_object}
+      phase "$s"
+      [ -n "${CKPT:-}" ] && imitation_ckpt $s  # the imitation checkpoint first, kept before the host's time can run out
+      python3 -m ript.cli protocol $s $workers $(no_bars $s) ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+      keep $s
+      eval_rl_cut $s
+      if [ -z "${CKPT:-}" ]; then
+        mkdir -p $R/videos
+        find runs/protocols/$s/eval -name "*.mp4" | grep -E "${VIDEOS:-ketchup|salad|tomato}" | head -${VIDEO_COUNT:-3} \
+          | xargs -r -I{} cp {} $R/videos/
+      fi ;;
+    libero_ckpt)
+      s=${LIBERO_SUITE:-libero_object}
+      phase "$s (imitation checkpoint)"
+      imitation_ckpt $s ;;
+    profile)
+      IFS=';' read -ra variants <<< "${PROFILE_VARIANTS:-default}"
+      for v in "${variants[@]}"; do
+        set -- $v; tag=$1; shift
+        phase "profile $tag"
+        python3 -m benchmarks.profile_rollout --overrides task=${LIBERO_SUITE:-libero_object} device=cuda \
+          algo.prior.encoder_stages=2 algo.prior.num_kp=128 --workers 16 --episodes 32 --steps 100 "$@" \
+          --out runs/profile_$tag 2>&1 | grep -v -i -E "warn|logo|collect:"
+        cp runs/profile_$tag/profile_rollout.json $R/profile_$tag.json
+      done ;;
+    ae)
+      # stage 0 alone on three LIBERO-Object tasks, trained for each of AE_STEPS; the checkpoints come back in
+      # pieces for benchmarks/autoencoder_loop.py on a CPU
+      d=runs/ae; tasks="[$(echo ${AE_TASKS:-salad_dressing butter ketchup} | sed -E 's/(\w+)/pick_up_the_\1_and_place_it_in_the_basket/g; s/ /,/g')]"
+      phase "collect $tasks"
+      python3 -m ript.cli collect task=libero_object task.data_dir=$d/data "task.task_names=$tasks" num_workers=16 \
+        episodes_per_job=5 2>&1 | quiet
+      for steps in ${AE_STEPS:-3000 15000}; do
+        phase "stage0 $steps steps"
+        python3 -m ript.cli stage0 task=libero_object task.data_dir=$d/data "task.task_names=$tasks" \
+          run_dir=$d/s0_$steps train.steps=$steps train.val_every=1000 train.save_every=$steps progress=false 2>&1 | quiet
+        mkdir -p $R/ae
+        tar -C "$(readlink -f $d/s0_$steps/checkpoints/last)" -cf - config.json model.safetensors \
+          | split -b 15M - $R/ae/s0_$steps.tar.part
+      done
+      ls -la $R/ae ;;
+    ml45)
+      phase "ml45_multitask"
+      python3 -m ript.cli protocol ml45_multitask $workers $(no_bars ml45_multitask) phases.stage1.train.steps=${S1_STEPS:-16000} ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+      keep ml45_multitask ;;
+    ml45_fewshot)
+      phase "ml45_fewshot"
+      python3 -m ript.cli protocol ml45_fewshot $workers $(no_bars ml45_fewshot) ${FEWSHOT_EXTRA:-} 2>&1 | quiet
+      keep ml45_fewshot ;;
+    fewshot_variants)
+      IFS=';' read -ra variants <<< "${FEWSHOT_VARIANTS:-}"
+      for v in "${variants[@]}"; do fewshot_variant $v; done ;;
+    steps)
+      for s in ${EVAL_STEPS:-}; do
+        eval_again ${PROTO:-ml45_multitask} stage1/checkpoints/$(printf %07d $s) step$s
+      done ;;
+    topk)
+      for k in ${EVAL_TOPK:-5}; do
+        eval_again ${PROTO:-ml45_multitask} stage1 topk$k sampling.top_k=$k
+      done ;;
+    sampling)
+      IFS=';' read -ra variants <<< "${EVAL_SAMPLING:-}"
+      for on in ${SAMPLING_ON:-${PROTO:-ml45_multitask}:stage1}; do
+        for v in "${variants[@]}"; do eval_again ${on%%:*} ${on#*:} $v; done
+      done ;;
+    rl)
+      p=${PROTO:-ml45_multitask}
+      phase "$p rl"
+      h=""; [ -n "${RL_BEST_HORIZON:-}" ] && h="+phases.rl.sampling.action_horizon=$(best_horizon $p)"
+      echo "rl: ${RL_EXTRA:-} $h"
+      python3 -m ript.cli protocol $p $workers $(no_bars $p) ${RL_EXTRA:-} $h 2>&1 | quiet
+      keep $p
+      [ -z "${NO_CUT_EVAL:-}" ] && eval_rl_cut $p ;;  # NO_CUT_EVAL=1: a run that only carries RL on to another machine
+    state) keep_state ${PROTO:-libero_object} ;;
+    resume)
+      phase "resume from .resume*"
+      # each protocol's pieces in the order split named them, whichever carried folder holds each (two protocols
+      # carried together are two streams)
+      mkdir -p runs/protocols
+      for run in $(ls .resume*/*.tar.part* | sed -E 's#.*/##; s#\.tar\.part[a-z]+$##' | sort -u); do
+        pieces=$(ls .resume*/$run.tar.part* | awk -F/ '{print $NF, $0}' | sort | cut -d' ' -f2)
+        cat $pieces | tar -xf - -C runs/protocols || exit 1
+      done
+      ls -la runs/protocols/* ;;
+    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, state, resume)" >&2; exit 2 ;;
+  esac
+done
+phase "all done"
