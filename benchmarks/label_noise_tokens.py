@@ -31,7 +31,7 @@ def main() -> None:
     a = p.parse_args()
 
     from benchmarks.autoencoder_loop import decoded_tokens, encoded
-    from ript.data.collect_libero import run_episode
+    from ript.experts.libero.episode import run_episode
     from ript.data.hdf5 import EXPERT_ACTIONS
     from ript.envs.libero import LiberoTask
     from ript.envs.seeds import demo_layout_seed, demo_noise_rng

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_geometry import geom_box_corners, in_subtree, is_collision_geom
 from ript.errors import RiptError
+from ript.experts.libero.geometry import geom_box_corners, in_subtree, is_collision_geom
 
 FREE, SLIDE, HINGE = 0, 2, 3  # MuJoCo joint types
 
