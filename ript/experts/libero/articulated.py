@@ -41,7 +41,9 @@ class PullOpenExpert:
     """Open a drawer or a door by its handle: turn the hand to point into it with the fingers across the
     handle's bar (one above the other for a level bar: a top grasp would hit the drawer above), come in level
     with the handle, close the fingers around the bar, pull until LIBERO's open test holds, let go and back
-    away. Subclasses say which geom is the handle and which way it is pulled now."""
+    away. Subclasses say which geom is the handle and which way it is pulled now.
+
+    Phases: turn, approach, insert, grasp, pull, release, away."""
 
     APPROACH_OUT = 0.10  # the hand lines up this far out along the pull before it comes in to the handle
 

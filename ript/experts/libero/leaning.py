@@ -74,7 +74,9 @@ class LeaningHand:
 class LeaningPushExpert(LeaningHand):
     """Push a slide until ``done(qpos)`` holds with the hand leaning LEAN into the push: turn over the start, come
     down in front of the part at its handle's height, push (re-aimed every step), hold, back away and turn the
-    hand back down."""
+    hand back down.
+
+    Phases: turn, descend, push, away."""
 
     def __init__(self, task, articulation: Articulation, sign: float, done, lean: float = LEAN):
         self.art, self.sign, self.done = articulation, sign, done
@@ -123,7 +125,9 @@ def ungraspable_handle(handle_z: float, furniture_bottom: float) -> bool:
 class LeaningPullExpert(LeaningHand):
     """Open a drawer by its handle's bar without grasping it: turn the hand to lean LEAN into the drawer, fingers
     closed and side by side along the bar, come over the bar, press the fingertips on its top, pull along the slide
-    until ``done(qpos)`` holds, then back away upwards and turn the hand back down."""
+    until ``done(qpos)`` holds, then back away upwards and turn the hand back down.
+
+    Phases: turn, over, press, pull, away."""
 
     def __init__(self, task, articulation: Articulation, done, handle: int, pull: np.ndarray):
         """``handle``: the bar's geom; ``pull``: the horizontal direction that opens the drawer (both as

@@ -64,7 +64,9 @@ class Seen:
 
 class PickPlaceExpert:
     """Pick ``obj`` and release it above ``target`` (an object), or above ``target_site`` alone (a region of
-    the table). ``get_action(task)`` reads the task's simulator."""
+    the table). ``get_action(task)`` reads the task's simulator.
+
+    Phases: align, descend, grasp, lift, carry, lower, release (back to align if the object slips)."""
 
     def __init__(self, obj: str, target: str | None, target_site: str | None = None, release_height: float = 0.03,
                  clearance: float = 0.10, settle: int = 10, surface_body: str | None = None):

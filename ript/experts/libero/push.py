@@ -20,7 +20,9 @@ HOLD_STEPS = 5  # steps the goal must hold before the expert backs away
 class JointPushExpert:
     """Push a joint until ``done(qpos)`` holds: get above the start point behind the part, come down to its
     height, push (re-aimed every step), hold, then lift away. With ``stop_at`` (a slide's qpos) the push is
-    done there and aims no further ahead than the travel left: a drawer pushed part of the way in."""
+    done there and aims no further ahead than the travel left: a drawer pushed part of the way in.
+
+    Phases: above, descend, push, away."""
 
     def __init__(self, articulation: Articulation, sign: float, done, stop_at: float | None = None):
         self.art, self.sign, self.done, self.stop_at = articulation, sign, done, stop_at

@@ -37,7 +37,9 @@ def is_slanted(sim, site: str) -> bool:
 
 
 class SlantedPlaceExpert(PickPlaceExpert):
-    """Pick ``obj`` by its top and lay it along the leaning region ``site`` of ``target``."""
+    """Pick ``obj`` by its top and lay it along the leaning region ``site`` of ``target``.
+
+    Phases: align, descend, grasp (as ``PickPlaceExpert``), raise, tilt, over, lay, release."""
 
     def __init__(self, obj: str, target: str, site: str):
         super().__init__(obj, target, site)

@@ -31,7 +31,9 @@ class SlideInExpert(PickPlaceExpert):
     """Pick ``obj`` by its handle and slide it into ``site``, a layer of ``target`` (a shelf, a microwave), from its
     open side: its centre to the region's centre, or nearer the open side where the hand on the handle would
     otherwise meet the boards over the layer (``depth``: the centre's distance from the region's centre, towards
-    the open side)."""
+    the open side).
+
+    Phases: those of ``PickPlaceExpert`` to the lift, then lift, carry, enter, lower, release."""
 
     def __init__(self, obj: str, target: str, site: str, layer: Layer, depth: float = 0.0):
         super().__init__(obj, target, site)

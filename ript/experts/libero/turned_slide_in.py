@@ -59,7 +59,9 @@ class WayIn:
 class TurnedSlideInExpert(PickPlaceExpert):
     """Pick the box from above by its top edge, lift it clear and carry it to the start of the way in, turn the hand
     there until the fingers point along it, come down to the layer's floor, slide the box in, set it on its edge,
-    open the fingers and back out the way the hand came."""
+    open the fingers and back out the way the hand came.
+
+    Phases: those of ``PickPlaceExpert`` to the lift, then lift, carry, turn, drop, enter, lower, release."""
 
     HOLDING = (Phase.LIFT, Phase.CARRY, Phase.TURN, Phase.DROP, Phase.ENTER, Phase.LOWER)
 
