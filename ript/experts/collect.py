@@ -149,7 +149,8 @@ def _read_shard(path: Path) -> tuple[dict | None, int, int]:
         with h5py.File(path, "r") as f:
             raw = f["data"].attrs.get("shard")
             settings = json.loads(raw) if isinstance(raw, str) else None
-            return settings, len([n for n in f["data"] if n.startswith("demo_")]), int(f["data"].attrs.get("attempts", 0))
+            demos = len([n for n in f["data"] if n.startswith("demo_")])
+            return settings, demos, int(f["data"].attrs.get("attempts", 0))
     except (OSError, KeyError, ValueError):
         return None, 0, 0  # a damaged shard: collected again
 

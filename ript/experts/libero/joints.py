@@ -48,7 +48,8 @@ class Articulation:
 
     def centers(self) -> np.ndarray:
         model, data = self.sim.model._model, self.sim.data._data
-        return np.array([data.geom_xpos[g] + data.geom_xmat[g].reshape(3, 3) @ model.geom_aabb[g, :3] for g in self.geoms])
+        return np.array([data.geom_xpos[g] + data.geom_xmat[g].reshape(3, 3) @ model.geom_aabb[g, :3]
+                         for g in self.geoms])
 
     def _radial(self, points: np.ndarray) -> np.ndarray:
         """From a hinge's axis to each point, square to the axis."""
