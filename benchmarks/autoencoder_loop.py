@@ -67,7 +67,7 @@ def decoded(autoencoder, plan: np.ndarray) -> np.ndarray:
 
 
 def episode(task, seed: int, mode: str, autoencoder, horizon: int) -> tuple[bool, list[str]]:
-    from ript.data.libero_goals import make_expert
+    from ript.experts.libero.goals import make_expert
 
     task.reset(seed, render=False)
     expert, phases = make_expert(task), []

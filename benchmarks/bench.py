@@ -51,7 +51,7 @@ def timed(fn, repeat: int, warmup: int = 2, sync: bool = False) -> float:
 
 def ensure_data(cfg, data_dir: Path, demos: int, names: list[str] = TASKS) -> list[Path]:
     """Scripted demos of ``names`` of the configured suite, collected as ``ript collect`` would (if missing)."""
-    from ript.data.collect import collect_demos
+    from ript.experts.collect import collect_demos
 
     pattern = str(cfg.task.get("file_pattern") or "{name}.hdf5")
     collect_demos(str(cfg.task.suite), names, data_dir, demos, to_dict(cfg.task.render), task_horizon(cfg.task),
@@ -219,7 +219,7 @@ def summary(results: dict, cfg) -> str:
 
 
 def bench_collect(cfg, workers: list[int], tmp: Path) -> dict:
-    from ript.data.collect import collect_demos
+    from ript.experts.collect import collect_demos
 
     out = {}
     for w in workers:

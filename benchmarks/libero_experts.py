@@ -22,8 +22,8 @@ from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 
 
 def run_task(args: tuple[str, str, int, int, float]) -> dict:
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_goals import make_expert
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
     from ript.envs.libero import LiberoTask
     from ript.errors import RiptError
 

@@ -130,9 +130,9 @@ def drive_scripted_demo(suite: str, task_name: str, demo: int, limit: int, check
     step)`` is called before every step. Returns (success, steps)."""
     import numpy as np
 
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
     from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+    from ript.experts.libero.goals import make_expert
 
     task = LiberoTask(suite, task_name, None)
     try:
@@ -156,10 +156,10 @@ def scripted_libero_episode(suite: str, task_name: str, demo: int | None = None)
     ``benchmarks.libero_experts`` draw them (seed 0) instead."""
     import numpy as np
 
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
     from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
 
     layout, rng = 0, np.random.default_rng(0)
     if demo is not None:

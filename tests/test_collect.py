@@ -4,9 +4,9 @@ import time
 
 import h5py
 import numpy as np
+from conftest import TASKS
 
 from tests.helpers.faults import processes
-from conftest import TASKS
 
 
 def test_collected_files_have_the_robomimic_layout(tiny_data):
@@ -42,6 +42,7 @@ def test_collected_files_have_the_robomimic_layout(tiny_data):
 
 def test_collect_skips_finished_files_and_is_deterministic(tiny_data, tmp_path):
     from conftest import task_overrides
+
     from ript.config import compose
     from ript.stages import collect
 
@@ -116,3 +117,21 @@ def test_killed_collect_refuses_other_settings_and_resumes_with_the_same(tiny_da
     assert sorted(p.name for p in data.iterdir()) == [f"{t}.hdf5" for t in TASKS]  # no shard or .tmp left
     for task in TASKS:  # exactly what the uninterrupted collection wrote
         assert _demo_contents(data / f"{task}.hdf5") == _demo_contents(tiny_data / f"{task}.hdf5")
+
+
+def test_every_suite_names_a_registered_episode_source():
+    """``ript collect`` finds a suite's scripted experts by the family the suite names, registered in EXPERTS when
+    the collector looks it up; a name nobody registered is a one-line error naming the ones that are."""
+    import pytest
+
+    from ript.envs.suites import SUITES
+    from ript.errors import RiptError
+    from ript.experts.collect import episode_source
+    from ript.experts.libero.episode import LiberoEpisodes
+    from ript.experts.metaworld import MetaWorldEpisodes
+
+    families = {name: type(episode_source(suite.expert)) for name, suite in SUITES.items()}
+    assert families.pop("metaworld") is MetaWorldEpisodes
+    assert set(families.values()) == {LiberoEpisodes} and "libero_goal" in families
+    with pytest.raises(RiptError, match="unknown scripted expert 'robocasa'; registered: libero, metaworld"):
+        episode_source("robocasa")

@@ -10,8 +10,8 @@ import json
 import h5py
 import numpy as np
 import pytest
-
 from conftest import scripted_libero_episode
+
 from ript.config import compose
 
 GOAL_TASKS = {"open_the_middle_drawer_of_the_cabinet": ("open", 0.14),  # LIBERO's test: the slide past -0.14 m
@@ -37,7 +37,7 @@ def goal_demos(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(GOAL_TASKS))
 def test_open_turn_on_and_rack_demos_succeed_in_the_official_layout(goal_demos, name):
-    from ript.data.libero_goals import goal_predicates
+    from ript.experts.libero.goals import goal_predicates
 
     with h5py.File(goal_demos / f"{name}_demo.hdf5", "r") as f:
         data = f["data"]
@@ -74,10 +74,10 @@ def test_the_moved_joint_crosses_liberos_threshold_only_at_the_end(goal_demos):
 
 
 def test_close_expert_pushes_an_open_drawer_shut():
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_articulated import JointPushExpert
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
+    from ript.experts.libero.push import JointPushExpert
 
     task = LiberoTask("libero_90", CLOSE_TASK, None)
     try:
@@ -94,11 +94,11 @@ def test_close_expert_pushes_an_open_drawer_shut():
 def test_a_bottle_too_tall_for_the_open_drawer_is_laid_in_flat():
     """Standing in the drawer the ketchup's body origin is above the region LIBERO's ``In`` tests (the old
     expert's 0/5); the lay expert tilts it along the drawer and drops it in."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_goals import make_expert
-    from ript.data.libero_geometry import body_id
-    from ript.data.libero_slanted import DrawerLayExpert, region_box
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.geometry import body_id
+    from ript.experts.libero.goals import make_expert
+    from ript.experts.libero.slanted import DrawerLayExpert, region_box
 
     task = LiberoTask("libero_90", LAY_TASK, None)
     try:
@@ -117,11 +117,11 @@ def test_a_bowl_the_opening_drawer_would_cover_is_set_aside_first():
     """The top drawer, once open, hangs over the bowl in front of it and the hand coming down on the bowl stalls
     on it (2/5 before); the bowl is moved out of the drawer's way first, then the drawer opened, then the bowl
     put in."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_articulated import SlideOpenExpert
-    from ript.data.libero_set_aside import SetAsideExpert
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.articulated import SlideOpenExpert
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
+    from ript.experts.libero.set_aside import SetAsideExpert
 
     task = LiberoTask("libero_90", ASIDE_TASK, None)
     try:
@@ -141,10 +141,10 @@ def test_a_bowl_the_opening_drawer_would_cover_is_set_aside_first():
 def test_the_plate_is_dragged_along_the_table_around_the_cream_cheese():
     """libero_goal's plate, carried by a rim pinch, slipped out as it rose (1/5): it is dragged by the rim with
     its bottom on the table, through a corner that keeps it off the cream cheese, into the stove's front region."""
-    from ript.data.libero_drag import DragExpert
-    from ript.data.libero_goals import make_expert
-    from ript.data.libero_geometry import collision_corners
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.drag import DragExpert
+    from ript.experts.libero.geometry import collision_corners
+    from ript.experts.libero.goals import make_expert
 
     task = LiberoTask("libero_goal", "push_the_plate_to_the_front_of_the_stove", None)
     try:
@@ -168,11 +168,12 @@ def test_the_plate_is_dragged_along_the_table_around_the_cream_cheese():
 def test_the_microwave_door_is_pulled_ajar_by_its_handle_then_pushed_open():
     """A hinged door had no Open expert: it is pulled by its upright bar (the hand turning with the door) until
     ajar, then pushed from behind until LIBERO's open test holds (75 degrees)."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_articulated import HingeOpenExpert, JointPushExpert
-    from ript.data.libero_joints import Articulation, joint_for
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.articulated import HingeOpenExpert
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
+    from ript.experts.libero.joints import Articulation, joint_for
+    from ript.experts.libero.push import JointPushExpert
 
     task = LiberoTask("libero_90", DOOR_TASK, None)
     try:
@@ -194,12 +195,12 @@ def test_a_low_drawer_is_opened_by_leaning_fingertips_pressed_on_its_handle(suit
     the hand, pointing into it with the fingers one above the other, reached 10.6 cm under the handle and had to
     come in over the bowl and plate in front, 19/20): the hand leans 45 degrees into the drawer, presses its closed
     fingertips on the bar's top and pulls. The bowl in front of the goal scene's cabinet stays where it was."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_goals import make_expert
-    from ript.data.libero_geometry import collision_corners
-    from ript.data.libero_tilted_push import LeaningPullExpert
     from ript.envs.libero import LiberoTask
     from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.geometry import collision_corners
+    from ript.experts.libero.goals import make_expert
+    from ript.experts.libero.leaning import LeaningPullExpert
 
     task = LiberoTask(suite, name, None)
     try:
@@ -219,7 +220,7 @@ def test_a_low_drawer_is_opened_by_leaning_fingertips_pressed_on_its_handle(suit
 def test_a_low_drawer_is_pushed_shut_with_the_hand_leaning_into_it():
     """The bottom drawer's top is 14 cm under the cabinet's: pushed with the hand pointing down, the forearm met
     the cabinet over it 8 cm short of closed (0/5); leaning 45 degrees into the push, over the bowl before it."""
-    from ript.data.libero_tilted_push import LeaningPushExpert
+    from ript.experts.libero.leaning import LeaningPushExpert
 
     expert, demo = scripted_libero_episode("libero_90", "KITCHEN_SCENE4_close_the_bottom_drawer_of_the_cabinet")
     assert isinstance(expert, LeaningPushExpert)
@@ -231,9 +232,9 @@ def test_a_bowl_goes_into_the_front_of_a_low_drawer_then_the_drawer_is_pushed_sh
     on the cabinet 13 cm up (0/5). It now goes where it and the hand have most room, still inside the region
     (LIBERO's In tests the bowl's origin), and the drawer is pushed shut with the hand leaning (2/5 in
     benchmarks/libero_experts)."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
 
     task = LiberoTask("libero_10", "KITCHEN_SCENE4_put_the_black_bowl_in_the_bottom_drawer_of_the_cabinet_and_close_it",
                       None)
@@ -250,9 +251,9 @@ def test_a_bowl_caught_under_the_handle_over_a_low_drawer_steps_away_along_the_s
     """Demo 2 of the same task: the bowl, lowered into the bottom drawer, caught its far rim under the middle
     drawer's handle and hung there until the horizon. Stuck, the goal now steps away from what the bowl touches,
     along the drawer's slide (sideways the bowl tipped onto the drawer's side wall), and the drawer still closes."""
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
     from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+    from ript.experts.libero.goals import make_expert
 
     name = "KITCHEN_SCENE4_put_the_black_bowl_in_the_bottom_drawer_of_the_cabinet_and_close_it"
     task = LiberoTask("libero_10", name, None)
@@ -274,10 +275,10 @@ def test_a_bowl_caught_under_the_handle_over_a_low_drawer_steps_away_along_the_s
 def test_a_close_nothing_goes_into_comes_before_an_open():
     """(close bottom drawer) (open top drawer): opened first, the top drawer was pushed shut again by the hand on
     its way to the bottom drawer (0/5); a close that no placement fills now comes first (4/5)."""
-    from ript.data.libero_articulated import PullOpenExpert
-    from ript.data.libero_goals import make_expert
-    from ript.data.libero_tilted_push import LeaningPushExpert
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.articulated import PullOpenExpert
+    from ript.experts.libero.goals import make_expert
+    from ript.experts.libero.leaning import LeaningPushExpert
 
     task = LiberoTask("libero_90", "KITCHEN_SCENE4_close_the_bottom_drawer_of_the_cabinet_and_open_the_top_drawer", None)
     try:

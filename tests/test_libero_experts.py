@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import drive_scripted_demo, scripted_libero_episode
 
 
 def test_expert_places_on_a_table_region():
     """(On chocolate_pudding_1 living_room_table_plate_right_region): the target is a region of the table, a
     site with no object under it; the expert releases over the site and the environment reports success."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
 
     name = "LIVING_ROOM_SCENE6_put_the_white_mug_on_the_plate_and_put_the_chocolate_pudding_to_the_right_of_the_plate"
     task = LiberoTask("libero_10", name, None)
@@ -35,9 +34,9 @@ def test_expert_places_on_a_table_region():
 def test_a_book_turns_to_fit_the_caddys_front_compartment():
     """(In black_book_1 desk_caddy_1_front_contain_region): the compartment is narrower (7.2 cm) than the book
     is wide (~11.6 cm), so the carried book turns its narrow side across it and drops in (0/15 before)."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
 
     task = LiberoTask("libero_90", "STUDY_SCENE1_pick_up_the_book_and_place_it_in_the_front_compartment_of_the_caddy",
                       None)
@@ -53,9 +52,9 @@ def test_a_book_turns_to_fit_the_caddys_front_compartment():
 def test_a_moka_pot_is_carried_by_its_handle_onto_the_stove():
     """The moka pot is wider than the hand opens and has a lid (no rim to pinch): the expert grips its handle,
     the geoms farthest from its centre of mass (1/10 before, 5/5 after in benchmarks/libero_experts)."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
 
     task = LiberoTask("libero_90", "KITCHEN_SCENE3_put_the_moka_pot_on_the_stove", None)
     try:
@@ -70,10 +69,10 @@ def test_a_moka_pot_is_carried_by_its_handle_onto_the_stove():
 def test_two_objects_bound_for_one_region_go_side_by_side():
     """(On moka_pot_1 flat_stove_1_cook_region) (On moka_pot_2 flat_stove_1_cook_region): the second pot used to be
     released on top of the first; now each gets its own spot along the region (0/5 before, 5/5 after)."""
-    from ript.data.collect_libero import run_episode
-    from ript.data.libero_experts import PickPlaceExpert
-    from ript.data.libero_goals import make_expert
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
+    from ript.experts.libero.pick_place import PickPlaceExpert
 
     task = LiberoTask("libero_10", "KITCHEN_SCENE8_put_both_moka_pots_on_the_stove", None)
     try:
@@ -91,8 +90,8 @@ def test_a_book_is_squared_up_and_centred_between_a_square_compartments_walls():
     than the book is long (11.4 cm) and its site sits 6 mm off the walls' centre: the book, picked turned 20
     degrees, is squared up with the compartment and put where its outline has most room (1/9 before, 30/30 over the three
     scenes' right compartments in benchmarks/libero_experts)."""
-    from ript.data.collect_libero import run_episode
     from ript.envs.libero import LiberoTask
+    from ript.experts.libero.episode import run_episode
 
     task = LiberoTask("libero_90", "STUDY_SCENE2_pick_up_the_book_and_place_it_in_the_right_compartment_of_the_caddy",
                       None)
@@ -107,7 +106,7 @@ def test_a_frying_pan_handle_is_gripped_turned_away_from_the_moka_pot_beside_it(
     """KITCHEN_SCENE3's pan handle lies 4-6 cm from a moka pot: gripped square across the handle, the hand (wide
     along the fingers) came down on the pot and stalled over the handle until the horizon (demo 15; the task 8/20).
     The grip now turns off square to keep the hand clear of taller neighbours, as for a carton."""
-    from ript.data.libero_geometry import handle_grasp, wrap_half_turn
+    from ript.experts.libero.geometry import handle_grasp, wrap_half_turn
 
     def turned(task, expert, step):
         if step == 1:  # the grasp planned by the first step
@@ -124,8 +123,8 @@ def test_a_drawer_open_over_the_object_is_pushed_back_part_way_then_filled_and_c
     pushed in only as far as the hand needs (stopping there: pushed at full speed it coasted 2.5 cm on), and the
     region's size is read along its level axes (its local x is vertical: read as its width, the pudding was turned
     long side into the shallower drawer and left half on the cabinet). Demo 1 failed for want of either."""
-    from ript.data.libero_articulated import JointPushExpert
-    from ript.data.libero_joints import Articulation, joint_for
+    from ript.experts.libero.joints import Articulation, joint_for
+    from ript.experts.libero.push import JointPushExpert
 
     def pushed_back(task, expert, step):
         cabinet, joint = joint_for(task, "wooden_cabinet_1_top_region")
@@ -148,7 +147,7 @@ def test_a_quarter_turn_goes_the_way_round_that_keeps_the_wrist_off_its_stop():
     other way round (the task's demos 0-7: 5/8 -> 7/8)."""
     import mujoco
 
-    from ript.data.libero_geometry import WRIST_JOINT, WRIST_MARGIN
+    from ript.experts.libero.geometry import WRIST_JOINT, WRIST_MARGIN
 
     def off_the_stop(task, expert, step):
         model, data = task.sim.model._model, task.sim.data._data
@@ -180,7 +179,7 @@ def test_a_book_too_tall_for_the_shelf_layer_goes_in_on_its_edge(book):
     neither went in (0/20). Turned in the hand until the fingers point into the layer, each slides in on its long
     edge; the yellow book's way in is angled (straight in, the wrist came down on the black book standing in line
     with the shelf's middle: 0/8)."""
-    from ript.data.libero_turned_slide_in import TurnedSlideInExpert
+    from ript.experts.libero.turned_slide_in import TurnedSlideInExpert
 
     expert, demo = scripted_libero_episode("libero_90", f"STUDY_SCENE4_pick_up_the_book_{book}_and_place_it_on_the_"
                                            "cabinet_shelf", demo=0)
@@ -194,8 +193,8 @@ def test_a_book_too_tall_to_stand_under_the_shelf_board_is_tipped_over_and_pushe
     pushed in along the table with the hand leaning into the push until LIBERO's test of the region holds (0/20
     before). The layer's open side is found with the study's table left out of the walls (it is "study_table":
     taken for a wall, it hid the open side and the book was tipped away from the shelf)."""
-    from ript.data.libero_articulated import JointPushExpert
-    from ript.data.libero_tilted_push import LeaningPushExpert
+    from ript.experts.libero.leaning import LeaningPushExpert
+    from ript.experts.libero.push import JointPushExpert
 
     expert, demo = scripted_libero_episode("libero_90", "STUDY_SCENE4_pick_up_the_book_on_the_right_and_place_it_"
                                            "under_the_cabinet_shelf", demo=0)
@@ -217,7 +216,7 @@ def test_a_frying_pan_slides_under_a_shelf_board_held_by_its_handle():
     """(In chefmate_8_frypan_1 wooden_two_layer_shelf_1_bottom_region): 6.9 cm under the shelf's middle board, where
     a hand cannot come down from above (carried over it, the pan landed on the shelf's top: 0/5). The pan goes in flat
     through the shelf's open side, body first, the hand outside on the end of its handle."""
-    from ript.data.libero_slide_in import SlideInExpert
+    from ript.experts.libero.slide_in import SlideInExpert
 
     expert, demo = scripted_libero_episode("libero_90", "KITCHEN_SCENE9_put_the_frying_pan_under_the_cabinet_shelf")
     assert isinstance(expert, SlideInExpert)
@@ -229,8 +228,8 @@ def test_a_mug_goes_into_the_microwave_by_its_handle_and_is_pushed_in_before_the
     inside, too low for a hand above the 10.3 cm mug (lowered from above, it stood on the microwave's top: 0/5). Slid
     in by its handle, the hand stays out in front of the microwave's top, the handle still sticks out of the door;
     a hand leaning into the push shoves it in past the front, and the door closes."""
-    from ript.data.libero_slide_in import SlideInExpert
-    from ript.data.libero_tilted_push import LeaningPushExpert
+    from ript.experts.libero.leaning import LeaningPushExpert
+    from ript.experts.libero.slide_in import SlideInExpert
 
     expert, demo = scripted_libero_episode(
         "libero_10", "KITCHEN_SCENE6_put_the_yellow_and_white_mug_in_the_microwave_and_close_it")
@@ -245,7 +244,7 @@ def test_a_placed_object_is_let_go_with_its_origin_over_the_targets(name):
     had taken it, 2.7 cm past the plate's centre, and the mug's outline (its handle with it) was centred over the
     plate, its origin 3 cm off: both failed this demo (libero_90 at 5 demos: 3/5 each). Now the object's origin is
     put over the target's and let go only once within PLACE_ALIGN of it."""
-    from ript.data.libero_experts import PickPlaceExpert
+    from ript.experts.libero.pick_place import PickPlaceExpert
 
     expert, demo = scripted_libero_episode("libero_90", name, demo=0)
     assert isinstance(expert, PickPlaceExpert)
@@ -258,8 +257,8 @@ def test_a_bowl_under_a_drawer_is_set_aside_and_still_goes_in_within_libero_goal
     (the set-aside was off there: 1/5). Only in such a sequence, the picks come down fast, the drawer's hand lines up
     while it turns and turns back early, and the bowl is carried 5 cm over the drawer, not 10: demo 1 took 283 steps
     with the first two, 276 with all four, leaving room for the layouts that need more."""
-    from ript.data.libero_articulated import SlideOpenExpert
-    from ript.data.libero_set_aside import SetAsideExpert
+    from ript.experts.libero.articulated import SlideOpenExpert
+    from ript.experts.libero.set_aside import SetAsideExpert
 
     expert, demo = scripted_libero_episode("libero_goal", "open_the_top_drawer_and_put_the_bowl_inside", demo=1)
     assert isinstance(expert.steps[0], SetAsideExpert) and expert.steps[0].fast_descent

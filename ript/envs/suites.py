@@ -3,13 +3,13 @@ code outside ``ript/envs`` compares suite names.
 
 A suite knows its task list, how to build a task, the instructions, the standard evaluation protocol (episodes
 per task), how many tasks a worker keeps built, how many distinct initial conditions a task has, and the
-module that runs its scripted experts. Simulators are imported only when a task is built.
+scripted-expert family that makes its demonstrations (a name in ``ript.registry.EXPERTS``). Simulators are imported
+only when a task is built.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from ript.envs.libero import LIBERO_INIT_STATES, SUITE_HORIZONS
@@ -26,6 +26,7 @@ class Suite:
     initial_conditions: int | None    # distinct initial conditions per task (None: one per layout seed)
     control_hz: int                   # env steps per simulated second (a dataset's fps)
     shaped_reward: bool               # the env's step reward is shaped (dense RL rewards), not only success
+    expert: str                       # the scripted-expert family of its demos (ript.registry.EXPERTS)
 
     def task_names(self, task_cfg) -> list[str]:
         """``task.task_names`` if given (checked), else the suite's (or benchmark split's) task list."""
@@ -37,9 +38,6 @@ class Suite:
     def instructions(self, names: list[str]) -> dict[str, str]:
         raise NotImplementedError
 
-    def episode_source(self) -> ModuleType:
-        """The module that runs one scripted-expert episode (``open_task``, ``run_episode``, ``file_attrs``)."""
-        raise NotImplementedError
 
 
 class MetaWorldSuite(Suite):
@@ -61,10 +59,6 @@ class MetaWorldSuite(Suite):
 
         return {n: INSTRUCTIONS[n] for n in names}
 
-    def episode_source(self) -> ModuleType:
-        from ript.data import collect_metaworld
-
-        return collect_metaworld
 
 
 class LiberoSuite(Suite):
@@ -87,10 +81,6 @@ class LiberoSuite(Suite):
 
         return {n: LiberoTask.describe(self.name, n)["instruction"] for n in names}
 
-    def episode_source(self) -> ModuleType:
-        from ript.data import collect_libero
-
-        return collect_libero
 
 
 # MetaWorld: 4 envs per worker ran rollouts fastest on the 16-core H100 host (8,200 env steps/s against 7,100
@@ -100,10 +90,10 @@ class LiberoSuite(Suite):
 SUITES: dict[str, Suite] = {
     "metaworld": MetaWorldSuite("metaworld", horizon=500, standard_episodes=20, tasks_per_worker=None,
                                 envs_per_worker=4, initial_conditions=None,
-                                control_hz=80, shaped_reward=True),
+                                control_hz=80, shaped_reward=True, expert="metaworld"),
     **{name: LiberoSuite(name, horizon=horizon, standard_episodes=LIBERO_INIT_STATES, tasks_per_worker=1,
                          envs_per_worker=1, initial_conditions=LIBERO_INIT_STATES, control_hz=20,
-                         shaped_reward=False)
+                         shaped_reward=False, expert="libero")
        for name, horizon in SUITE_HORIZONS.items()},
 }
 

@@ -13,7 +13,7 @@ from ript.utils.logging import setup_console_logging
 def run(cfg) -> dict:
     setup_console_logging()
     names = task_names(cfg.task)
-    from ript.data.collect import collect_demos
+    from ript.experts.collect import collect_demos
 
     workers = None if cfg.num_workers == "auto" else int(cfg.num_workers)
     noise = cfg.task.expert_noise if cfg.noise is None else cfg.noise

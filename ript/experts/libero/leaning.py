@@ -17,10 +17,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_articulated import (APPROACH, FINGER_BELOW, HAND_HALF_HEIGHT, HOLD_STEPS, HOVER, PUSH_AHEAD,
-                                          hand_turn)
-from ript.data.libero_geometry import CLOSE, geom_box_corners, pose_action, rotation_matrix, rotation_vector
-from ript.data.libero_joints import Articulation
+from ript.experts.base import Phase
+from ript.experts.libero.geometry import (
+    CLOSE,
+    FINGER_BELOW,
+    HAND_HALF_HEIGHT,
+    geom_box_corners,
+    hand_turn,
+    pose_action,
+    rotation_matrix,
+    rotation_vector,
+)
+from ript.experts.libero.joints import Articulation
+from ript.experts.libero.push import APPROACH, HOLD_STEPS, HOVER, PUSH_AHEAD
 
 LOW_PART = 0.10  # a drawer whose top is this far under its furniture's top is pushed with the hand leaning
 LEAN = np.deg2rad(45.0)  # the hand's pointing direction, down from level towards the push
@@ -38,7 +47,7 @@ class LeaningHand:
     fingers closed and side by side across it, and turned back down once it has backed away (the next expert
     expects it pointing down). Subclasses run the phases; ``away`` is the last."""
 
-    phase: str
+    phase: Phase
     timer: int
 
     def _lean(self, task, towards: np.ndarray, lean: float) -> np.ndarray:
@@ -51,11 +60,11 @@ class LeaningHand:
 
     @property
     def finished(self) -> bool:
-        return self.phase == "away" and self.timer > 10 and self.rot_err < 0.1
+        return self.phase == Phase.AWAY and self.timer > 10 and self.rot_err < 0.1
 
     def _rotation_error(self, raw: dict) -> np.ndarray:
         """The rotation still to make: to the lean, or back down once 10 steps away."""
-        turning_back = self.phase == "away" and self.timer > 10
+        turning_back = self.phase == Phase.AWAY and self.timer > 10
         err = rotation_vector((self.start_rot if turning_back else self.target_rot)
                               @ rotation_matrix(raw["robot0_eef_quat"]).T)
         self.rot_err = float(np.linalg.norm(err)) if turning_back else np.inf
@@ -65,11 +74,13 @@ class LeaningHand:
 class LeaningPushExpert(LeaningHand):
     """Push a slide until ``done(qpos)`` holds with the hand leaning LEAN into the push: turn over the start, come
     down in front of the part at its handle's height, push (re-aimed every step), hold, back away and turn the
-    hand back down."""
+    hand back down.
+
+    Phases: turn, descend, push, away."""
 
     def __init__(self, task, articulation: Articulation, sign: float, done, lean: float = LEAN):
         self.art, self.sign, self.done = articulation, sign, done
-        self.phase, self.timer = "turn", 0
+        self.phase, self.timer = Phase.TURN, 0
         _, push = articulation.contact(sign)
         self.lean = lean
         self._lean(task, push, lean)
@@ -85,20 +96,20 @@ class LeaningPushExpert(LeaningHand):
         start = np.array([*(point[:2] - push[:2] * (APPROACH + FINGER_BELOW)), height])
         rot_err = self._rotation_error(raw)
         goal = eef.copy()
-        if self.phase == "turn":  # over the start, clear of the part
+        if self.phase == Phase.TURN:  # over the start, clear of the part
             goal = np.array([*start[:2], max(eef[2], hi + HOVER)])
             if np.linalg.norm(rot_err) < 0.1 and np.linalg.norm(goal[:2] - eef[:2]) < 0.015:
-                self.phase = "descend"
-        elif self.phase == "descend":
+                self.phase = Phase.DESCEND
+        elif self.phase == Phase.DESCEND:
             goal = start
             self.timer += 1
             if np.linalg.norm(goal - eef) < 0.012 or self.timer > 40:  # (or blocked a little above it)
-                self.phase, self.timer = "push", 0
-        elif self.phase == "push":
+                self.phase, self.timer = Phase.PUSH, 0
+        elif self.phase == Phase.PUSH:
             goal = np.array([*(point[:2] + push[:2] * (PUSH_AHEAD - FINGER_BELOW)), height])
             self.timer = self.timer + 1 if self.done(self.art.qpos) else 0
             if self.timer >= HOLD_STEPS:
-                self.phase, self.timer = "away", 0
+                self.phase, self.timer = Phase.AWAY, 0
         else:  # back out against the push and up, then the hand turned back down
             goal = eef + (np.array([*(-push[:2] * 0.03), 0.02]) if self.timer <= 10 else 0.0)
             self.timer += 1
@@ -114,13 +125,15 @@ def ungraspable_handle(handle_z: float, furniture_bottom: float) -> bool:
 class LeaningPullExpert(LeaningHand):
     """Open a drawer by its handle's bar without grasping it: turn the hand to lean LEAN into the drawer, fingers
     closed and side by side along the bar, come over the bar, press the fingertips on its top, pull along the slide
-    until ``done(qpos)`` holds, then back away upwards and turn the hand back down."""
+    until ``done(qpos)`` holds, then back away upwards and turn the hand back down.
+
+    Phases: turn, over, press, pull, away."""
 
     def __init__(self, task, articulation: Articulation, done, handle: int, pull: np.ndarray):
         """``handle``: the bar's geom; ``pull``: the horizontal direction that opens the drawer (both as
         ``SlideOpenExpert`` finds them)."""
         self.art, self.done, self.handle, self.pull = articulation, done, handle, pull
-        self.phase, self.timer = "turn", 0
+        self.phase, self.timer = Phase.TURN, 0
         self.pointing = self._lean(task, -pull, LEAN)
 
     def get_action(self, task) -> np.ndarray:
@@ -133,25 +146,25 @@ class LeaningPullExpert(LeaningHand):
         rot_err = self._rotation_error(raw)
         pressed = grip - np.array([0.0, 0.0, PRESS])
         goal = eef.copy()
-        if self.phase == "turn":  # out along the pull and high, clear of the furniture
+        if self.phase == Phase.TURN:  # out along the pull and high, clear of the furniture
             goal = np.array([*(grip[:2] + self.pull[:2] * 0.08), max(eef[2], top[2] + 0.1)])
             if np.linalg.norm(rot_err) < 0.1 and np.linalg.norm(goal[:2] - eef[:2]) < 0.015:
-                self.phase = "over"
-        elif self.phase == "over":
+                self.phase = Phase.OVER
+        elif self.phase == Phase.OVER:
             goal = grip + np.array([0.0, 0.0, 0.04])
             self.timer += 1
             if np.linalg.norm(goal - eef) < 0.01 or self.timer > 40:
-                self.phase, self.timer = "press", 0
-        elif self.phase == "press":
+                self.phase, self.timer = Phase.PRESS, 0
+        elif self.phase == Phase.PRESS:
             goal = pressed
             self.timer += 1
             if self.timer >= PRESS_STEPS:
-                self.phase, self.timer = "pull", 0
-        elif self.phase == "pull":
+                self.phase, self.timer = Phase.PULL, 0
+        elif self.phase == Phase.PULL:
             goal = pressed + np.array([*(self.pull[:2] * PULL_AHEAD), 0.0])
             self.timer = self.timer + 1 if self.done(self.art.qpos) else 0
             if self.timer >= HOLD_STEPS:
-                self.phase, self.timer = "away", 0
+                self.phase, self.timer = Phase.AWAY, 0
         else:  # up and back along the pull, then the hand turned back down
             goal = eef + (np.array([*(self.pull[:2] * 0.02), 0.03]) if self.timer <= 10 else 0.0)
             self.timer += 1

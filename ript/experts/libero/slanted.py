@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_geometry import CLOSE, OPEN, POS_SCALE, body_id, collision_corners, site_id
+from ript.experts.base import Phase
+from ript.experts.libero.geometry import CLOSE, OPEN, POS_SCALE, body_id, collision_corners, site_id
+from ript.experts.libero.pick_place import PickPlaceExpert
 
 SLANTED = np.deg2rad([30, 75])  # an On goal's region whose "up" leans this far from vertical gets this expert
 # (a drawer's region "up" is horizontal: LIBERO tests In for it by containment, not by this frame)
@@ -36,7 +37,9 @@ def is_slanted(sim, site: str) -> bool:
 
 
 class SlantedPlaceExpert(PickPlaceExpert):
-    """Pick ``obj`` by its top and lay it along the leaning region ``site`` of ``target``."""
+    """Pick ``obj`` by its top and lay it along the leaning region ``site`` of ``target``.
+
+    Phases: align, descend, grasp (as ``PickPlaceExpert``), raise, tilt, over, lay, release."""
 
     def __init__(self, obj: str, target: str, site: str):
         super().__init__(obj, target, site)
@@ -71,12 +74,12 @@ class SlantedPlaceExpert(PickPlaceExpert):
         sim = task.sim
         model, data = sim.model._model, sim.data._data
         body = body_id(model, f"{self.obj}_main")
-        if self.phase in ("align", "descend", "grasp"):
+        if self.phase in (Phase.ALIGN, Phase.DESCEND, Phase.GRASP):
             action = super().get_action(task)
-            if self.phase == "lift":
+            if self.phase == Phase.LIFT:
                 # the object's own axis, in its body frame, is the one that points up while it stands (a ketchup
                 # bottle's body z lies sideways)
-                self.phase, self.upright = "raise", data.xmat[body].reshape(3, 3)[2].copy()
+                self.phase, self.upright = Phase.RAISE, data.xmat[body].reshape(3, 3)[2].copy()
             return action
         eef = task.privileged()["robot0_eef_pos"]
         axis, origin = data.xmat[body].reshape(3, 3) @ self.upright, data.xpos[body]
@@ -87,26 +90,26 @@ class SlantedPlaceExpert(PickPlaceExpert):
         tilt_error = np.arctan2(up @ across, up[2]) - tilt
         turn = np.clip(2.0 * tilt_error, -TILT_RATE, TILT_RATE)
         gripper, goal = CLOSE, eef.copy()
-        if self.phase == "raise":
+        if self.phase == Phase.RAISE:
             turn = 0.0
             top = float(collision_corners(sim, f"{self.target}_main")[:, 2].max())
             goal = np.array([eef[0], eef[1], top + float((eef - origin) @ axis) + CLEAR])
             if eef[2] > goal[2] - 0.03:
-                self.phase, self.hold, self.lay = "tilt", eef.copy(), self._lay_point(sim)
-        elif self.phase == "tilt":
+                self.phase, self.hold, self.lay = Phase.TILT, eef.copy(), self._lay_point(sim)
+        elif self.phase == Phase.TILT:
             goal = self.hold
             if abs(tilt_error) < TILT_TOLERANCE:
-                self.phase, self.reach = "over", float((eef - origin) @ axis)
+                self.phase, self.reach = Phase.OVER, float((eef - origin) @ axis)
         else:
             rest = self.lay + self.reach * axis  # the hand where the origin rests (axis is a unit vector)
-            if self.phase == "over":
+            if self.phase == Phase.OVER:
                 goal = rest + LAY_ABOVE * normal
                 if np.linalg.norm(goal - eef) < 0.015:
-                    self.phase, self.timer = "lay", 0
-            elif self.phase == "lay":
+                    self.phase, self.timer = Phase.LAY, 0
+            elif self.phase == Phase.LAY:
                 goal, self.timer = rest, self.timer + 1
                 if np.linalg.norm(goal - eef) < 0.01 or self.timer > 60:
-                    self.phase, self.timer = "release", 0
+                    self.phase, self.timer = Phase.RELEASE, 0
             else:  # release, then back off along the tray's normal
                 gripper, self.timer = OPEN, self.timer + 1
                 goal = eef + (0.05 * normal if self.timer > 10 else 0.0)

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_articulated import JointPushExpert, SlideOpenExpert
-from ript.data.libero_joints import SLIDE, Articulation, joint_for
-from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_geometry import (HAND_HALF_SPAN, HAND_HALF_WIDTH, MAX_GRASP_WIDTH, ObstacleBoxes,
-                                       collision_corners, narrow_direction)
+from ript.experts.libero.articulated import SlideOpenExpert
+from ript.experts.libero.geometry import (
+    HAND_HALF_SPAN,
+    HAND_HALF_WIDTH,
+    MAX_GRASP_WIDTH,
+    ObstacleBoxes,
+    collision_corners,
+    narrow_direction,
+)
+from ript.experts.libero.joints import SLIDE, Articulation, joint_for
+from ript.experts.libero.pick_place import PickPlaceExpert
+from ript.experts.libero.push import JointPushExpert
 
 HAND_ROOM = 0.015  # room left between a drawer pushed back and the hand coming down beside it
 DRAWER_ROOM = 0.04  # ... and the least the drawer is left open beyond the object's narrow side
@@ -32,7 +39,7 @@ class SetAsideExpert(PickPlaceExpert):
         super().__init__(obj, None, None, release_height=0.01, clearance=0.04, settle=4)
         self.spot, self.surface_z = spot, surface_z
 
-    def _target(self, sim) -> tuple[np.ndarray, float]:
+    def goal_point(self, sim) -> tuple[np.ndarray, float]:
         return self.spot, self.surface_z
 
 

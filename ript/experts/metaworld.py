@@ -1,4 +1,5 @@
-"""MetaWorld episode source for ``ript.data.collect``: ``metaworld.policies`` experts with Gaussian noise."""
+"""MetaWorld's episode source for ``ript collect`` (``ript.experts.base.EpisodeSource``, registered as
+``metaworld``): ``metaworld.policies`` experts with Gaussian noise."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from ript.data.hdf5 import EXPERT_ACTIONS, Demo
 from ript.envs.metaworld import INSTRUCTIONS, MetaWorldTask, RenderSettings, expert_policy
+from ript.registry import EXPERTS
 
 
 def open_task(task_name: str, suite: str, render: dict, max_episode_steps: int) -> MetaWorldTask:
@@ -55,3 +57,12 @@ def file_attrs(suite: str, task_name: str, render: dict, max_episode_steps: int)
                      "render": render},
         "problem_info": {"language_instruction": INSTRUCTIONS[task_name]},
     }
+
+
+@EXPERTS.register("metaworld")
+class MetaWorldEpisodes:
+    """The functions above as one ``EpisodeSource``."""
+
+    open_task = staticmethod(open_task)
+    run_episode = staticmethod(run_episode)
+    file_attrs = staticmethod(file_attrs)

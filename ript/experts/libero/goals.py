@@ -1,13 +1,21 @@
 """A LIBERO task's BDDL goal as one scripted expert: its (On X Y) / (In X Y) placements and (Open X) / (Close X)
-/ (TurnOn X) / (TurnOff X) articulations, each given the skill it needs (``libero_experts`` and the modules
+/ (TurnOn X) / (TurnOff X) articulations, each given the skill it needs (``pick_place`` and the modules
 beside it) and worked in an order that keeps the later ones possible."""
 
 from __future__ import annotations
 
 import re
 
-from ript.data.libero_experts import HURRIED_CLEARANCE, PickPlaceExpert, SequenceExpert
 from ript.errors import RiptError
+from ript.experts.base import SequenceExpert
+from ript.experts.libero.articulated import SlideOpenExpert, articulated_expert
+from ript.experts.libero.drag import DragExpert, drags
+from ript.experts.libero.fit import region_spot
+from ript.experts.libero.joints import closed_container, drawer_body
+from ript.experts.libero.pick_place import HURRIED_CLEARANCE, PickPlaceExpert
+from ript.experts.libero.set_aside import push_back, set_aside
+from ript.experts.libero.slanted import DrawerLayExpert, SlantedPlaceExpert, is_slanted, too_tall_for
+from ript.experts.libero.slide_in import slide_in_steps
 
 
 def goal_predicates(bddl_file: str) -> list[tuple[str, ...]]:
@@ -30,8 +38,6 @@ FIRST = -1
 def _clear_drawer_paths(task, steps: list) -> list:
     """Each drawer opening preceded by moving out of its way the objects picked after it (an open drawer
     hangs over what lies in front of it, and the hand cannot come down past it)."""
-    from ript.data.libero_articulated import SlideOpenExpert
-    from ript.data.libero_set_aside import set_aside
 
     out = []
     for i, step in enumerate(steps):
@@ -49,18 +55,11 @@ def _clear_drawer_paths(task, steps: list) -> list:
 
 def make_expert(task):
     """An expert for a task whose goal is a list of (On X Y) / (In X Y) placements (onto a leaning region:
-    ``libero_slanted``; a plate onto the table's region: ``libero_drag``) and (Open X) / (Close X) / (TurnOn X) /
+    ``slanted``; a plate onto the table's region: ``drag``) and (Open X) / (Close X) / (TurnOn X) /
     (TurnOff X) articulations, worked in GOAL_ORDER (objects an opening drawer would cover set aside first, a drawer
-    open over its object pushed back first: ``libero_set_aside``); other goals have none yet (a one-line error)."""
+    open over its object pushed back first: ``set_aside``); other goals have none yet (a one-line error)."""
     import mujoco
 
-    from ript.data.libero_articulated import articulated_expert
-    from ript.data.libero_drag import DragExpert, drags
-    from ript.data.libero_fit import region_spot
-    from ript.data.libero_joints import closed_container, drawer_body
-    from ript.data.libero_set_aside import push_back
-    from ript.data.libero_slanted import DrawerLayExpert, SlantedPlaceExpert, is_slanted, too_tall_for
-    from ript.data.libero_slide_in import slide_in_steps
 
     model = task.sim.model._model
     bodies = {mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or "" for b in range(model.nbody)}

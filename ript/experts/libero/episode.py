@@ -1,5 +1,6 @@
-"""LIBERO episode source for ``ript.data.collect``: the privileged-state experts of ``libero_experts``,
-written in the layout of LIBERO's own ``create_dataset.py`` so that official files and ours read alike.
+"""LIBERO's episode source for ``ript collect`` (``ript.experts.base.EpisodeSource``, registered as ``libero``): the
+privileged-state planners of ``ript.experts.libero`` (``goals.make_expert``), written in the layout of LIBERO's own
+``create_dataset.py`` so that official files and ours read alike.
 
     data.attrs: problem_info, bddl_file_name, env_args (JSON), plus suite/task_name/instruction
     data/demo_i/{actions, states, robot_states, rewards, dones}
@@ -15,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from ript.data.hdf5 import EXPERT_ACTIONS, Demo
-from ript.data.libero_goals import make_expert
 from ript.envs.libero import LiberoRender, LiberoTask
+from ript.experts.libero.goals import make_expert
+from ript.registry import EXPERTS
 
 
 def open_task(task_name: str, suite: str, render: dict, max_episode_steps: int) -> LiberoTask:
@@ -93,3 +95,12 @@ def file_attrs(suite: str, task_name: str, render: dict, max_episode_steps: int)
         "env_args": env_args,
         "macros_image_convention": "opengl",  # upside down, as in the official datasets
     }
+
+
+@EXPERTS.register("libero")
+class LiberoEpisodes:
+    """The functions above as one ``EpisodeSource``."""
+
+    open_task = staticmethod(open_task)
+    run_episode = staticmethod(run_episode)
+    file_attrs = staticmethod(file_attrs)

@@ -8,11 +8,19 @@ an open drawer's region reaches back under the furniture over it, where the hand
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
-from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_geometry import (ObstacleBoxes, body_id, collision_corners, narrow_direction, site_id,
-                                       snag_direction, wrap_half_turn)
+from ript.experts.libero.geometry import (
+    ObstacleBoxes,
+    body_id,
+    collision_corners,
+    narrow_direction,
+    site_id,
+    snag_direction,
+    wrap_half_turn,
+)
 
 # a held object goes down into a walled region shifted by up to MAX_SHIFT from the region's centre, to where its
 # outline has the most room from the walls, when at the centre it has less than WALL_ROOM
@@ -20,6 +28,27 @@ MAX_SHIFT, WALL_ROOM = 0.02, 0.01
 DRAWER_SHIFT = 0.06  # ... and up to this much in an open drawer, out from under the furniture over its back
 SNAG_STEP, SNAG_MAX = 0.005, 0.025  # a stuck object's goal moves this far per step away, this far in all
 SLOT_PLAY = 0.03  # a held object this much narrower than a box region fits it turned any way; closer, it is squared up
+
+
+class Placement(Protocol):
+    """What fitting reads and moves of a placing expert (``pick_place.PickPlaceExpert``): its object and goal, how
+    it holds the object, and the shift of its goal point it keeps."""
+
+    obj: str
+    target: str | None
+    target_site: str | None
+    surface_body: str | None
+    rim: np.ndarray | None
+    grasp_yaw: float
+    hang: float
+    clearance: float
+    shift: np.ndarray
+    unsnagged: float
+    timer: int
+
+    def goal_point(self, sim) -> tuple[np.ndarray, float]:
+        """Where the object goes and the height of the surface it goes onto there."""
+        ...
 
 
 def level_axes(sim, site: int) -> list[tuple[np.ndarray, float]]:
@@ -31,7 +60,7 @@ def level_axes(sim, site: int) -> list[tuple[np.ndarray, float]]:
     return [(rot[:2, a] / np.linalg.norm(rot[:2, a]), float(model.site_size[site][a])) for a in sorted(level)]
 
 
-def slot_yaw(expert: PickPlaceExpert, sim, obj_pts: np.ndarray) -> float | None:
+def slot_yaw(expert: Placement, sim, obj_pts: np.ndarray) -> float | None:
     """For a goal region that is a box narrower than the held object is wide (a caddy's compartment), the
     finger direction that turns the object's narrow side across the region's narrow side; for one barely wider
     (within SLOT_PLAY), the nearer finger direction that squares the object up with the region; else None (the
@@ -55,7 +84,7 @@ def slot_yaw(expert: PickPlaceExpert, sim, obj_pts: np.ndarray) -> float | None:
     if object_width <= 2 * narrow:
         # within SLOT_PLAY of fitting: squared up with the region, either way, where its walls leave the object
         # too little room turned as it is (a book in a square compartment; not a bottle in a wide tray)
-        tgt_xy, tgt_top = expert._target(sim)
+        tgt_xy, tgt_top = expert.goal_point(sim)
         walls = goal_walls(expert, sim, tgt_top)
         if walls is None or outline_room(walls[0], obj_pts[:, :2] - obj_pts[:, :2].mean(0), [tgt_xy])[0] >= WALL_ROOM:
             return None
@@ -64,7 +93,7 @@ def slot_yaw(expert: PickPlaceExpert, sim, obj_pts: np.ndarray) -> float | None:
     return min(yaws, key=lambda y: abs(wrap_half_turn(y - expert.grasp_yaw)))
 
 
-def goal_walls(expert: PickPlaceExpert, sim, tgt_top: float) -> tuple[ObstacleBoxes, float, np.ndarray] | None:
+def goal_walls(expert: Placement, sim, tgt_top: float) -> tuple[ObstacleBoxes, float, np.ndarray] | None:
     """The walls around the goal region, as obstacles up to where the held object is let go (in a drawer, up to
     where it is carried: the furniture over the drawer's back meets the hand on the way down), how far the
     object may be shifted from the region's centre (MAX_SHIFT; DRAWER_SHIFT in a drawer) and the region's
@@ -93,7 +122,7 @@ def outline_room(walls: ObstacleBoxes, outline: np.ndarray, points: list[np.ndar
     return [min(walls.distance(point + p, samples=3) for p in rim) for point in points]
 
 
-def roomiest_shift(expert: PickPlaceExpert, sim, outline: np.ndarray, tgt_xy: np.ndarray, tgt_top: float) -> np.ndarray:
+def roomiest_shift(expert: Placement, sim, outline: np.ndarray, tgt_xy: np.ndarray, tgt_top: float) -> np.ndarray:
     """The shift from ``tgt_xy`` (within the walls' reach, the region's centre kept inside the region: LIBERO's
     In tests it) that gives the held object's outline the most room from the region's walls; none where the
     centre leaves it WALL_ROOM or the region has no walls."""
@@ -119,7 +148,7 @@ def region_spot(sim, site: str, obj: str, index: int, count: int) -> np.ndarray:
     return direction * spacing * (index - (count - 1) / 2)
 
 
-def step_away_from_snag(expert: PickPlaceExpert, sim, bottom: float) -> None:
+def step_away_from_snag(expert: Placement, sim, bottom: float) -> None:
     """Lowered into a drawer and stuck above its floor (the rim caught under a handle of the furniture over it):
     move the goal a step away from what the object touches, along the drawer's slide only (sideways the object
     tips onto a side wall), at most SNAG_MAX in all."""

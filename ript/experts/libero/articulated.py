@@ -14,113 +14,42 @@ upright bar and pulling it along its arc.
 from __future__ import annotations
 
 import numpy as np
+from scipy.spatial.transform import Rotation
 
-from ript.data.libero_experts import SequenceExpert
-from ript.data.libero_geometry import (CLOSE, HAND_HALF_SPAN, HAND_HALF_WIDTH, POS_SCALE, body_id, collision_corners,
-                                        pose_action, rotation_matrix, rotation_vector, yaw_error)
-from ript.data.libero_joints import FREE, SLIDE, Articulation, joint_for
 from ript.errors import RiptError
+from ript.experts.base import Phase, SequenceExpert
+from ript.experts.libero.geometry import (
+    CLOSE,
+    HAND_BACK,
+    HAND_HALF_HEIGHT,
+    HAND_HALF_WIDTH,
+    collision_corners,
+    hand_turn,
+    pose_action,
+    rotation_matrix,
+    rotation_vector,
+)
+from ript.experts.libero.joints import FREE, SLIDE, Articulation, joint_for
+from ript.experts.libero.leaning import LeaningPullExpert, LeaningPushExpert, is_low_drawer, ungraspable_handle
+from ript.experts.libero.push import HOLD_STEPS, HOVER, JointPushExpert
 
-PUSH_AHEAD = 0.03  # how far beyond the part the fingertip is sent (metres): the push force
-APPROACH = 0.05  # the fingertip starts this far behind the part, against the push direction
-HOVER = 0.06  # clearance above the moving part while getting into place
-HOLD_STEPS = 5  # steps the goal must hold before the expert backs away
-FINGER_BELOW = 0.013  # the closed fingertips reach this far below the grip site
 AJAR = 0.4  # radians a door is pulled open by its handle before it is pushed from behind
-# the hand pointing into a drawer, fingers one above the other: its lower edge under the grip site (measured in
-# that pose: 10.6 cm, where HAND_HALF_SPAN rounds to 10) and how far it reaches back from the grip site
-HAND_HALF_HEIGHT, HAND_BACK = HAND_HALF_SPAN + 0.006, 0.126
 MAX_RISE = 0.03  # the most the hand comes in above a handle to pass over what stands in front of the furniture
-
-
-class JointPushExpert:
-    """Push a joint until ``done(qpos)`` holds: get above the start point behind the part, come down to its
-    height, push (re-aimed every step), hold, then lift away. With ``stop_at`` (a slide's qpos) the push is
-    done there and aims no further ahead than the travel left: a drawer pushed part of the way in."""
-
-    def __init__(self, articulation: Articulation, sign: float, done, stop_at: float | None = None):
-        self.art, self.sign, self.done, self.stop_at = articulation, sign, done, stop_at
-        self.phase, self.timer = "above", 0
-
-    def _push_goal(self, point: np.ndarray, push: np.ndarray, eef: np.ndarray) -> np.ndarray:
-        """Where the fingertip is sent while it pushes: PUSH_AHEAD beyond the part (the push's force), or with
-        ``stop_at`` no further than the travel left from where the hand is (slowing as it nears the stop:
-        pushed at full speed, a drawer coasted 2.5 cm past it)."""
-        if self.stop_at is None:
-            return point[:2] + push[:2] * PUSH_AHEAD
-        left = float(np.clip((self.stop_at - self.art.qpos) * self.sign, 0.0, PUSH_AHEAD))
-        return eef[:2] + push[:2] * left
-
-    @property
-    def finished(self) -> bool:
-        return self.phase == "away" and self.timer > HOLD_STEPS
-
-    def get_action(self, task) -> np.ndarray:
-        eef = task.privileged()["robot0_eef_pos"]
-        point, push = self.art.contact(self.sign)
-        corners = self.art.corners()
-        # the grip site at the pushed geom's height, but with the fingertips (FINGER_BELOW under it) clear of
-        # whatever the part stands on: a knob's disc, a door's bottom rail
-        lo, hi = corners[:, 2].min(), corners[:, 2].max()
-        # a drawer near its top edge: pushing a low drawer at its handle bends the arm into the furniture above
-        aim = hi - 0.03 if self.art.kind == SLIDE else point[2]
-        height = float(np.clip(aim, lo + 0.02 + FINGER_BELOW, hi - 0.005))
-        start = np.array([*(point[:2] - push[:2] * APPROACH), height])
-        if self.phase == "above":
-            goal = np.array([*start[:2], max(hi + HOVER, eef[2])])
-            if np.linalg.norm(goal[:2] - eef[:2]) < 0.015:
-                self.phase = "descend"
-        elif self.phase == "descend":
-            goal = start
-            self.timer += 1
-            if abs(eef[2] - height) < 0.012 or self.timer > 40:  # (or blocked a little above it)
-                self.phase, self.timer = "push", 0
-        elif self.phase == "push":
-            goal = np.array([*self._push_goal(point, push, eef), height])
-            self.timer = self.timer + 1 if self.done(self.art.qpos) else 0
-            if self.timer >= HOLD_STEPS:
-                self.phase, self.timer = "away", 0
-        else:  # back off against the push, then up
-            goal = eef + np.array([*(-push[:2] * 0.03), 0.03])
-            self.timer += 1
-        action = np.zeros(7)
-        action[:3] = np.clip((goal - eef) / POS_SCALE * 1.5, -1.0, 1.0)
-        # the hand's long side (along the finger axis, ~21 cm) across the push, so it fits close to a cabinet
-        across = float(np.arctan2(push[1], push[0])) + np.pi / 2
-        action[5] = np.clip(3.0 * yaw_error(task.sim, across), -1.0, 1.0)
-        action[6] = CLOSE  # closed fingers: one compact fingertip to push with
-        return action
-
-
-def hand_turn(task, pointing: np.ndarray, across: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(the hand's rotation now, the rotation that points it along ``pointing`` with the fingers along ``across``
-    or ``-across``, whichever needs the smaller turn: the hand is symmetric). The two directions are found in the
-    gripper's own frame from its bodies, so a target frame can be written for them."""
-    model, data = task.sim.model._model, task.sim.data._data
-    eef = task.privileged()["robot0_eef_pos"]
-    hand = data.xpos[body_id(model, "gripper0_right_gripper")]
-    left = data.xpos[body_id(model, "gripper0_leftfinger")]
-    right = data.xpos[body_id(model, "gripper0_rightfinger")]
-    r0 = rotation_matrix(task.privileged()["robot0_eef_quat"])
-    approach = (eef - hand) / np.linalg.norm(eef - hand)  # hand -> fingertips, in the world
-    fingers = (right - left) / np.linalg.norm(right - left)
-    a_local, f_local = r0.T @ approach, r0.T @ fingers
-    local = np.stack([a_local, f_local, np.cross(a_local, f_local)], axis=1)
-    turns = [np.stack([pointing, f, np.cross(pointing, f)], axis=1) @ local.T for f in (across, -across)]
-    return r0, min(turns, key=lambda r: np.linalg.norm(rotation_vector(r @ r0.T)))
 
 
 class PullOpenExpert:
     """Open a drawer or a door by its handle: turn the hand to point into it with the fingers across the
     handle's bar (one above the other for a level bar: a top grasp would hit the drawer above), come in level
     with the handle, close the fingers around the bar, pull until LIBERO's open test holds, let go and back
-    away. Subclasses say which geom is the handle and which way it is pulled now."""
+    away. Subclasses say which geom is the handle and which way it is pulled now.
+
+    Phases: turn, approach, insert, grasp, pull, release, away."""
 
     APPROACH_OUT = 0.10  # the hand lines up this far out along the pull before it comes in to the handle
 
     def __init__(self, task, articulation: Articulation, done):
         self.art, self.done = articulation, done
-        self.phase, self.timer, self.rot_err = "turn", 0, np.inf
+        self.phase, self.timer, self.rot_err = Phase.TURN, 0, np.inf
         model, data = task.sim.model._model, task.sim.data._data
         # LIBERO's open test is a threshold near one joint limit: pull toward the side where it holds
         self.sign = -1.0 if done(self.art.qpos - 10.0) else 1.0
@@ -143,7 +72,7 @@ class PullOpenExpert:
 
     @property
     def finished(self) -> bool:
-        return self.phase == "away" and self.timer > 10 and self.rot_err < 0.1
+        return self.phase == Phase.AWAY and self.timer > 10 and self.rot_err < 0.1
 
     @property
     def handle_geom(self) -> int:
@@ -184,12 +113,12 @@ class PullOpenExpert:
         # the hand turned back down after 10 steps out and up, or (hurried) as soon as the open fingers are off the
         # handle (for every opening, together with a faster descent everywhere: libero_90 419 -> 411/450, the
         # microwave door 4/5 -> 2/5)
-        turning_back = self.phase == "away" and self.timer > (4 if self.hurried else 10)
+        turning_back = self.phase == Phase.AWAY and self.timer > (4 if self.hurried else 10)
         rot_err = rotation_vector((self.start_rot if turning_back else self._hand_rotation())
                                    @ rotation_matrix(raw["robot0_eef_quat"]).T)
         self.rot_err = float(np.linalg.norm(rot_err)) if turning_back else np.inf
         gripper, goal = -1.0, eef.copy()
-        if self.phase == "turn":  # in place, away from the furniture (up to above the handle if lower: the
+        if self.phase == Phase.TURN:  # in place, away from the furniture (up to above the handle if lower: the
             over = handle[2] + HOVER  # hand may have just set something down on the table)
             goal[2] = max(eef[2], over)
             # hurried, it lines up over the approach while it turns, once risen clear of what it may have just set
@@ -197,35 +126,35 @@ class PullOpenExpert:
             if self.hurried and eef[2] > over - 0.01:
                 goal[:2] = (handle + pull * self.APPROACH_OUT)[:2]
             if np.linalg.norm(rot_err) < 0.1:
-                self.phase = "approach"
-        elif self.phase == "approach":
+                self.phase = Phase.APPROACH
+        elif self.phase == Phase.APPROACH:
             if self.rise is None:
                 self.rise = self._rise(task.sim, handle, pull)
             goal = handle + pull * self.APPROACH_OUT + np.array([0.0, 0.0, self.rise])
             if self.rise > 0 and np.linalg.norm(goal[:2] - eef[:2]) > 0.015:  # across at the turn's height,
                 goal[2] = max(goal[2], eef[2])  # then down: the lower edge would sweep what stands there
             if np.linalg.norm(goal - eef) < 0.015:
-                self.phase = "insert"
-        elif self.phase == "insert":  # in above the handle by the rise, down to it once at the furniture
+                self.phase = Phase.INSERT
+        elif self.phase == Phase.INSERT:  # in above the handle by the rise, down to it once at the furniture
             at_face = float((eef - handle) @ pull) < 0.015
             goal = handle - pull * 0.005 + np.array([0.0, 0.0, 0.0 if at_face else self.rise])
             self.timer += 1
             if np.linalg.norm(goal - eef) < 0.008 or self.timer > 40:
-                self.phase, self.timer = "grasp", 0
-        elif self.phase == "grasp":
+                self.phase, self.timer = Phase.GRASP, 0
+        elif self.phase == Phase.GRASP:
             goal, gripper = handle - pull * 0.005, CLOSE
             self.timer += 1
             if self.timer >= 12:
-                self.phase, self.timer = "pull", 0
-        elif self.phase == "pull":
+                self.phase, self.timer = Phase.PULL, 0
+        elif self.phase == Phase.PULL:
             goal, gripper = handle + pull * 0.05, CLOSE
             self.timer = self.timer + 1 if self.done(self.art.qpos) else 0
             if self.timer >= HOLD_STEPS:
-                self.phase, self.timer = "release", 0
-        elif self.phase == "release":
+                self.phase, self.timer = Phase.RELEASE, 0
+        elif self.phase == Phase.RELEASE:
             self.timer += 1
             if self.timer > 8:
-                self.phase, self.timer = "away", 0
+                self.phase, self.timer = Phase.AWAY, 0
         else:  # out along the pull and up, then the hand turned back down
             goal = eef + (pull * 0.03 + np.array([0.0, 0.0, 0.02]) if self.timer <= 10 else 0.0)
             self.timer += 1
@@ -274,10 +203,7 @@ class HingeOpenExpert(PullOpenExpert):
 
     def _hand_rotation(self) -> np.ndarray:
         # turned with the door, so the fingers keep pointing into it (a fixed hand meets the turning door's face)
-        angle = self.art.qpos - self.start_qpos
-        k = self.art.axis()
-        cross = np.array([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]])
-        turn = np.eye(3) + np.sin(angle) * cross + (1 - np.cos(angle)) * cross @ cross
+        turn = Rotation.from_rotvec((self.art.qpos - self.start_qpos) * self.art.axis()).as_matrix()
         return turn @ self.target_rot
 
 
@@ -290,7 +216,6 @@ def articulated_expert(task, pred: tuple[str, ...]):
     ranges = obj.object_properties["articulation"]
     if kind == "open":
         if art.kind == SLIDE:
-            from ript.data.libero_tilted_push import LeaningPullExpert, ungraspable_handle
 
             opener = SlideOpenExpert(task, art, obj.is_open)
             handle, pull = opener._grip()
@@ -307,7 +232,6 @@ def articulated_expert(task, pred: tuple[str, ...]):
     if kind == "close":
         # LIBERO's test is a threshold near the joint's closed limit: push toward the side where it holds
         sign = 1.0 if obj.is_close(art.qpos + 10.0) else -1.0
-        from ript.data.libero_tilted_push import LeaningPushExpert, is_low_drawer
 
         if art.kind == SLIDE and is_low_drawer(art, float(collision_corners(task.sim, f"{obj.name}_main")[:, 2].max())):
             return LeaningPushExpert(task, art, sign, obj.is_close)

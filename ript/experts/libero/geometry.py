@@ -6,6 +6,7 @@ narrow side, the hand's orientation.
 from __future__ import annotations
 
 import numpy as np
+from scipy.spatial.transform import Rotation
 
 from ript.errors import RiptError
 
@@ -15,6 +16,10 @@ MAX_GRASP_WIDTH = 0.07  # the Panda hand opens to about 8 cm
 HAND_HALF_SPAN = 0.10  # the Panda hand reaches this far each way along the fingers' closing direction
 HAND_HALF_WIDTH = 0.035  # ... and this far each way across it (its thickness)
 HAND_CLEARANCE = 0.02  # room around the hand that needs no turn of the grasp
+FINGER_BELOW = 0.013  # the closed fingertips reach this far below the grip site
+# the hand pointing into a drawer, fingers one above the other: its lower edge under the grip site (measured in
+# that pose: 10.6 cm, where HAND_HALF_SPAN rounds to 10) and how far it reaches back from the grip site
+HAND_HALF_HEIGHT, HAND_BACK = HAND_HALF_SPAN + 0.006, 0.126
 
 
 def body_id(model, name: str) -> int:
@@ -179,14 +184,13 @@ def narrow_direction(corners: np.ndarray) -> tuple[float, float]:
 
 
 def rotation_matrix(quat_xyzw: np.ndarray) -> np.ndarray:
-    x, y, z, w = quat_xyzw / np.linalg.norm(quat_xyzw)
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
+    """The rotation matrix of a quaternion in robosuite's (x, y, z, w) order (scipy's too; MuJoCo's is w first)."""
+    return Rotation.from_quat(quat_xyzw).as_matrix()
 
 
 def rotation_vector(r: np.ndarray) -> np.ndarray:
-    """Axis x angle of a rotation matrix (angles below pi)."""
+    """Axis x angle of a rotation matrix (angles below pi). Written out rather than scipy's ``as_rotvec``, which
+    reads the angle another way (through a quaternion) and differs by up to 1e-8: enough to change the demos."""
     angle = float(np.arccos(np.clip((np.trace(r) - 1) / 2, -1.0, 1.0)))
     if angle < 1e-6:
         return np.zeros(3)
@@ -248,3 +252,21 @@ def yaw_error(sim, target: float) -> float:
 
     other = err - np.pi * np.sign(err)
     return other if abs(err) > np.pi / 4 and not fits(err) and fits(other) else err
+
+
+def hand_turn(task, pointing: np.ndarray, across: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the hand's rotation now, the rotation that points it along ``pointing`` with the fingers along ``across``
+    or ``-across``, whichever needs the smaller turn: the hand is symmetric). The two directions are found in the
+    gripper's own frame from its bodies, so a target frame can be written for them."""
+    model, data = task.sim.model._model, task.sim.data._data
+    eef = task.privileged()["robot0_eef_pos"]
+    hand = data.xpos[body_id(model, "gripper0_right_gripper")]
+    left = data.xpos[body_id(model, "gripper0_leftfinger")]
+    right = data.xpos[body_id(model, "gripper0_rightfinger")]
+    r0 = rotation_matrix(task.privileged()["robot0_eef_quat"])
+    approach = (eef - hand) / np.linalg.norm(eef - hand)  # hand -> fingertips, in the world
+    fingers = (right - left) / np.linalg.norm(right - left)
+    a_local, f_local = r0.T @ approach, r0.T @ fingers
+    local = np.stack([a_local, f_local, np.cross(a_local, f_local)], axis=1)
+    turns = [np.stack([pointing, f, np.cross(pointing, f)], axis=1) @ local.T for f in (across, -across)]
+    return r0, min(turns, key=lambda r: np.linalg.norm(rotation_vector(r @ r0.T)))

@@ -15,13 +15,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ript.data.libero_articulated import JointPushExpert, hand_turn
-from ript.data.libero_joints import SLIDE
-from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_geometry import (CLOSE, OPEN, POS_SCALE, ObstacleBoxes, collision_corners, narrow_direction,
-                                       rotation_matrix, rotation_vector, site_id)
-from ript.data.libero_slide_in import PUSH_LEAN, SLIDE_LIFT, Layer, StickingOut, shelf_layer
-from ript.data.libero_tilted_push import LeaningPushExpert
+from ript.experts.base import Phase
+from ript.experts.libero.geometry import (
+    CLOSE,
+    OPEN,
+    POS_SCALE,
+    ObstacleBoxes,
+    collision_corners,
+    hand_turn,
+    narrow_direction,
+    rotation_matrix,
+    rotation_vector,
+    site_id,
+)
+from ript.experts.libero.joints import SLIDE
+from ript.experts.libero.layers import PUSH_LEAN, SLIDE_LIFT, Layer, StickingOut, shelf_layer
+from ript.experts.libero.leaning import LeaningPushExpert
+from ript.experts.libero.pick_place import PickPlaceExpert
+from ript.experts.libero.push import JointPushExpert
 
 STANDING_HAND = 0.05  # what a hand over a standing box needs above its top (the fingers reach 3 cm over it)
 TURN_ROOM = 0.04  # the box, turned in the hand, sweeps round this far out from the layer's open side
@@ -48,9 +59,11 @@ class WayIn:
 class TurnedSlideInExpert(PickPlaceExpert):
     """Pick the box from above by its top edge, lift it clear and carry it to the start of the way in, turn the hand
     there until the fingers point along it, come down to the layer's floor, slide the box in, set it on its edge,
-    open the fingers and back out the way the hand came."""
+    open the fingers and back out the way the hand came.
 
-    HOLDING = ("lift", "carry", "turn", "drop", "enter", "lower")
+    Phases: those of ``PickPlaceExpert`` to the lift, then lift, carry, turn, drop, enter, lower, release."""
+
+    HOLDING = (Phase.LIFT, Phase.CARRY, Phase.TURN, Phase.DROP, Phase.ENTER, Phase.LOWER)
 
     def __init__(self, obj: str, target: str, site: str, layer: Layer):
         super().__init__(obj, target, site)
@@ -65,7 +78,7 @@ class TurnedSlideInExpert(PickPlaceExpert):
 
     @property
     def finished(self) -> bool:
-        return self.phase == "release" and self.timer > RELEASE_WAIT + self.settle
+        return self.phase == Phase.RELEASE and self.timer > RELEASE_WAIT + self.settle
 
     def _measure(self, obj_pts: np.ndarray, eef: np.ndarray) -> None:
         """The box's extents about the grip, once it is grasped."""
@@ -114,10 +127,10 @@ class TurnedSlideInExpert(PickPlaceExpert):
         sim, raw = task.sim, task.privileged()
         eef = raw["robot0_eef_pos"]
         obj_pts = collision_corners(sim, f"{self.obj}_main")
-        picking = self.phase not in (*self.HOLDING, "release")
+        picking = self.phase not in (*self.HOLDING, Phase.RELEASE)
         if picking or (self.turned is None and self.slipped(eef, float(obj_pts[:, 2].min()))):
             action = super().get_action(task)  # picking it up (again, if it slipped before the turn)
-            if picking and self.phase == "lift":
+            if picking and self.phase == Phase.LIFT:
                 self._measure(obj_pts, eef)
             return action
         slide_z = self.layer.floor + SLIDE_LIFT + self.upright
@@ -125,32 +138,32 @@ class TurnedSlideInExpert(PickPlaceExpert):
             self._plan(sim, slide_z)
         way, goal, gripper = self.way, eef.copy(), CLOSE
         rotation = rotation_matrix(raw["robot0_eef_quat"])
-        if self.phase == "lift":
+        if self.phase == Phase.LIFT:
             goal = np.array([eef[0], eef[1], self.turn_z])
             if eef[2] > self.turn_z - 0.01:
-                self.phase = "carry"
-        elif self.phase == "carry":
+                self.phase = Phase.CARRY
+        elif self.phase == Phase.CARRY:
             goal = np.array([*way.outside, self.turn_z])
             if np.linalg.norm(way.outside - eef[:2]) < 0.015:
-                self.phase = "turn"
+                self.phase = Phase.TURN
                 _, self.turned = hand_turn(task, np.array([*way.pointing, 0.0]),
                                            np.array([-way.pointing[1], way.pointing[0], 0.0]))
-        elif self.phase == "turn":
+        elif self.phase == Phase.TURN:
             goal = np.array([*way.outside, self.turn_z])
             if np.linalg.norm(rotation_vector(self.turned @ rotation.T)) < 0.08:
-                self.phase = "drop"
-        elif self.phase == "drop":
+                self.phase = Phase.DROP
+        elif self.phase == Phase.DROP:
             goal = np.array([*way.outside, slide_z])
             if abs(eef[2] - slide_z) < 0.008:
-                self.phase = "enter"
-        elif self.phase == "enter":
+                self.phase = Phase.ENTER
+        elif self.phase == Phase.ENTER:
             goal = np.array([*way.inside, slide_z])
             if np.linalg.norm(way.inside - eef[:2]) < 0.01:
-                self.phase = "lower"
-        elif self.phase == "lower":
+                self.phase = Phase.LOWER
+        elif self.phase == Phase.LOWER:
             goal = np.array([*way.inside, self.layer.floor + self.upright + 0.004])
             if eef[2] < goal[2] + 0.005:
-                self.phase, self.timer = "release", 0
+                self.phase, self.timer = Phase.RELEASE, 0
         else:  # release: let go, then back out along the fingers (not up: the board over them)
             gripper = OPEN
             goal = np.array([*(way.inside - way.pointing * (TURN_ROOM if self.timer > RELEASE_WAIT else 0.0)), eef[2]])

@@ -13,9 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_experts import PickPlaceExpert
-from ript.data.libero_geometry import (MAX_GRASP_WIDTH, ObstacleBoxes, collision_corners, narrow_direction, site_id,
-                                       site_position)
+from ript.experts.base import Phase
+from ript.experts.libero.geometry import (
+    MAX_GRASP_WIDTH,
+    ObstacleBoxes,
+    collision_corners,
+    narrow_direction,
+    site_id,
+    site_position,
+)
+from ript.experts.libero.pick_place import PickPlaceExpert
 
 FLAT = 0.03  # an object at most this tall and wider than the hand opens is dragged, not carried
 ROOM = 0.02  # clearance from other objects that a path need not exceed; beyond it the shorter path wins
@@ -76,9 +83,9 @@ class DragExpert(PickPlaceExpert):
         super().__init__(obj, None, site, release_height=0.0, clearance=0.0)
         self.route: list[np.ndarray] | None = None
 
-    def _target(self, sim) -> tuple[np.ndarray, float]:
-        goal, top = super()._target(sim)
-        if self.phase not in ("carry", "lower"):
+    def goal_point(self, sim) -> tuple[np.ndarray, float]:
+        goal, top = super().goal_point(sim)
+        if self.phase not in (Phase.CARRY, Phase.LOWER):
             return goal, top
         if self.route is None:
             self.route = plan_drag(sim, self.obj, self.target_site, self.rim)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ript.data.libero_geometry import geom_box_corners, in_subtree, is_collision_geom
 from ript.errors import RiptError
+from ript.experts.libero.geometry import geom_box_corners, in_subtree, is_collision_geom
 
 FREE, SLIDE, HINGE = 0, 2, 3  # MuJoCo joint types
 
@@ -48,7 +48,8 @@ class Articulation:
 
     def centers(self) -> np.ndarray:
         model, data = self.sim.model._model, self.sim.data._data
-        return np.array([data.geom_xpos[g] + data.geom_xmat[g].reshape(3, 3) @ model.geom_aabb[g, :3] for g in self.geoms])
+        return np.array([data.geom_xpos[g] + data.geom_xmat[g].reshape(3, 3) @ model.geom_aabb[g, :3]
+                         for g in self.geoms])
 
     def _radial(self, points: np.ndarray) -> np.ndarray:
         """From a hinge's axis to each point, square to the axis."""

@@ -5,8 +5,8 @@ writes a shard file, and a task's shards are merged into the task's file (``task
 atomically as soon as the task's last job is done. A finished task file is skipped, and each shard records
 the settings it was made with, so an interrupted collection resumes with its finished jobs (and refuses to
 mix in shards made with other settings).
-A suite's episode source (``collect_metaworld``, ``collect_libero``) opens a task with its expert, runs
-one episode and names the file attributes.
+A suite's episode source (``Suite.expert``, looked up in ``ript.registry.EXPERTS``: ``ript.experts.metaworld``,
+``ript.experts.libero.episode``) opens a task with its expert, runs one episode and names the file attributes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from ript.envs.gl import use_egl_device, worker_egl_devices
 from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
+from ript.experts.base import EpisodeSource
+from ript.registry import EXPERTS
 from ript.utils.logging import log
 from ript.utils.processes import die_with_parent
 
@@ -61,6 +63,15 @@ def _exit_with_parent(progress, started, egl_devices: list) -> None:
 
 
 _progress = None  # the worker process's progress queue (set by _exit_with_parent in each worker)
+
+
+def episode_source(name: str) -> EpisodeSource:
+    """The episode source a suite names (``Suite.expert``). Importing the families' modules registers them; each
+    loads its simulator only when a task is opened, so a host with one simulator installed collects its suites."""
+    from ript.experts import metaworld  # noqa: F401
+    from ript.experts.libero import episode  # noqa: F401
+
+    return EXPERTS.build(name)
 
 
 def job_settings(job: Job) -> dict[str, Any]:
@@ -96,7 +107,7 @@ def _run_jobs(jobs: list[Job]) -> list[dict[str, Any]]:
                 if task is not None:
                     task.close()
                     task = None  # closed: not closed again if the next task fails to open
-                task = get_suite(job.suite).episode_source().open_task(job.task, job.suite, job.render,
+                task = episode_source(get_suite(job.suite).expert).open_task(job.task, job.suite, job.render,
                                                                        job.max_episode_steps)
                 opened = key
             out.append(_run_job(job, task, time.perf_counter() - t0))
@@ -108,7 +119,7 @@ def _run_jobs(jobs: list[Job]) -> list[dict[str, Any]]:
 
 def _run_job(job: Job, task, open_s: float) -> dict[str, Any]:
     """Run one job on an open task and write its shard; returns its counts and where its seconds went."""
-    source = get_suite(job.suite).episode_source()
+    source = episode_source(get_suite(job.suite).expert)
     t_open = time.perf_counter()
     demos: list[Demo] = []
     attempts = retry = steps = 0
@@ -138,7 +149,8 @@ def _read_shard(path: Path) -> tuple[dict | None, int, int]:
         with h5py.File(path, "r") as f:
             raw = f["data"].attrs.get("shard")
             settings = json.loads(raw) if isinstance(raw, str) else None
-            return settings, len([n for n in f["data"] if n.startswith("demo_")]), int(f["data"].attrs.get("attempts", 0))
+            demos = len([n for n in f["data"] if n.startswith("demo_")])
+            return settings, demos, int(f["data"].attrs.get("attempts", 0))
     except (OSError, KeyError, ValueError):
         return None, 0, 0  # a damaged shard: collected again
 
@@ -187,6 +199,52 @@ def plan_jobs(jobs: list[Job], data_dir: Path, tasks: list[str]) -> tuple[list[J
     return [j for j in jobs if j.shard_path not in done], reused_demos, reused_attempts
 
 
+@dataclass(frozen=True)
+class Collection:
+    """One ``collect_demos`` call's settings: what makes every job of it and every task file it writes."""
+
+    suite: str
+    data_dir: Path
+    demos_per_task: int
+    render: dict
+    max_episode_steps: int
+    seed: int
+    noise: float
+    filter_success: bool
+    file_pattern: str
+
+    def final(self, task: str) -> Path:
+        return self.data_dir / self.file_pattern.format(name=task)
+
+    def jobs(self, tasks: list[str], episodes_per_job: int) -> list[Job]:
+        """Each task's demos in jobs of ``episodes_per_job``, each with its own shard file."""
+        jobs = []
+        for t in tasks:
+            for first in range(0, self.demos_per_task, episodes_per_job):
+                n = min(episodes_per_job, self.demos_per_task - first)
+                jobs.append(Job(self.suite, t, first, n, self.seed, self.noise, self.filter_success,
+                                max_attempts=min(4 * n, n + 90), render=dict(self.render),
+                                max_episode_steps=self.max_episode_steps,
+                                shard_path=str(self.data_dir / f".{t}.shard{first:05d}.hdf5")))
+        return jobs
+
+    def finish(self, source: EpisodeSource, task: str, demos: int, attempts: int) -> dict[str, Any]:
+        """Merge a task's shards into its file (a task short of demos gets no final file, so that a rerun collects
+        it again instead of skipping it) and return its stats."""
+        shards = sorted(self.data_dir.glob(f".{task}.shard*.hdf5"))
+        attrs = {**source.file_attrs(self.suite, task, dict(self.render), self.max_episode_steps), "seed": self.seed,
+                 "noise": self.noise, "filter_success": self.filter_success, "expert_attempts": attempts}
+        complete = demos >= self.demos_per_task
+        target = self.final(task) if complete else self.data_dir / f".{task}.incomplete.hdf5"
+        merged = merge_demo_files(shards, target, attrs)
+        for shard in shards:
+            shard.unlink()
+        n_success = sum(bool(d["success"]) for d in merged)
+        log.info("collect: %s: %d demos (%d successful) from %d attempts", task, len(merged), n_success, attempts)
+        return {"demos": len(merged), "successes": n_success, "attempts": attempts,
+                "mean_length": float(np.mean([d["num_samples"] for d in merged])) if merged else 0.0}
+
+
 def collect_demos(
     suite: str,
     task_names: list[str],
@@ -205,60 +263,50 @@ def collect_demos(
 
     Each job's shard records the settings it was made with; a rerun reuses the shards made the same way and
     refuses shards made otherwise. A task's file is written as soon as its last job finishes."""
-    from tqdm import tqdm
-
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    source = get_suite(suite).episode_source()
-    remove_stale_temporaries(data_dir)
-
-    def final(t: str) -> Path:
-        return data_dir / file_pattern.format(name=t)
-
-    todo = [t for t in task_names if not final(t).exists()]
+    run = Collection(suite, Path(data_dir), demos_per_task, render, max_episode_steps, seed, noise, filter_success,
+                     file_pattern)
+    run.data_dir.mkdir(parents=True, exist_ok=True)
+    source = episode_source(get_suite(suite).expert)
+    remove_stale_temporaries(run.data_dir)
+    todo = [t for t in task_names if not run.final(t).exists()]
     for t in sorted(set(task_names) - set(todo)):
-        log.info("collect: %s exists, skipping", final(t))
-    jobs = []
-    for t in todo:
-        for first in range(0, demos_per_task, episodes_per_job):
-            n = min(episodes_per_job, demos_per_task - first)
-            jobs.append(
-                Job(suite, t, first, n, seed, noise, filter_success, max_attempts=min(4 * n, n + 90), render=dict(render),
-                    max_episode_steps=max_episode_steps,
-                    shard_path=str(data_dir / f".{t}.shard{first:05d}.hdf5"))
-            )
-    jobs, collected, attempts = plan_jobs(jobs, data_dir, todo)
+        log.info("collect: %s exists, skipping", run.final(t))
+    jobs, collected, attempts = plan_jobs(run.jobs(todo, episodes_per_job), run.data_dir, todo)
     if collected:
         log.info("collect: resuming; %d finished demos of an interrupted run are kept", sum(collected.values()))
     remaining = {t: sum(j.task == t for j in jobs) for t in todo}
     stats: dict[str, dict[str, Any]] = {}
-
-    def finish(t: str) -> None:
-        shards = sorted(data_dir.glob(f".{t}.shard*.hdf5"))
-        attrs = {**source.file_attrs(suite, t, dict(render), max_episode_steps), "seed": seed, "noise": noise,
-                 "filter_success": filter_success, "expert_attempts": attempts.get(t, 0)}
-        # a task short of demos gets no final file, so that a rerun collects it again instead of skipping it
-        complete = collected.get(t, 0) >= demos_per_task
-        target = final(t) if complete else data_dir / f".{t}.incomplete.hdf5"
-        demos = merge_demo_files(shards, target, attrs)
-        for shard in shards:
-            shard.unlink()
-        n_success = sum(bool(d["success"]) for d in demos)
-        stats[t] = {"demos": len(demos), "successes": n_success, "attempts": attempts.get(t, 0),
-                    "mean_length": float(np.mean([d["num_samples"] for d in demos])) if demos else 0.0}
-        log.info("collect: %s: %d demos (%d successful) from %d attempts", t, len(demos), n_success, attempts.get(t, 0))
-
     for t in [t for t in todo if remaining[t] == 0]:  # every shard of the task was already there
-        finish(t)
+        stats[t] = run.finish(source, t, collected.get(t, 0), attempts.get(t, 0))
     if not jobs:
         return stats
     num_workers = max(1, min(num_workers or os.cpu_count() or 1, len(jobs)))
+    spent = dict.fromkeys(("env_steps", "open_s", "episodes_s", "write_s", "merge_s"), 0.0)
+    t0 = time.perf_counter()
+    for done in _run_pool(jobs, num_workers, run.data_dir, len(todo) * demos_per_task, sum(collected.values())):
+        task = done["task"]
+        attempts[task] = attempts.get(task, 0) + done["attempts"]
+        collected[task] = collected.get(task, 0) + done["demos"]
+        for k in ("env_steps", "open_s", "episodes_s", "write_s"):
+            spent[k] += done[k]
+        remaining[task] -= 1
+        if remaining[task] == 0:
+            t = time.perf_counter()
+            stats[task] = run.finish(source, task, collected.get(task, 0), attempts.get(task, 0))
+            spent["merge_s"] += time.perf_counter() - t
+    _log_time_spent(spent, time.perf_counter() - t0, num_workers)
+    return stats
+
+
+def _run_pool(jobs: list[Job], num_workers: int, data_dir: Path, total: int, initial: int):
+    """Run the jobs on ``num_workers`` spawned workers, yielding each job's result as its run finishes (a progress
+    bar of ``total`` demos counts the finished ones as they come)."""
+    from tqdm import tqdm
+
     # spawn: a forked child inherits a GL context and hangs.
     ctx = mp.get_context("spawn")
     progress = ctx.Queue()
-    spent = dict.fromkeys(("env_steps", "open_s", "episodes_s", "write_s", "merge_s"), 0.0)
-    t0 = time.perf_counter()
-    bar = tqdm(total=len(todo) * demos_per_task, initial=sum(collected.values()), desc="collect", unit="demo")
+    bar = tqdm(total=total, initial=initial, desc="collect", unit="demo")
     with ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_exit_with_parent,
                              initargs=(progress, ctx.Value("i", 0), worker_egl_devices(num_workers))) as pool:
         pending = {pool.submit(_run_jobs, run) for run in work_lists(jobs, num_workers)}
@@ -269,17 +317,7 @@ def collect_demos(
                     bar.update(progress.get())
                 for future in finished:
                     pending.discard(future)
-                    for done in future.result():  # re-raises a worker's error here
-                        task = done["task"]
-                        attempts[task] = attempts.get(task, 0) + done["attempts"]
-                        collected[task] = collected.get(task, 0) + done["demos"]
-                        for k in ("env_steps", "open_s", "episodes_s", "write_s"):
-                            spent[k] += done[k]
-                        remaining[task] -= 1
-                        if remaining[task] == 0:
-                            t = time.perf_counter()
-                            finish(task)
-                            spent["merge_s"] += time.perf_counter() - t
+                    yield from future.result()  # re-raises a worker's error here
         except BrokenProcessPool:
             raise RiptError(f"collect: a worker process died (killed, or out of memory) while collecting into "
                             f"{data_dir}; finished jobs are kept: rerun the same command to resume") from None
@@ -287,11 +325,12 @@ def collect_demos(
             for future in pending:
                 future.cancel()
             bar.close()
-    wall = time.perf_counter() - t0
+
+
+def _log_time_spent(spent: dict[str, float], wall: float, num_workers: int) -> None:
     busy = max(1e-9, spent["open_s"] + spent["episodes_s"] + spent["write_s"])
     log.info("collect: %d env steps in %.1f s (%.0f steps/s, %d workers); workers' time: opening tasks %.0f%%, "
              "episodes %.0f%%, writing shards %.0f%%, busy %.0f%% of workers x wall; merging task files %.1f s",
              spent["env_steps"], wall, spent["env_steps"] / max(wall, 1e-9), num_workers,
              100 * spent["open_s"] / busy, 100 * spent["episodes_s"] / busy, 100 * spent["write_s"] / busy,
              100 * busy / (num_workers * wall), spent["merge_s"])
-    return stats
