@@ -11,7 +11,8 @@ critic's value) and ``set_deterministic`` (the family's evaluation mode: its mod
 Sampling noise comes from one stream per episode, seeded from the episode's key and a draw of the policy's
 generator per run: an episode's actions depend on its own seed, not on which envs share its batch, how many
 workers there are, or how the runner schedules them. Every policy family (the QueST-style prior, OpenVLA-OFT,
-...; registered in ``ript.registry.POLICIES``, see ``ript.policies.families``) subclasses ``ChunkingPolicy`` and fills in ``start_task`` and ``plan``.
+...; registered in ``ript.registry.POLICIES``, see ``ript.policies.families``) subclasses ``ChunkingPolicy``
+and fills in ``start_task`` and ``plan``.
 """
 
 from __future__ import annotations

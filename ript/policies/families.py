@@ -13,18 +13,21 @@ import ript.policies.vla_family  # noqa: F401  (registers openvla_oft, openvla)
 from ript.errors import RiptError
 from ript.models.openvla_oft import model_family
 from ript.policies.family import PolicyFamily
-from ript.policies.vla_family import recorded_model
 from ript.registry import POLICIES
+from ript.utils.checkpoint import read_checkpoint_config, resolve_checkpoint_dir
 
 
 def checkpoint_model(path: str) -> str | None:
-    """The model a checkpoint holds: its recorded ``model_name``, or for a folder of another layout with the
-    official files, which OpenVLA it is. None for a path that is neither (the family's loader names the problem)."""
-    recorded = recorded_model(path)
-    if recorded is not None:
-        return recorded
-    folder = Path(path)
-    return model_family(folder) if (folder / "config.json").is_file() else None
+    """The model a checkpoint holds: its recorded ``model_name``; for an official OpenVLA(-OFT) folder (its
+    config.json names ``n_action_bins``), which of the two it is. None where neither can be read (a missing or
+    damaged checkpoint: the loader of the job's ``policy`` family then names the problem)."""
+    try:
+        config = read_checkpoint_config(resolve_checkpoint_dir(path))
+    except RiptError:
+        return None
+    if "model_name" in config:
+        return config["model_name"]
+    return model_family(Path(path)) if "n_action_bins" in config else None
 
 
 def family_for(cfg) -> PolicyFamily:
@@ -36,5 +39,6 @@ def family_for(cfg) -> PolicyFamily:
     name = model if model in POLICIES.names() else str(cfg.policy.name)
     family = POLICIES.get(name)()
     if cfg.policy.name not in family.configs:
-        raise RiptError(f"checkpoint {source} holds the {name} policy family's model; run it with policy={family.configs[0]}")
+        raise RiptError(f"checkpoint {source} holds the {name} policy family's model; run it with "
+                        f"policy={family.configs[0]}")
     return family
