@@ -90,7 +90,7 @@ def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon:
             policy = make_policy(model, settings, device, seed=0)
             if plan_alone:
                 policy.__class__ = PlannedAlone  # the same policy, only its batch layout differs
-            policy.record = True
+            policy.start_recording()
             sampler = InitialConditionSampler(ds.task_names, seed=0)
             collect_groups(runner, policy, sampler, sampling, DistInfo())  # warm-up: spawn workers, build envs
             policy.inference_seconds = 0.0

@@ -64,7 +64,7 @@ def main() -> None:
     res["infer_ms_batch"] = (time.perf_counter() - t) / 10 * 1000
     res["infer_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     cfg = compose("oft", ["checkpoint=x"])
-    add_lora(model, cfg.lora)
+    add_lora(model, cfg.policy.lora)
     model.add_scale_head(256, 0.1).to("cuda", torch.float32)
     learner = OFTLearner(model, grad_checkpointing=True, train_action_head=False)
     learner.attach(policy)

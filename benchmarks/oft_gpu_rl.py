@@ -31,7 +31,7 @@ from ript.rl.advantages import GAE, rloo
 from ript.rl.learners import OFTLearner, OpenVLALearner
 from ript.rl.rollout import group_episodes
 from ript.rl.update import epoch_orders, make_optimizer, minibatches, ppo_update, rescore, update_batch
-from ript.stages import oft
+from ript.policies.families import family_for
 from ript.utils import training
 from ript.utils.distributed import DistInfo
 from tests.helpers.official_checkpoints import LLAMA2_7B, official_config, write_official_checkpoint
@@ -74,30 +74,31 @@ def main() -> None:
                                   words="reach the goal press button".split() + filler)
         res["write_s"] = time.perf_counter() - t
     cfg = compose("oft", [f"checkpoint={a.folder}", "task=metaworld_ml45", f"task.task_names=[{','.join(TASKS)}]",
-                          "task.render.cameras=[corner]", "oft.image_keys=[corner_rgb]",
-                          f"oft.proprio_keys=[{'' if discrete else 'robot_states'}]", "oft.gripper=none",
-                          "oft.center_crop=false", f"rl.rollouts_per_group={a.k}", f"device={a.device}",
+                          "task.render.cameras=[corner]", "policy.image_keys=[corner_rgb]",
+                          f"policy.proprio_keys=[{'' if discrete else 'robot_states'}]", "policy.gripper=none",
+                          "policy.center_crop=false", f"rl.rollouts_per_group={a.k}", f"device={a.device}",
                           f"rl.advantage={a.advantage}", "rl.reward_scale=0.01",
                           f"rl.reward={'dense' if a.advantage == 'gae' else 'sparse'}",
                           "rl.recompute_old_log_probs=false"])  # rescored below, after measuring the gap
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    model, policy, metadata, names = oft.build(cfg, a.device, 0, sample=True)
+    loaded = family_for(cfg).load(cfg, a.device, 0, rl=True)
+    model, policy, metadata, names = loaded.model, loaded.policy, loaded.metadata, loaded.task_names
     res["load_s"] = time.perf_counter() - t
-    add_lora(model, cfg.lora)
+    add_lora(model, cfg.policy.lora)
     critic_cfg = cfg.rl.critic if a.advantage == "gae" else None
     if discrete:
-        learner = OpenVLALearner(model, bool(cfg.oft.gradient_checkpointing) and cuda, critic_cfg)
+        learner = OpenVLALearner(model, bool(cfg.policy.gradient_checkpointing) and cuda, critic_cfg)
     else:
         p = next(model.action_head.parameters())
-        model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale)).to(p.device, torch.float32)
-        learner = OFTLearner(model, bool(cfg.oft.gradient_checkpointing) and cuda, False, critic_cfg)
+        model.add_scale_head(int(cfg.policy.scale_head_hidden), float(cfg.policy.init_scale)).to(p.device, torch.float32)
+        learner = OFTLearner(model, bool(cfg.policy.gradient_checkpointing) and cuda, False, critic_cfg)
     learner.attach(policy)
     res["trainable_m"] = sum(q.numel() for q in learner.params) / 1e6
     if learner.critic is not None:
         res["critic_m"] = sum(q.numel() for q in learner.critic.parameters()) / 1e6
-    policy.record = True
+    policy.start_recording()
 
     runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], a.steps, episodes_per_task=1,
                        num_workers=a.workers, episodes_at_once=a.groups * a.k)

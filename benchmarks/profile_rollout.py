@@ -140,7 +140,8 @@ def main() -> None:
         model = make_prior(cfg, ds).to(device)
     settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
     policy = make_policy(model, settings, device, seed=0)
-    policy.record = bool(args.record)
+    if args.record:
+        policy.start_recording()
     policy.cuda_graph = policy.cuda_graph and bool(args.cuda_graph)
     out["cuda_graph"] = policy.cuda_graph
     per_task = max(1, args.episodes // len(ds.task_names))

@@ -116,7 +116,8 @@ def finetune(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 @app.command()
 def rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
-    """RL fine-tuning (leave-one-out PPO) of a chunk-policy checkpoint (checkpoint=...). Runs under torchrun too."""
+    """RL fine-tuning (leave-one-out PPO) of a checkpoint (checkpoint=...; policy=openvla_oft|openvla with an
+    official folder and task=...). Runs under torchrun too."""
     from ript.stages.rl import run
 
     _run("rl", overrides, run)
@@ -124,7 +125,8 @@ def rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 @app.command("oft-eval")
 def oft_eval(overrides: Optional[list[str]] = OVERRIDES) -> None:
-    """Evaluate an official OpenVLA-OFT or OpenVLA checkpoint folder (checkpoint=..., task=libero_*), optionally with an RL adapter."""
+    """`ript eval` with the oft config: an official OpenVLA-OFT or OpenVLA folder (checkpoint=..., task=libero_*),
+    optionally with an RL adapter (adapter=...)."""
     from ript.stages.oft import run_eval
 
     _run("oft", overrides, run_eval)
@@ -132,7 +134,7 @@ def oft_eval(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 @app.command("oft-rl")
 def oft_rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
-    """RL fine-tuning with LoRA of an OpenVLA-OFT checkpoint (Laplace head) or an OpenVLA one (its action bins)."""
+    """`ript rl` with the oft config: LoRA on an OpenVLA-OFT folder (Laplace head) or an OpenVLA one (its bins)."""
     from ript.stages.oft import run_rl
 
     _run("oft", overrides, run_rl)
@@ -156,7 +158,7 @@ def import_(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 @app.command("eval")
 def evaluate(overrides: Optional[list[str]] = OVERRIDES) -> None:
-    """Evaluate a checkpoint in the simulator (checkpoint=...)."""
+    """Evaluate a checkpoint in the simulator (checkpoint=...; policy=openvla_oft|openvla with task=...)."""
     from ript.stages.evaluate import run
 
     _run("eval", overrides, run)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from ript.errors import RiptError
+from ript.utils.containers import to_dict
+from ript.utils.device import resolve_device
+
+# the stages take the config helpers from here, including the two that live in ript.utils
+__all__ = ["CONFIG_DIR", "compose", "data_files", "resolve_device", "task_names", "to_dict"]
 
 CONFIG_DIR = Path(os.environ.get("RIPT_CONFIG_DIR", Path(__file__).resolve().parent.parent / "configs"))
 
@@ -35,10 +39,6 @@ def compose(name: str, overrides: list[str] | None = None) -> DictConfig:
     return cfg
 
 
-def to_dict(cfg: DictConfig) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
 def task_names(task_cfg: DictConfig) -> list[str]:
     """The task list: explicit ``task.task_names`` if given, else the benchmark's split."""
     from ript.envs.suites import get_suite
@@ -59,13 +59,3 @@ def data_files(task_cfg: DictConfig, names: list[str] | None = None) -> list[Pat
     if missing:
         raise RiptError(f"dataset file {missing[0]} does not exist; run `ript collect task={task_cfg.name}` first")
     return files
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RiptError(f"device={device!r} but CUDA is not available")
-    return device

@@ -205,6 +205,11 @@ class RL(Section):
         return name
 
 
+class Policy(Section):
+    """configs/policy/: the family's name; its other keys are the family's own (checked where it reads them)."""
+    name: str
+
+
 class Job(Section):
     seed: Seed
 
@@ -255,6 +260,7 @@ class RLEval(EvalEvery):
 
 
 class RLJob(RunJob):
+    policy: Policy
     rl: RL
     eval: RLEval
     sampling: Sampling
@@ -269,6 +275,7 @@ class OFTJob(RLJob):
 
 
 class EvalJob(EvalProtocol):
+    policy: Policy
     checkpoint: str
     out_dir: Optional[str]
     overwrite: bool

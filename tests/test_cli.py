@@ -63,6 +63,23 @@ def test_help_lists_the_jobs():
         assert job in out
 
 
+def test_every_policy_family_composes_for_rl_and_eval_and_a_mismatch_is_one_line(tmp_path, stage1_run):
+    from ript.config import compose
+    from ript.policies.families import family_for
+    from ript.registry import POLICIES
+
+    assert POLICIES.names() == ["openvla", "openvla_oft", "skill_prior"]
+    for job in ("rl", "eval"):
+        for name in POLICIES.names():
+            cfg = compose(job, [f"policy={name}", "checkpoint=x", "task=libero_spatial"])
+            assert cfg.policy.name == name and cfg.task.suite == "libero_spatial"
+        assert type(family_for(compose(job, [f"checkpoint={stage1_run}"]))) is POLICIES.get("skill_prior")
+    oft = compose("oft")  # the oft-* shorthands: RL's config with OpenVLA-OFT's keys and a LIBERO task
+    assert oft.policy.name == "openvla_oft" and oft.task.suite == "libero_spatial" and "lora" in oft.policy
+    assert_one_line_error(ript("eval", f"checkpoint={stage1_run}", "policy=openvla_oft", "task=libero_spatial"),
+                          "holds the skill_prior policy family's model", "policy=skill_prior")
+
+
 def test_collect_short_of_demos_leaves_no_final_file(tmp_path):
     # 30 steps are too few for the expert: no task file appears, so a rerun collects again rather than skipping
     result = ript("collect", f"task.data_dir={tmp_path}", "task.demos_per_task=1", "task.max_episode_steps=30",

@@ -83,11 +83,10 @@ def test_sampled_bins_are_scored_as_recorded_and_ppo_gae_updates_lora_and_critic
                           "rl.rollouts_per_group=1", "rl.epochs=1", "rl.minibatches=2", "rl.lr=1e-3",
                           "rl.critic.hidden=16", "rl.critic.lr=1e-3", "device=cpu"])
     model, policy = build(tiny_openvla, sample=True)
-    add_lora(model, cfg.lora)
+    add_lora(model, cfg.policy.lora)
     learner = OpenVLALearner(model, grad_checkpointing=False, critic_cfg=cfg.rl.critic)
     torch.nn.init.normal_(learner.critic.mlp[-1].weight, std=0.5)  # a fresh head predicts 0 everywhere
     learner.attach(policy)
-    policy.record = True
     runner = EnvRunner("metaworld", ["reach-v3"], to_dict(cfg.task.render), 5, episodes_per_task=1, num_workers=1)
     try:
         eps = runner.run(policy, specs=[EpisodeSpec("reach-v3", 3 * 10**9 + j, j) for j in range(2)])["episodes"]
@@ -120,26 +119,30 @@ def test_sampled_bins_are_scored_as_recorded_and_ppo_gae_updates_lora_and_critic
     assert any(not torch.equal(a, p) for a, p in zip(critic, learner.critic.parameters()))
 
 
-def test_oft_commands_run_an_openvla_folder_rl_and_evaluate_its_adapter(tiny_openvla, tmp_path):
-    """`ript oft-rl` on an openvla-7b-layout folder: PPO-GAE with the critic, one iteration; the RL checkpoint
-    (a LoRA adapter beside a pointer to the folder) evaluates through `ript oft-eval adapter=...`."""
-    from ript.stages import oft
+def test_rl_and_eval_run_an_openvla_folder_and_evaluate_its_rl_checkpoint(tiny_openvla, tmp_path):
+    """`ript rl policy=openvla` on an openvla-7b-layout folder: PPO-GAE with the critic, one iteration; the RL
+    checkpoint (a LoRA adapter beside a pointer to the folder) evaluates through `ript eval policy=openvla`."""
+    from ript.policies.families import family_for
+    from ript.stages import evaluate, rl
 
-    common = [f"checkpoint={tiny_openvla}", "task=metaworld_ml45", "task.task_names=[reach-v3]",
-              "task.render.image_size=32", "task.render.cameras=[corner]", "oft.image_keys=[corner_rgb]",
-              "oft.proprio_keys=[]", "oft.gripper=none", "oft.center_crop=false", "device=cpu"]
-    run = oft.run_rl(compose("oft", common + [
+    task = ["task=metaworld_ml45", "task.task_names=[reach-v3]", "task.render.image_size=32",
+            "task.render.cameras=[corner]", "policy=openvla", "policy.image_keys=[corner_rgb]", "policy.gripper=none",
+            "device=cpu"]
+    run = rl.run(compose("rl", [f"checkpoint={tiny_openvla}", *task,
         "rl.advantage=gae", "rl.reward=dense", "rl.reward_scale=0.1", "rl.groups_per_iteration=2",
-        "rl.rollouts_per_group=1", "rl.max_episode_steps=4", "rl.num_workers=1", "rl.minibatches=1",
-        "rl.critic.hidden=16", "rl.iterations=1", f"run_dir={tmp_path / 'run'}", "oft.gradient_checkpointing=false"]))
+        "rl.rollouts_per_group=1", "rl.max_episode_steps=4", "rl.num_workers=1", "rl.minibatches=1", "rl.epochs=1",
+        "rl.micro_batch=8", "rl.recompute_old_log_probs=true", "rl.critic.hidden=16", "rl.iterations=1", "eval.every=0", f"run_dir={tmp_path / 'run'}",
+        "policy.gradient_checkpointing=false"]))
     last = Path(run) / "checkpoints" / "last"
     assert (last / "adapter" / "adapter_model.safetensors").is_file() and (last / "critic.safetensors").is_file()
     config = json.loads((last / "config.json").read_text())
     assert config["model_name"] == "openvla" and config["weights_format"] == "adapter"
-    results = oft.run_eval(compose("oft", common[1:] + [f"adapter={run}", "eval.episodes_per_task=1",
-                                                        "eval.num_workers=1", "eval.max_episode_steps=3",
-                                                        "eval.n_videos=0", f"out_dir={tmp_path / 'eval'}"]))
-    assert results["episodes"][0]["length"] == 3
+    results = evaluate.run(compose("eval", [f"checkpoint={run}", *task, "episodes_per_task=1", "num_workers=1",
+                                            "max_episode_steps=3", "n_videos=0", f"out_dir={tmp_path / 'eval'}"]))
+    assert results["episodes"][0]["length"] == 3 and results["adapter"] == run
 
-    with pytest.raises(RiptError, match="takes 1 images; oft.image_keys names 2"):
-        oft.build(compose("oft", [*common, "oft.image_keys=[corner_rgb,gripperPOV_rgb]"]), "cpu", 0, False)
+    with pytest.raises(RiptError, match="takes 1 images; policy.image_keys names 2"):
+        cfg = compose("eval", [f"checkpoint={tiny_openvla}", *task, "policy.image_keys=[corner_rgb,gripperPOV_rgb]"])
+        family_for(cfg).load(cfg, "cpu", 0, rl=False)
+    with pytest.raises(RiptError, match="holds the openvla policy family.s model; run it with policy=openvla"):
+        family_for(compose("eval", [f"checkpoint={tiny_openvla}", "task=metaworld_ml45"]))  # policy=skill_prior

@@ -21,6 +21,14 @@ TINY_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2
              "num_key_value_heads": 4, "vocab_size": 256}
 
 
+def build(cfg, device: str, seed: int, sample: bool):
+    """(model, policy, metadata, task names) as the RL (``sample``) or evaluation stage loads them."""
+    from ript.policies.families import family_for
+
+    loaded = family_for(cfg).load(cfg, device, seed, rl=sample)
+    return loaded.model, loaded.policy, loaded.metadata, loaded.task_names
+
+
 def write_tiny(folder: Path, unnorm_key: str = "libero_object_no_noops", **kw) -> Path:
     cfg = official_config(TINY_TEXT, image_size=28, vision_overrides=TINY_VISION)
     return write_official_checkpoint(folder, cfg, unnorm_key, seed=0, shard_bytes=200_000, **kw)
@@ -116,7 +124,7 @@ def test_lora_adapter_save_load_merge(tmp_path, tiny):
 
     compose_cfg = compose("oft", [f"checkpoint={tiny}"])
     model, _ = load_official(tiny)
-    add_lora(model, compose_cfg.lora)
+    add_lora(model, compose_cfg.policy.lora)
     model.add_scale_head(16)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -163,13 +171,13 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
 
     ckpt = write_tiny(tmp_path / "mw", unnorm_key="metaworld", action_dim=4, proprio_dim=4)
     overrides = [f"checkpoint={ckpt}", "task=metaworld_ml45", "task.task_names=[reach-v3]", "task.render.image_size=32",
-                 "task.render.cameras=[corner]", "oft.image_keys=[corner_rgb]", "oft.proprio_keys=[robot_states]",
-                 "oft.gripper=none", "oft.center_crop=false", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",
+                 "task.render.cameras=[corner]", "policy.image_keys=[corner_rgb]", "policy.proprio_keys=[robot_states]",
+                 "policy.gripper=none", "policy.center_crop=false", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",
                  "rl.max_sampling_rounds=1", "rl.max_episode_steps=16", "rl.num_workers=1", "rl.minibatches=2",
-                 "oft.init_scale=0.5", "device=cpu", f"run_dir={tmp_path / 'run'}", "rl.iterations=1", "logger=tensorboard"]
+                 "policy.init_scale=0.5", "device=cpu", f"run_dir={tmp_path / 'run'}", "rl.iterations=1", "logger=tensorboard"]
     cfg = compose("oft", overrides)
-    model, policy, metadata, names = oft.build(cfg, "cpu", 0, sample=True)
-    add_lora(model, cfg.lora)
+    model, policy, metadata, names = build(cfg, "cpu", 0, sample=True)
+    add_lora(model, cfg.policy.lora)
     model.add_scale_head(16, 0.5)
     learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False)
     learner.attach(policy)
@@ -177,7 +185,6 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     from ript.envs.worker_env import EpisodeSpec
 
     runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], 16, episodes_per_task=1, num_workers=1)
-    policy.record = True
     try:
         eps = runner.run(policy, specs=[EpisodeSpec("reach-v3", 3 * 10**9 + j, j) for j in range(2)])["episodes"]
     finally:
@@ -192,12 +199,15 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     # the rank's device is chosen before the (7B) model is built on it: record the order of the real calls
     from ript.rl import loop
 
+    from ript.policies.vla_family import VLAFamily
+    from ript.stages import rl
+
     order = []
-    real_init, real_build = loop.init_rank, oft.build
-    monkeypatch.setattr(oft, "init_rank", lambda c: order.append("init_rank") or real_init(c))
-    monkeypatch.setattr(oft, "build", lambda *a, **k: order.append("build") or real_build(*a, **k))
-    out = Path(oft.run_rl(cfg))
-    assert order == ["init_rank", "build"]
+    real_init, real_load = loop.init_rank, VLAFamily.load
+    monkeypatch.setattr(rl, "init_rank", lambda c: order.append("init_rank") or real_init(c))
+    monkeypatch.setattr(VLAFamily, "load", lambda *a, **k: order.append("load") or real_load(*a, **k))
+    out = Path(oft.run_rl(cfg))  # the oft-rl shorthand: ript rl with the oft job's config
+    assert order == ["init_rank", "load"]
     assert (out / "checkpoints" / "last" / "adapter" / "adapter_config.json").is_file()
     resumed = oft.run_rl(compose("oft", [*overrides[:-2], "rl.iterations=2", "resume=true", "logger=tensorboard"]))
     steps = sorted(p.name for p in (Path(resumed) / "checkpoints").iterdir() if p.name.isdigit())
@@ -213,12 +223,12 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     from ript.model_loader import check_and_load, load_model
 
     last = Path(resumed) / "checkpoints" / "last"
-    ref_model, ref_policy, _, _ = oft.build(cfg, "cpu", 0, sample=False)
+    ref_model, ref_policy, _, _ = build(cfg, "cpu", 0, sample=False)
     inputs = {"images": data["images"], "prompts": data["prompts"], "proprio": data["proprio"]}
     with torch.no_grad():
         base_mean = ref_policy.forward(inputs)["mean"]
-    add_lora(ref_model, cfg.lora)
-    ref_model.add_scale_head(int(cfg.oft.scale_head_hidden), float(cfg.oft.init_scale))
+    add_lora(ref_model, cfg.policy.lora)
+    ref_model.add_scale_head(int(cfg.policy.scale_head_hidden), float(cfg.policy.init_scale))
     ref_learner = OFTLearner(ref_model, False, False)
     check_and_load(ref_learner.weights, load_file(str(last / "model.safetensors")), str(last))
     with torch.no_grad():
@@ -229,14 +239,14 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     ref_learner.write_extra(moved)
     _, ck = load_model(moved, device="cpu")
     assert ck["model_kwargs"]["base_checkpoint"] == str(ckpt.resolve()) and ck["weights_format"] == "adapter"
-    _, by_adapter, _, _ = oft.build(compose("oft", [*overrides[1:], f"adapter={moved}"]), "cpu", 0, sample=False)
+    _, by_adapter, _, _ = build(compose("oft", [*overrides[1:], f"adapter={moved}"]), "cpu", 0, sample=False)
     with torch.no_grad():
         got, want = by_adapter.forward(inputs), ref_policy.forward(inputs)
     for k in ("mean", "scale"):
         torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=1e-4)
     assert not torch.allclose(got["mean"], base_mean, atol=1e-3)  # the adapter was applied
     with pytest.raises(RiptError, match="was trained on"):
-        oft.build(compose("oft", [*overrides[1:], f"adapter={moved}", f"checkpoint={tmp_path}"]), "cpu", 0, False)
+        build(compose("oft", [*overrides[1:], f"adapter={moved}", f"checkpoint={tmp_path}"]), "cpu", 0, False)
 
 
 def test_oft_critic_values_and_bootstraps_are_recorded_as_recomputed(tmp_path):
@@ -250,22 +260,20 @@ def test_oft_critic_values_and_bootstraps_are_recorded_as_recomputed(tmp_path):
     from ript.rl.advantages import GAE
     from ript.rl.learners import OFTLearner
     from ript.rl.update import make_optimizer, ppo_update, update_batch
-    from ript.stages import oft
     from ript.utils.distributed import DistInfo
 
     ckpt = write_tiny(tmp_path / "mw", unnorm_key="metaworld", action_dim=4, proprio_dim=4)
     cfg = compose("oft", [f"checkpoint={ckpt}", "task=metaworld_ml45", "task.task_names=[reach-v3]",
-                          "task.render.image_size=32", "task.render.cameras=[corner]", "oft.image_keys=[corner_rgb]",
-                          "oft.proprio_keys=[robot_states]", "oft.gripper=none", "oft.center_crop=false",
+                          "task.render.image_size=32", "task.render.cameras=[corner]", "policy.image_keys=[corner_rgb]",
+                          "policy.proprio_keys=[robot_states]", "policy.gripper=none", "policy.center_crop=false",
                           "rl.advantage=gae", "rl.rollouts_per_group=1", "rl.reward=dense", "rl.epochs=1",
                           "rl.minibatches=1", "rl.critic.lr=1e-3", "rl.critic.hidden=16", "device=cpu"])
-    model, policy, metadata, names = oft.build(cfg, "cpu", 0, sample=True)
-    add_lora(model, cfg.lora)
+    model, policy, metadata, names = build(cfg, "cpu", 0, sample=True)
+    add_lora(model, cfg.policy.lora)
     model.add_scale_head(16, 0.5)
     learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False, critic_cfg=cfg.rl.critic)
     torch.nn.init.normal_(learner.critic.mlp[-1].weight, std=0.5)  # a fresh head predicts 0 everywhere
     learner.attach(policy)
-    policy.record = True
     runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], 12, episodes_per_task=1, num_workers=1)
     try:
         eps = runner.run(policy, specs=[EpisodeSpec("reach-v3", 3 * 10**9 + j, j) for j in range(2)])["episodes"]

@@ -42,7 +42,7 @@ def test_a_third_policy_runs_through_the_runner():
     outs = []
     for _ in range(2):  # seeded: the same policy seed gives the same episodes
         policy = NoisyHold(seed=3)
-        policy.record = True
+        policy.start_recording()
         runner = EnvRunner("metaworld", TASKS, RENDER, 12, 1, num_workers=2)
         try:
             outs.append(runner.run(policy, specs=specs))
@@ -61,6 +61,21 @@ def test_a_third_policy_runs_through_the_runner():
     again = sorted(outs[1]["episodes"], key=lambda e: e["episode"])
     assert all(np.array_equal(a["stack"], b["stack"])
                for x, y in zip(episodes, again) for a, b in zip(x["decisions"], y["decisions"]))
+
+
+def test_rl_switches_are_methods_and_record_is_read_only():
+    policy = NoisyHold()
+    assert not policy.record and policy.critic is None and not policy.deterministic
+    with pytest.raises(AttributeError):
+        policy.record = True  # the runner reads it; only start_recording / stop_recording switch it
+    policy.start_recording(observations=True)
+    assert policy.record and policy.record_observations
+    policy.stop_recording()
+    assert not policy.record and not policy.record_observations
+    head = torch.nn.Linear(2, 1)
+    policy.attach_critic(head)
+    policy.set_deterministic(True)
+    assert policy.critic is head and policy.deterministic
 
 
 class GaussianHold(ChunkingPolicy):
@@ -97,6 +112,10 @@ class GaussianLearner:
         self.model, self.weights, self.std = model, model, std
         self.critic = None
         self.params = list(model.parameters())
+
+    def attach(self, policy: ChunkingPolicy) -> None:
+        policy.attach_critic(self.critic)
+        policy.start_recording()
 
     def collate(self, decisions: list[dict], device: str) -> dict:
         return {"task_ids": torch.tensor([d["task_id"] for d in decisions]),

@@ -106,7 +106,7 @@ def test_a_sampling_round_keeps_the_same_groups_on_any_layout_and_cancels_the_re
     runs = []
     for workers, per_worker in ((1, 1), (2, 4), (2, 2)):
         policy = make_policy(model, settings, "cpu", seed=7)
-        policy.record = True
+        policy.start_recording()
         runner = EnvRunner("metaworld", ["drawer-close-v3"], render, 36, 1, num_workers=workers,
                            envs_per_worker=per_worker)
         sampler = InitialConditionSampler(["drawer-close-v3"], seed=0, k=2)
@@ -142,7 +142,7 @@ def test_recorded_log_probs_equal_recomputed_ones(stage1_run):
     model, ckpt = load_model(stage1_run)
     settings = {**sampling_settings(ckpt["metadata"], None, ckpt["cfg"]), "temperature": 0.8, "top_k": 5}
     policy = make_policy(model, settings, "cpu", seed=0)
-    policy.record = True
+    policy.start_recording()
     meta = ckpt["metadata"]
     runner = EnvRunner("metaworld", model.task_names, meta["env_args"]["render"], 20, 1, num_workers=1)
     try:
@@ -174,7 +174,7 @@ def test_a_recorded_decision_is_the_same_whichever_envs_share_its_batch(stage1_r
     decisions = []
     for batch in ([1], [0, 1, 3], [0, 1, 2, 3]):
         policy = make_policy(model, settings, "cpu", seed=3)
-        policy.record = True
+        policy.start_recording()
         assert policy.fixed_layout
         policy.reset(4)
         for i in range(4):
@@ -196,7 +196,6 @@ def test_encoders_train_from_recorded_observations_and_micro_batches_add_up(stag
     policy = make_policy(model, settings, "cpu", seed=0)
     learner = ChunkLearner(model, settings, prior_only=False)
     learner.attach(policy)
-    policy.record = True
     runner = EnvRunner("metaworld", model.task_names, ckpt["metadata"]["env_args"]["render"], 24, 1, num_workers=1)
     try:
         out = runner.run(policy, specs=[EpisodeSpec("button-press-v3", 7, 0), EpisodeSpec("drawer-close-v3", 7, 1)])

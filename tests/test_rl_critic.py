@@ -89,7 +89,6 @@ def critic_policy(stage1_run, greedy: bool):
     torch.manual_seed(0)
     torch.nn.init.normal_(learner.critic.mlp[-1].weight, std=0.1)  # a fresh head predicts 0 everywhere
     learner.attach(policy)
-    policy.record = True
     return model, ckpt, cfg, learner, policy
 
 

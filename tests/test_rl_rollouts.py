@@ -46,7 +46,7 @@ def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
     specs = [EpisodeSpec("button-press-v3", 3, 0, record=True), EpisodeSpec("drawer-close-v3", 3, 1),
              EpisodeSpec("button-press-v3", 4, 2)]
     policy = make_policy(model, settings, "cpu", seed=0)
-    policy.record = True
+    policy.start_recording()
     runner = EnvRunner("metaworld", model.task_names, render, 30, 1, num_workers=2)
     try:
         out = runner.run(policy, video_dir=tmp_path, specs=specs)
@@ -77,7 +77,7 @@ def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage
     runs = []
     for workers, per_worker in ((1, 1), (3, 1), (1, 3), (2, 2)):
         policy = make_policy(model, settings, "cpu", seed=7)
-        policy.record = True
+        policy.start_recording()
         runner = EnvRunner("metaworld", model.task_names, render, 24, 1, num_workers=workers,
                            envs_per_worker=per_worker)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -41,13 +42,29 @@ def egl_device_count() -> int:
         return 0
 
 
+def rank_egl_device() -> str | None:
+    """Under torchrun, the GPU this rank computes on (``init_rank`` made ``cuda:<local rank>`` the current
+    device), where EGL lists a device of that index: the rank's env workers render there rather than all on the
+    first GPU (an EGL device serves a fixed number of readbacks per second across all processes). None alone,
+    on a CPU rank, or before the rank chose its GPU."""
+    torch = sys.modules.get("torch")  # not imported for this: simulator processes never load it
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1 or torch is None or not torch.cuda.is_initialized():
+        return None
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.current_device() != local_rank or local_rank >= egl_device_count():
+        return None
+    return str(local_rank)
+
+
 def worker_egl_devices(workers: int) -> list[str | None]:
-    """The EGL device each of ``workers`` simulator processes renders on: the one chosen for this process (a
-    torchrun rank's own GPU, or the user's ``MUJOCO_EGL_DEVICE_ID``), else round-robin over the host's devices
-    (a device serves a fixed number of readbacks per second across all processes), else EGL's
-    default (None)."""
+    """The EGL device each of ``workers`` simulator processes renders on: the user's ``MUJOCO_EGL_DEVICE_ID``,
+    else a torchrun rank's own GPU (``rank_egl_device``), else round-robin over the host's devices (a device
+    serves a fixed number of readbacks per second across all processes), else EGL's default (None)."""
     if EGL_DEVICE in os.environ:
         return [os.environ[EGL_DEVICE]] * workers
+    rank_device = rank_egl_device()
+    if rank_device is not None:
+        return [rank_device] * workers
     count = egl_device_count()
     return [str(i % count) if count > 1 else None for i in range(workers)]
 

@@ -3,11 +3,16 @@
 A runner owns ``n`` envs and drives them in decision rounds. For each env the policy keeps the last
 ``frame_stack`` observations; ``act_chunk`` plans, in one batched call, a chunk of ``action_horizon`` actions
 for every active env and hands each chunk over whole; the runner executes a chunk inside its env worker and
-passes back (``observe``) the frames the next decision reads. With ``record`` on, the policy keeps what RL
-needs of each decision (``take_record``). Sampling noise comes from one stream per episode, seeded from the
-episode's key and a draw of the policy's generator per run: an episode's actions depend on its own seed, not
-on which envs share its batch, how many workers there are, or how the runner schedules them. Every policy family (the QueST-style prior, OpenVLA-OFT, ...)
-subclasses ``ChunkingPolicy`` and fills in ``start_task`` and ``plan``.
+passes back (``observe``) the frames the next decision reads. RL switches what differs from evaluation through
+methods, never by setting fields: ``start_recording`` / ``stop_recording`` (the policy then keeps what RL needs of
+each decision, ``take_record``; ``record`` reads the switch), ``attach_critic`` (decisions then record the
+critic's value) and ``set_deterministic`` (the family's evaluation mode: its mode or mean instead of a sample).
+
+Sampling noise comes from one stream per episode, seeded from the episode's key and a draw of the policy's
+generator per run: an episode's actions depend on its own seed, not on which envs share its batch, how many
+workers there are, or how the runner schedules them. Every policy family (the QueST-style prior, OpenVLA-OFT,
+...; registered in ``ript.registry.POLICIES``, see ``ript.policies.families``) subclasses ``ChunkingPolicy``
+and fills in ``start_task`` and ``plan``.
 """
 
 from __future__ import annotations
@@ -30,11 +35,48 @@ class ChunkingPolicy(ABC):
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)  # one draw per run; checkpointed by RL
         self.obs_keys = obs_keys              # observation keys kept (None: all)
-        self.record = False                   # keep what RL needs of every decision
-        self.critic: torch.nn.Module | None = None  # a value head RL attaches: decisions then record "value"
+        self._record = False                  # keep what RL needs of every decision
+        self._record_obs = False              # ... and each decision's observations (RL that trains the encoders)
+        self._critic: torch.nn.Module | None = None  # a value head RL attaches: decisions then record "value"
+        self._deterministic = False           # the family's evaluation mode instead of sampling
         self.inference_seconds = 0.0          # time spent in plan(), for the rollout's timing metrics
         self.plan_calls = 0                   # batched planning calls (decisions / calls: the mean batch)
         self.reset(0)
+
+    @property
+    def record(self) -> bool:
+        """Whether decisions are recorded for RL (the runner reads it; ``start_recording`` sets it)."""
+        return self._record
+
+    @property
+    def record_observations(self) -> bool:
+        """Whether recorded decisions also keep their observations."""
+        return self._record_obs
+
+    @property
+    def critic(self) -> torch.nn.Module | None:
+        return self._critic
+
+    @property
+    def deterministic(self) -> bool:
+        return self._deterministic
+
+    def start_recording(self, observations: bool = False) -> None:
+        """Keep what RL needs of every decision from now on; with ``observations``, also the decision's
+        observations (an update that trains the observation encoders recomputes from them)."""
+        self._record, self._record_obs = True, observations
+
+    def stop_recording(self) -> None:
+        self._record, self._record_obs = False, False
+
+    def attach_critic(self, head: torch.nn.Module | None) -> None:
+        """The value head whose value of each decision's state is recorded (None: no critic)."""
+        self._critic = head
+
+    def set_deterministic(self, on: bool) -> None:
+        """Plan with the family's deterministic choice (the mode or mean of its action distribution, as it is
+        evaluated) instead of sampling; RL samples."""
+        self._deterministic = on
 
     def reset(self, n_envs: int) -> None:
         """A new run of ``n_envs`` envs (its episodes' noise streams key on a fresh draw of ``generator``)."""

@@ -33,13 +33,18 @@ class ChunkPolicy(ChunkingPolicy):
         self.model = model.eval().to(device)
         super().__init__(model.autoencoder.action_dim, action_horizon, model.frame_stack, device, seed,
                          obs_keys=model.image_keys + model.lowdim_keys)
-        self.sample_kwargs = {"temperature": temperature, "top_k": top_k, "greedy": greedy}
+        self.sampling = {"temperature": temperature, "top_k": top_k}
+        self.set_deterministic(greedy)  # greedy: each token's most likely value
         self.amp = amp and self.device.type == "cuda"
-        self.record = record
-        self.record_obs = False  # also record each decision's observations (RL that trains the encoders)
+        if record:
+            self.start_recording()
         # one CUDA graph per padded batch size: a decision is ~1,300 small kernels, launch-bound when eager
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
         self.graphs: dict[int, GraphedCall] = {}
+
+    def set_deterministic(self, on: bool) -> None:
+        super().set_deterministic(on)
+        self.graphs = {}  # a captured decision has the choice baked in
 
     def reset(self, n_envs: int) -> None:
         super().reset(n_envs)
@@ -55,7 +60,7 @@ class ChunkPolicy(ChunkingPolicy):
         # autocast's weight-cast cache must stay off for CUDA-graph capture
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False):
             context = model.context(obs, task_ids)
-            tokens, log_probs = model.sample(context, noise=noise, **self.sample_kwargs)
+            tokens, log_probs = model.sample(context, noise=noise, greedy=self.deterministic, **self.sampling)
             chunks = model.autoencoder.action_normalizer.unnormalize(model.autoencoder.decode_indices(tokens).float())
         context = context.float()
         values = context.new_zeros(len(context)) if self.critic is None else self.critic(context)
@@ -96,7 +101,7 @@ class ChunkPolicy(ChunkingPolicy):
     def plan(self, envs: list[int]) -> np.ndarray:
         rows, picked = self._layout(envs)
         host_obs, inputs = self._inputs(rows)
-        if not self.sample_kwargs["greedy"]:
+        if not self.deterministic:
             noise = self.env_draws(envs, lambda g: self.model.sampling_noise(1, self.device, g)[0])
             inputs["noise"] = noise[[envs.index(i) for i in rows]]  # every row reads one of envs
         graphed = self._graph_for(len(self.history), inputs) if self.cuda_graph and not self.model.training else None
@@ -114,7 +119,7 @@ class ChunkPolicy(ChunkingPolicy):
                           "log_probs": log_probs[j].clone()}
                 if self.critic is not None:
                     record["value"] = values[j].clone()
-                if self.record_obs:  # kept on the host: a few hundred MB per iteration at 128 px
+                if self.record_observations:  # kept on the host: a few hundred MB per iteration at 128 px
                     record.update(obs={k: v[picked[j]].clone() for k, v in host_obs.items()}, task_id=self.task_ids[i])
                 self.records[i].append(record)
         return chunks.cpu().numpy()  # waits for the GPU

@@ -81,9 +81,9 @@ class OFTPolicy(ChunkingPolicy):
                  sample: bool = False, seed: int = 0, amp: bool = True):
         cfg = model.cfg
         if len(image_keys) != cfg.num_images:
-            raise RiptError(f"the checkpoint takes {cfg.num_images} images; oft.image_keys names {len(image_keys)}")
+            raise RiptError(f"the checkpoint takes {cfg.num_images} images; policy.image_keys names {len(image_keys)}")
         if gripper not in ("libero", "none"):
-            raise RiptError(f"oft.gripper must be 'libero' or 'none', not {gripper!r}")
+            raise RiptError(f"policy.gripper must be 'libero' or 'none', not {gripper!r}")
         self.model, self.tokenizer = model, tokenizer
         # OFT reads the current observation only (frame stack 1) and executes whole chunks open-loop by default
         super().__init__(cfg.action_dim, action_horizon or cfg.chunk_size, 1, device, seed,
@@ -92,7 +92,8 @@ class OFTPolicy(ChunkingPolicy):
         self.proprio = Normalizer(statistics["proprio"]) if cfg.proprio_dim else None
         self.instructions, self.image_keys, self.proprio_keys = instructions, image_keys, proprio_keys
         self.chunk = cfg.chunk_size
-        self.center_crop, self.gripper, self.sample = center_crop, gripper, sample
+        self.center_crop, self.gripper = center_crop, gripper
+        self.set_deterministic(not sample)  # the L1 head's mean, as OFT evaluates
         self.amp = amp and self.device.type == "cuda"
         self._prompts: dict[str, list[int]] = {}
         self.eos = tokenizer.eos_token_id
@@ -113,7 +114,7 @@ class OFTPolicy(ChunkingPolicy):
         missing = [k for k in self.obs_keys if k not in obs]
         if missing:
             raise RiptError(f"observation has no {missing[0]!r} (has: {', '.join(sorted(obs))}); "
-                            f"set oft.image_keys / oft.proprio_keys")
+                            f"set policy.image_keys / policy.proprio_keys")
         super().observe(i, obs)
 
     def inputs(self, envs: list[int]) -> dict:
@@ -143,9 +144,9 @@ class OFTPolicy(ChunkingPolicy):
         inputs = self.inputs(envs)
         out = self.forward(inputs)
         mean = out["mean"]
-        if self.sample and "scale" not in out:
+        if not self.deterministic and "scale" not in out:
             raise RiptError("sampling needs the Laplace scale head (model.add_scale_head())")
-        if self.sample:
+        if not self.deterministic:
             u = self.env_draws(envs, lambda g: torch.rand(mean.shape[1:], generator=g, device=mean.device)) - 0.5
             noise = -torch.sign(u) * torch.log1p(-2 * u.abs())  # standard Laplace by inversion
             actions = mean + out["scale"] * noise
@@ -158,7 +159,7 @@ class OFTPolicy(ChunkingPolicy):
                 self.records[i].append({"images": inputs["images"][j].cpu(),
                                         "proprio": None if inputs["proprio"] is None else inputs["proprio"][j],
                                         "prompt": inputs["prompts"][j], "actions": actions[j].float().cpu(),
-                                        "log_probs": log_probs[j].float().cpu() if self.sample else None})
+                                        "log_probs": None if self.deterministic else log_probs[j].float().cpu()})
                 if values is not None:
                     self.records[i][-1]["value"] = values[j].float().cpu()
         return self.to_env(actions.float().cpu().numpy())

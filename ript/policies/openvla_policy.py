@@ -78,7 +78,7 @@ class OpenVLAPolicy(OFTPolicy):
     def plan(self, envs: list[int]) -> np.ndarray:
         inputs = self.inputs(envs)
         draws = self.env_draws(envs, lambda g: torch.rand(self.action_dim, generator=g, device=self.device)) \
-            if self.sample else None
+            if not self.deterministic else None
         bins, logits, hidden = self._decode(inputs, draws)
         log_probs = self.bin_log_probs(logits).gather(-1, bins.unsqueeze(-1)).squeeze(-1)
         values = None if self.critic is None else self.critic(state_hidden(hidden))

@@ -1,8 +1,9 @@
 """Learners: what the RL loop needs from a policy family, behind one protocol, so the loop is written once.
 
 A learner lists the parameters RL trains, the module whose state checkpoints hold (``weights``), its value
-head if it has one (``critic``), collates the recorded decisions of a batch of rollouts, and scores them under
-the current parameters: log-probs, entropy and (with a critic) values.
+head if it has one (``critic``), attaches to the policy it trains (``attach``: the policy then records what the
+update reads, with the critic's values), collates the recorded decisions of a batch of rollouts, and scores them
+under the current parameters: log-probs, entropy and (with a critic) values.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Protocol
 import torch
 from omegaconf import OmegaConf
 
+from ript.policies.base import ChunkingPolicy
 from ript.policies.chunk_policy import ChunkPolicy
 from ript.rl.critic import AttentionPoolValueHead, ContextValueHead
 from ript.rl.objective import token_scores
@@ -34,6 +36,7 @@ class Learner(Protocol):
     weights: torch.nn.Module     # what RL checkpoints hold
     critic: torch.nn.Module | None  # the value head (advantage=gae), saved as critic.safetensors
 
+    def attach(self, policy: ChunkingPolicy) -> None: ...  # the policy records what collate reads; the critic's too
     def collate(self, decisions: list[dict], device: str) -> dict: ...
     def score(self, data: dict, idx: torch.Tensor) -> Scored: ...
     def write_extra(self, folder: Path) -> None: ...  # further files every RL checkpoint carries
@@ -72,8 +75,8 @@ class ChunkLearner:
                 {"compile": True, "deterministic": False, "cuda_graphs": True}), str(model.pos_emb.device))
 
     def attach(self, policy: ChunkPolicy) -> None:
-        policy.record_obs = self.encodes
-        policy.critic = self.critic
+        policy.attach_critic(self.critic)
+        policy.start_recording(observations=self.encodes)  # the encoders train: their inputs are kept
 
     def write_extra(self, folder: Path) -> None:
         """Nothing beyond the weights: a chunk-policy checkpoint is complete as it is."""
@@ -150,7 +153,8 @@ class OFTLearner:
 
     def attach(self, policy) -> None:
         self.policy = policy
-        policy.critic = self.critic
+        policy.attach_critic(self.critic)
+        policy.start_recording()
 
     def write_extra(self, folder: Path) -> None:
         """The LoRA adapter and heads in peft's own format, so every RL checkpoint can be evaluated."""

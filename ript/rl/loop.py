@@ -87,7 +87,7 @@ def train_loop(run: RLRun) -> str:
     opt, sched = make_optimizer(learner, cfg, device)
     sampling = GroupSampling.from_config(cfg.rl)
     sampler = make_sampler(cfg, names, str(metadata.get("suite")), info, sampling.k)
-    policy.record = True  # the contract's switch: keep what the update needs of every decision
+    learner.attach(policy)  # the policy records what the update reads (with the critic's values, if any)
     start_iter, run_id, env_steps_done = 0, None, 0  # env steps of the counted episodes, over all ranks
     if resume_from is not None:
         check_and_load(learner.weights, load_weights(resume_from), str(resume_from))

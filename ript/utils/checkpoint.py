@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 import ript
 from ript.errors import RiptError
 from ript.utils.atomic import atomic_replace, fsync_path
+from ript.utils.containers import to_dict
 from ript.utils.seeding import rng_state, set_rng_state
 
 WEIGHTS = "model.safetensors"
@@ -193,8 +194,6 @@ def versions() -> dict[str, str]:
 def checkpoint_config(stage: str, model_name: str, model_kwargs: dict, cfg, metadata: dict,
                       weights_format: str = "full") -> dict[str, Any]:
     """``config.json`` of a checkpoint (see ``ript.model_loader`` for the weight formats)."""
-    from ript.config import to_dict
-
     return {"stage": stage, "model_name": model_name, "model_kwargs": model_kwargs, "weights_format": weights_format,
             "cfg": to_dict(cfg), "metadata": metadata, "versions": versions()}
 

@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 
 from ript.errors import RiptError
+from ript.utils.device import resolve_device
+from ript.utils.logging import log
 from ript.utils.processes import usable_cores
 
 
@@ -32,9 +34,8 @@ class DistInfo:
 def init_rank(device: str) -> tuple[str, DistInfo]:
     """This process's device and place in the group torchrun describes (alone: rank 0 of 1). Every entry point
     calls it before building anything, so under torchrun each rank builds on cuda:<local rank>, and NCCL is
-    told that device (no guessing the rank-to-GPU mapping)."""
-    from ript.config import resolve_device
-
+    told that device (no guessing the rank-to-GPU mapping); the rank's env workers render on that GPU too
+    (``ript.envs.gl.worker_egl_devices``)."""
     device = resolve_device(device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
@@ -43,10 +44,7 @@ def init_rank(device: str) -> tuple[str, DistInfo]:
     if device == "cuda":
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-        render_on_rank_gpu(local_rank)
     if int(os.environ.get("RANK", "0")) != 0:
-        from ript.utils.logging import log
-
         log.setLevel("WARNING")  # rank 0 reports progress; the others only their warnings and errors
     if not dist.is_initialized():
         if device.startswith("cuda"):
@@ -55,17 +53,6 @@ def init_rank(device: str) -> tuple[str, DistInfo]:
             dist.init_process_group("gloo")
     return device, DistInfo(dist.get_rank(), dist.get_world_size(), local_rank,
                             int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-
-
-def render_on_rank_gpu(local_rank: int) -> None:
-    """Under torchrun, the rank's env workers (spawned later, they inherit the environment) render through EGL
-    on the rank's own GPU rather than all on the first one (an EGL device serves a fixed number of readbacks per
-    second across all processes). A device the user chose is kept; nothing is set where EGL
-    lists no device of that index."""
-    from ript.envs.gl import EGL_DEVICE, egl_device_count
-
-    if EGL_DEVICE not in os.environ and local_rank < egl_device_count():
-        os.environ[EGL_DEVICE] = str(local_rank)
 
 
 def batch_share(batch_size: int, info: DistInfo) -> slice:

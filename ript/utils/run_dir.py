@@ -16,6 +16,7 @@ from typing import Any
 from ript.errors import RiptError
 from ript.utils.atomic import atomic_write_text
 from ript.utils.checkpoint import read_checkpoint_config, remove_partial_checkpoints, resolve_checkpoint_dir
+from ript.utils.containers import to_dict
 from ript.utils.logging import log
 
 # Keys that change how a run is driven or reported, not what it computes: a resumed run may change them.
@@ -73,8 +74,6 @@ def check_resume_config(cfg: dict, ckpt: Path) -> None:
 def prepare_run_dir(cfg, create: bool = True) -> tuple[Path, Path | None]:
     """(run dir, checkpoint to resume or None). ``create=False`` only checks; ``create=True`` also creates the
     folder and writes its config.json (or, resuming, clears what a killed save left)."""
-    from ript.config import to_dict
-
     run_dir = Path(cfg.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RiptError(f"run_dir {run_dir} is a file, not a folder; choose another run_dir")

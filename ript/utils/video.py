@@ -1,11 +1,14 @@
+"""Episode videos: mp4 files, and GIFs of them for TensorBoard."""
+
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import numpy as np
 
-from ript.utils.logging import log
+log = logging.getLogger("ript")  # the package's logger, set up by ript.utils.logging (which imports this module)
 
 
 def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 30) -> bool:

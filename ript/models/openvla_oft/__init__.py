@@ -22,18 +22,18 @@ def model_family(folder: str | Path) -> str:
     return "openvla_oft" if any(Path(folder).glob("action_head--*checkpoint.pt")) else "openvla"
 
 
-def model_kwargs(cfg) -> tuple[str, dict]:
-    """(model name, what it needs to rebuild the model an ``oft`` config describes)."""
-    if not cfg.checkpoint:
+def model_kwargs(checkpoint: str | None, policy_cfg) -> tuple[str, dict]:
+    """(model name, what it needs to rebuild the model of an official folder with a ``policy`` config's keys)."""
+    if not checkpoint:
         raise RiptError("checkpoint=<official OpenVLA-OFT or OpenVLA folder> is required")
-    if str(cfg.oft.dtype) not in DTYPES:
-        raise RiptError(f"oft.dtype must be one of {', '.join(DTYPES)}, not {cfg.oft.dtype!r}")
-    folder = Path(cfg.checkpoint).resolve()
+    if str(policy_cfg.dtype) not in DTYPES:
+        raise RiptError(f"policy.dtype must be one of {', '.join(DTYPES)}, not {policy_cfg.dtype!r}")
+    folder = Path(checkpoint).resolve()
     if model_family(folder) == "openvla":
-        return "openvla", {"base_checkpoint": str(folder), "dtype": str(cfg.oft.dtype)}
-    return "openvla_oft", {"base_checkpoint": str(folder), "dtype": str(cfg.oft.dtype),
-                           "chunk_size": int(cfg.oft.chunk_size), "attention": str(cfg.oft.attention),
-                           "num_images": len(cfg.oft.image_keys)}
+        return "openvla", {"base_checkpoint": str(folder), "dtype": str(policy_cfg.dtype)}
+    return "openvla_oft", {"base_checkpoint": str(folder), "dtype": str(policy_cfg.dtype),
+                           "chunk_size": int(policy_cfg.chunk_size), "attention": str(policy_cfg.attention),
+                           "num_images": len(policy_cfg.image_keys)}
 
 
 @MODELS.register("openvla_oft")

@@ -50,5 +50,5 @@ def load_adapter(model, folder: str | Path, merge: bool = False) -> None:
         head.load_state_dict(scale)
         head.to(p.device, p.dtype)
     action = {k.removeprefix("action_head."): v for k, v in heads.items() if k.startswith("action_head.")}
-    if action:  # RL trained the action head too (oft.train_action_head=true)
+    if action:  # RL trained the action head too (policy.train_action_head=true)
         model.action_head.load_state_dict({k: v.to(p.device, p.dtype) for k, v in action.items()})

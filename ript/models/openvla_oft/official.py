@@ -172,7 +172,7 @@ def load_official(folder: str | Path, device: str | torch.device = "cpu", dtype:
                 raise RiptError(f"{file}: unexpected key {key!r}")
             if tuple(tensor.shape) != tuple(own[name].shape):
                 raise RiptError(f"{file}: key {key!r} has shape {tuple(tensor.shape)}, model expects "
-                                f"{tuple(own[name].shape)} (config.json's LLM width, or oft.chunk_size?)")
+                                f"{tuple(own[name].shape)} (config.json's LLM width, or policy.chunk_size?)")
             _set_param(model, name, tensor.to(device=device, dtype=dtype).contiguous())
             filled.add(name)
     require_all_filled(model, filled, folder)
@@ -251,4 +251,4 @@ def pick_statistics(stats: dict, suite: str, key: str | None, where: str) -> dic
                                                        for x in _flat(v)):
                         raise RiptError(f"{where}: statistics {k!r} {group}.{name} hold NaN, inf or non-numbers")
             return entry
-    raise RiptError(f"{where}: no statistics for {key or suite!r}; available: {', '.join(stats)} (set oft.unnorm_key)")
+    raise RiptError(f"{where}: no statistics for {key or suite!r}; available: {', '.join(stats)} (set policy.unnorm_key)")

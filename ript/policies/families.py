@@ -1,0 +1,44 @@
+"""Which policy family a checkpoint holds, by name: a ript checkpoint's recorded ``model_name`` (stage 1,
+finetune and RL record it), or an official OpenVLA(-OFT) folder's contents. Importing this module registers
+every family in ``ript.registry.POLICIES``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+import ript.policies.skill_prior_family  # noqa: F401  (registers skill_prior)
+import ript.policies.vla_family  # noqa: F401  (registers openvla_oft, openvla)
+from ript.errors import RiptError
+from ript.models.openvla_oft import model_family
+from ript.policies.family import PolicyFamily
+from ript.registry import POLICIES
+from ript.utils.checkpoint import read_checkpoint_config, resolve_checkpoint_dir
+
+
+def checkpoint_model(path: str) -> str | None:
+    """The model a checkpoint holds: its recorded ``model_name``; for an official OpenVLA(-OFT) folder (its
+    config.json names ``n_action_bins``), which of the two it is. None where neither can be read (a missing or
+    damaged checkpoint: the loader of the job's ``policy`` family then names the problem)."""
+    try:
+        config = read_checkpoint_config(resolve_checkpoint_dir(path))
+    except RiptError:
+        return None
+    if "model_name" in config:
+        return config["model_name"]
+    return model_family(Path(path)) if "n_action_bins" in config else None
+
+
+def family_for(cfg) -> PolicyFamily:
+    """The family of the job's checkpoint (that of ``cfg.policy.name`` when the checkpoint names none the registry
+    knows, e.g. a stage-0 checkpoint: its loader then says what is wrong); refused when the ``policy`` config's
+    keys are not the ones that family reads."""
+    source = OmegaConf.select(cfg, "adapter") or cfg.checkpoint  # the oft job's adapter= is an RL checkpoint
+    model = checkpoint_model(str(source)) if source else None
+    name = model if model in POLICIES.names() else str(cfg.policy.name)
+    family = POLICIES.get(name)()
+    if cfg.policy.name not in family.configs:
+        raise RiptError(f"checkpoint {source} holds the {name} policy family's model; run it with "
+                        f"policy={family.configs[0]}")
+    return family

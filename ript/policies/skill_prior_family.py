@@ -1,0 +1,82 @@
+"""The skill prior's chunk policy as a policy family: stage-1, finetune and RL checkpoints, sampled with the
+settings the checkpoint records (the job's ``sampling:`` overrides them), trained by ``ChunkLearner``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ript.envs.evaluation import evaluate_during_training, evaluation_dir, results_dir
+from ript.errors import RiptError
+from ript.model_loader import load_model
+from ript.policies.build import make_policy, sampling_settings, with_overrides
+from ript.policies.family import Loaded
+from ript.registry import POLICIES
+from ript.rl.critic import CRITIC_FILE, load_critic
+from ript.rl.learners import ChunkLearner
+from ript.utils import training
+from ript.utils.checkpoint import checkpoint_config
+
+STAGES = ("stage1", "finetune", "rl")  # checkpoints holding a skill prior
+
+
+@POLICIES.register("skill_prior")
+class SkillPriorFamily:
+    configs = ("skill_prior",)
+
+    def load(self, cfg, device: str, seed: int, rl: bool) -> Loaded:
+        if not cfg.checkpoint:
+            raise RiptError("rl needs checkpoint=<stage-1, finetune or rl checkpoint>")
+        model, ckpt = load_model(cfg.checkpoint, expect_stage=STAGES, device=device)
+        names = list(cfg.task_names) if cfg.task_names else model.task_names
+        for name in names:
+            model.task_index(name)
+        settings = sampling_settings(ckpt["metadata"], dict(cfg.sampling), ckpt["cfg"])
+        policy = make_policy(model, settings, device, seed, bool(cfg.cuda_graph))
+        metadata = ckpt["metadata"]
+        if rl:
+            metadata = {**metadata, "base_checkpoint": ckpt["checkpoint_dir"], "sampling": settings}
+        return Loaded(model, policy, names, metadata, {"checkpoint": ckpt["checkpoint_dir"], "sampling": settings},
+                      {"checkpoint": ckpt, "settings": settings})
+
+    def learner(self, loaded: Loaded, cfg, device: str, critic_cfg) -> ChunkLearner:
+        model, base = loaded.model, loaded.source["checkpoint"]
+        training.fast_math(device, OmegaConf.create({"tf32": cfg.rl.tf32, "cudnn_benchmark": False,
+                                                     "deterministic": False}))
+        training.prepare_model(model, device, cfg.rl)  # channels-last for the rollouts' and the update's convolutions
+        compiled = bool(cfg.rl.micro_batch) and training.compile_wanted(cfg.rl.compile, device)
+        learner = ChunkLearner(model, loaded.source["settings"], bool(cfg.rl.train_prior_only), critic_cfg,
+                               static_batch=int(cfg.rl.micro_batch) if compiled else None, compile_scoring=compiled)
+        if learner.critic is not None and (Path(base["checkpoint_dir"]) / CRITIC_FILE).is_file():
+            load_critic(learner.critic, base["checkpoint_dir"])  # an RL checkpoint's critic carries on
+        return learner
+
+    def rl_checkpoint(self, loaded: Loaded, cfg) -> dict:
+        return checkpoint_config("rl", "skill_prior", loaded.source["checkpoint"]["model_kwargs"], cfg,
+                                 loaded.metadata)
+
+    def rl_evaluation(self, loaded: Loaded, learner, cfg, device: str, runner, run_dir: Path):
+        # a policy of its own, decoding as eval.sampling says (null keys: RL's own settings)
+        settings = with_overrides(loaded.source["settings"], dict(cfg.eval.sampling))
+
+        def evaluate(iteration: int, logger) -> None:
+            evaluate_during_training(runner, loaded.model, settings, device, int(cfg.eval.seed),
+                                     run_dir / "eval" / f"iter{iteration:04d}", logger, iteration,
+                                     f"rl iteration {iteration}", bool(cfg.cuda_graph))
+
+        return evaluate
+
+    def eval_output(self, loaded: Loaded, cfg) -> tuple[Path, str]:
+        """``out_dir``, or ``<run_dir>/eval/step<N>`` for a checkpoint inside a run folder; never replaces an
+        earlier results.json unless ``overwrite=true``."""
+        ckpt = loaded.source["checkpoint"]
+        ckpt_dir = Path(ckpt["checkpoint_dir"])
+        if cfg.out_dir:
+            out_dir = Path(cfg.out_dir)
+        elif ckpt_dir.parent.name == "checkpoints":
+            out_dir = evaluation_dir(ckpt_dir.parent.parent, int(ckpt["step"]))
+        else:
+            raise RiptError(f"checkpoint {ckpt_dir} is not inside a run folder (<run_dir>/checkpoints/<step>); "
+                            f"pass out_dir=<folder> for the results")
+        return results_dir(out_dir, bool(cfg.overwrite)), f"{ckpt_dir.parent.parent.name} step {ckpt['step']}"
