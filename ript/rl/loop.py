@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ript.config import to_dict
-from ript.envs.evaluation import runner_from_metadata
+from ript.evaluation.runner import runner_from_metadata
 from ript.envs.seeds import rank_seed
 from ript.envs.suites import get_suite
 from ript.errors import RiptError

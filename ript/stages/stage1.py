@@ -16,7 +16,8 @@ import torch
 from ript.config import data_files, task_names, to_dict
 from ript.data.dataset import load_datasets, training_batches
 from ript.data.language import TASK_ID, embed_instructions
-from ript.envs.evaluation import evaluate_during_training, evaluation_dir, make_runner
+from ript.evaluation.results import evaluation_dir
+from ript.evaluation.runner import evaluate_during_training, make_runner
 from ript.errors import RiptError
 from ript.model_loader import check_and_load, load_model
 from ript.models.encoders import random_shift
