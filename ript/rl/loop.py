@@ -106,8 +106,8 @@ class RLIterations:
 
     def __init__(self, run: RLRun):
         cfg, info, learner, policy = run.cfg, run.info, run.learner, run.policy
-        self.cfg, self.info, self.device, self.learner, self.policy, self.setup = cfg, info, run.device, learner, \
-            policy, run
+        self.setup, self.cfg, self.info, self.device, self.learner, self.policy = run, cfg, info, run.device, \
+            learner, policy
         self.names, self.iterations, self.eval_every = run.task_names, int(cfg.rl.iterations), int(cfg.eval.every)
         suite = str(run.metadata.get("suite"))
         self.estimator = build_estimator(cfg.rl)
@@ -122,7 +122,8 @@ class RLIterations:
         policy.record = True  # the contract's switch: keep what the update needs of every decision
         self.run = TrainingRun(RunSettings("rl", run.run_dir, run.resume_from, cfg.keep_last,
                                            cfg.rl.stop_after_minutes, unit="iteration"), info, self.opt, self.sched)
-        self.env_steps, self.inference_before = 0, 0.0  # env steps of the counted episodes, over all ranks
+        self.env_steps = 0  # env steps of the counted episodes, over all ranks
+        self.inference_before = 0.0  # the policy's inference seconds when the iteration's rollouts began
         streams = self.run.resume(self.load_weights)
         if streams is not None:
             self.sampler.load_state_dict(streams["sampler"])
