@@ -233,13 +233,13 @@ def bench_collect(cfg, workers: list[int], tmp: Path) -> dict:
 
 
 def bench_eval(cfg, ds: ChunkDataset, workers: list[int], device: str) -> dict:
-    from ript.envs.runner import EnvRunner
+    from ript.envs.runner import EnvRunner, RunnerOptions
     from ript.policies.chunk_policy import ChunkPolicy
 
     prior = make_prior(cfg, ds)
     out = {}
     for w in workers:
-        runner = EnvRunner("metaworld", TASKS, dict(cfg.task.render), 100, episodes_per_task=w, num_workers=w)
+        runner = EnvRunner(RunnerOptions("metaworld", TASKS, dict(cfg.task.render), 100, episodes_per_task=w, num_workers=w))
         policy = ChunkPolicy(prior, int(cfg.algo.action_horizon), top_k=10, device=device, amp=device != "cpu")
         runner.run(policy)  # warm-up: spawns workers, builds envs
         res = runner.run(policy)

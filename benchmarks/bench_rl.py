@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from benchmarks.bench import demo_dataset, make_prior
 from ript.config import compose, resolve_device
-from ript.envs.runner import EnvRunner
+from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.policies.build import make_policy
 from ript.policies.chunk_policy import ChunkPolicy
 from ript.rl.advantages import build_estimator
@@ -85,8 +85,8 @@ def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
         sampling = GroupSampling.from_config(rl_cfg.rl)
         for w in workers:
-            runner = EnvRunner("metaworld", ds.task_names, dict(cfg.task.render), horizon, 1, num_workers=w,
-                               envs_per_worker=envs_per_worker, episodes_at_once=sampling.most_episodes_per_round(1))
+            runner = EnvRunner(RunnerOptions("metaworld", ds.task_names, dict(cfg.task.render), horizon, 1, num_workers=w,
+                               envs_per_worker=envs_per_worker, episodes_at_once=sampling.most_episodes_per_round(1)))
             policy = make_policy(model, settings, device, seed=0)
             if plan_alone:
                 policy.__class__ = PlannedAlone  # the same policy, only its batch layout differs

@@ -23,18 +23,29 @@ from pathlib import Path
 import torch
 
 from ript.config import compose
-from ript.envs.runner import EnvRunner
-from ript.envs.worker_env import EpisodeSpec
+from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.seeds import rl_layout_seed
+from ript.envs.worker_env import EpisodeSpec
 from ript.models.openvla_oft.lora import add_lora
+from ript.policies.families import family_for
 from ript.rl.advantages import GAE, rloo
 from ript.rl.learners import OFTLearner, OpenVLALearner
 from ript.rl.rollout import group_episodes
-from ript.rl.update import epoch_orders, make_optimizer, minibatches, ppo_update, rescore, update_batch
-from ript.policies.families import family_for
+from ript.rl.update import (
+    epoch_orders,
+    make_optimizer,
+    minibatches,
+    ppo_update,
+    rescore,
+    update_batch,
+)
 from ript.utils import training
 from ript.utils.distributed import DistInfo
-from tests.helpers.official_checkpoints import LLAMA2_7B, official_config, write_official_checkpoint
+from tests.helpers.official_checkpoints import (
+    LLAMA2_7B,
+    official_config,
+    write_official_checkpoint,
+)
 
 TASKS = ["reach-v3", "button-press-v3"]
 
@@ -100,8 +111,8 @@ def main() -> None:
         res["critic_m"] = sum(q.numel() for q in learner.critic.parameters()) / 1e6
     policy.start_recording()
 
-    runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], a.steps, episodes_per_task=1,
-                       num_workers=a.workers, episodes_at_once=a.groups * a.k)
+    runner = EnvRunner(RunnerOptions("metaworld", names, metadata["env_args"]["render"], a.steps, episodes_per_task=1,
+                       num_workers=a.workers, episodes_at_once=a.groups * a.k))
     specs = [EpisodeSpec(TASKS[g % len(TASKS)], rl_layout_seed(g), g * a.k + j) for g in range(a.groups)
              for j in range(a.k)]
     try:

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from benchmarks.bench import demo_dataset, make_prior
 from ript.config import compose, resolve_device, task_names
-from ript.envs.runner import EnvRunner
+from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.suites import get_suite
 from ript.policies.build import make_policy
 from ript.utils.processes import driver_threads, usable_cores
@@ -145,9 +145,9 @@ def main() -> None:
     policy.cuda_graph = policy.cuda_graph and bool(args.cuda_graph)
     out["cuda_graph"] = policy.cuda_graph
     per_task = max(1, args.episodes // len(ds.task_names))
-    runner = EnvRunner(suite, ds.task_names, OmegaConf.to_container(cfg.task.render), args.steps, per_task,
+    runner = EnvRunner(RunnerOptions(suite, ds.task_names, OmegaConf.to_container(cfg.task.render), args.steps, per_task,
                        num_workers=args.workers, envs_per_worker=args.envs_per_worker,
-                       driver_threads=args.driver_threads)
+                       driver_threads=args.driver_threads))
     runner.run(policy)  # warm-up: spawn workers, build envs, first kernels
     log: list = []
     timed_plans(policy, log)

@@ -9,16 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_openvla_oft import TINY_TEXT, TINY_VISION
 
 from ript.config import compose, to_dict
-from ript.envs.runner import EnvRunner
+from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.suites import get_suite
 from ript.envs.worker_env import EpisodeSpec
 from ript.errors import RiptError
 from ript.models.openvla.official import load_official_openvla
 from ript.models.openvla_oft.official import dataset_statistics, pick_statistics
-from tests.helpers.official_checkpoints import official_config, write_official_checkpoint
-from test_openvla_oft import TINY_TEXT, TINY_VISION
+from tests.helpers.official_checkpoints import (
+    official_config,
+    write_official_checkpoint,
+)
 
 BINS = 16
 
@@ -87,7 +90,7 @@ def test_sampled_bins_are_scored_as_recorded_and_ppo_gae_updates_lora_and_critic
     learner = OpenVLALearner(model, grad_checkpointing=False, critic_cfg=cfg.rl.critic)
     torch.nn.init.normal_(learner.critic.mlp[-1].weight, std=0.5)  # a fresh head predicts 0 everywhere
     learner.attach(policy)
-    runner = EnvRunner("metaworld", ["reach-v3"], to_dict(cfg.task.render), 5, episodes_per_task=1, num_workers=1)
+    runner = EnvRunner(RunnerOptions("metaworld", ["reach-v3"], to_dict(cfg.task.render), 5, episodes_per_task=1, num_workers=1))
     try:
         eps = runner.run(policy, specs=[EpisodeSpec("reach-v3", 3 * 10**9 + j, j) for j in range(2)])["episodes"]
     finally:

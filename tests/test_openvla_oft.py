@@ -13,7 +13,10 @@ from ript.config import compose
 from ript.errors import RiptError
 from ript.models.openvla_oft.official import load_official
 from ript.policies.oft_policy import assemble_text
-from tests.helpers.official_checkpoints import official_config, write_official_checkpoint
+from tests.helpers.official_checkpoints import (
+    official_config,
+    write_official_checkpoint,
+)
 
 TINY_VISION = {"vit_large_patch14_reg4_dinov2.lvd142m": {"embed_dim": 32, "depth": 3, "num_heads": 2, "mlp_dim": 64},
                "vit_so400m_patch14_siglip_224": {"embed_dim": 48, "depth": 3, "num_heads": 2, "mlp_dim": 80}}
@@ -181,10 +184,10 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     model.add_scale_head(16, 0.5)
     learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False)
     learner.attach(policy)
-    from ript.envs.runner import EnvRunner
+    from ript.envs.runner import EnvRunner, RunnerOptions
     from ript.envs.worker_env import EpisodeSpec
 
-    runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], 16, episodes_per_task=1, num_workers=1)
+    runner = EnvRunner(RunnerOptions("metaworld", names, metadata["env_args"]["render"], 16, episodes_per_task=1, num_workers=1))
     try:
         eps = runner.run(policy, specs=[EpisodeSpec("reach-v3", 3 * 10**9 + j, j) for j in range(2)])["episodes"]
     finally:
@@ -197,9 +200,8 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     torch.testing.assert_close(again, data["old_log_probs"], atol=1e-4, rtol=1e-4)
 
     # the rank's device is chosen before the (7B) model is built on it: record the order of the real calls
-    from ript.rl import loop
-
     from ript.policies.vla_family import VLAFamily
+    from ript.rl import loop
     from ript.stages import rl
 
     order = []
@@ -254,7 +256,7 @@ def test_oft_critic_values_and_bootstraps_are_recorded_as_recomputed(tmp_path):
     decision's value and, for episodes cut by the time limit (12 steps = 8 + 4 of a chunk), the value of the
     last observation; the training forward gives the same values; one PPO-GAE update trains the critic in
     its own parameter group (its learning rate apart from LoRA's)."""
-    from ript.envs.runner import EnvRunner
+    from ript.envs.runner import EnvRunner, RunnerOptions
     from ript.envs.worker_env import EpisodeSpec
     from ript.models.openvla_oft.lora import add_lora
     from ript.rl.advantages import GAE
@@ -274,7 +276,7 @@ def test_oft_critic_values_and_bootstraps_are_recorded_as_recomputed(tmp_path):
     learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False, critic_cfg=cfg.rl.critic)
     torch.nn.init.normal_(learner.critic.mlp[-1].weight, std=0.5)  # a fresh head predicts 0 everywhere
     learner.attach(policy)
-    runner = EnvRunner("metaworld", names, metadata["env_args"]["render"], 12, episodes_per_task=1, num_workers=1)
+    runner = EnvRunner(RunnerOptions("metaworld", names, metadata["env_args"]["render"], 12, episodes_per_task=1, num_workers=1))
     try:
         eps = runner.run(policy, specs=[EpisodeSpec("reach-v3", 3 * 10**9 + j, j) for j in range(2)])["episodes"]
     finally:

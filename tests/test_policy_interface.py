@@ -4,9 +4,9 @@ through the env runner (frame stacks, whole chunks, recording) like the QueST an
 import numpy as np
 import pytest
 import torch
-
 from conftest import TASKS
-from ript.envs.runner import EnvRunner
+
+from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import EpisodeSpec
 from ript.policies.base import ChunkingPolicy
 from ript.rl.learners import Scored
@@ -43,7 +43,7 @@ def test_a_third_policy_runs_through_the_runner():
     for _ in range(2):  # seeded: the same policy seed gives the same episodes
         policy = NoisyHold(seed=3)
         policy.start_recording()
-        runner = EnvRunner("metaworld", TASKS, RENDER, 12, 1, num_workers=2)
+        runner = EnvRunner(RunnerOptions("metaworld", TASKS, RENDER, 12, 1, num_workers=2))
         try:
             outs.append(runner.run(policy, specs=specs))
         finally:
@@ -139,8 +139,8 @@ def gaussian_model() -> torch.nn.Module:
 
 def test_a_third_policy_runs_an_rl_iteration(tmp_path):
     from ript.config import compose
-    from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
     from ript.rl.advantages import build_estimator
+    from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
     from ript.rl.rollout import flatten_groups, group_episodes
     from ript.rl.update import ppo_update, rescore
     from ript.utils.checkpoint import load_weights
@@ -159,7 +159,7 @@ def test_a_third_policy_runs_an_rl_iteration(tmp_path):
     assert (ckpt / "gaussian.txt").is_file() and set(load_weights(ckpt)) == {"mean"}
 
     # the update path on this policy's own decisions: recorded log-probs are those recomputed, PPO moves the mean
-    runner = EnvRunner("metaworld", TASKS, RENDER, 10, 1, num_workers=2)
+    runner = EnvRunner(RunnerOptions("metaworld", TASKS, RENDER, 10, 1, num_workers=2))
     try:
         specs = [EpisodeSpec(TASKS[g % 2], 3 * 10**9 + g, g * 2 + j) for g in range(2) for j in range(2)]
         groups = group_episodes(runner.run(policy, specs=specs)["episodes"], 2)

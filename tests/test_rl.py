@@ -12,15 +12,15 @@ import torch
 from safetensors.torch import load_file
 
 from ript.config import compose
-from ript.envs.runner import EnvRunner
+from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import EpisodeSpec
 from ript.model_loader import load_model
-from ript.rl.advantages import grpo, rloo
-from ript.rl.objective import ppo_loss, token_log_probs
-from ript.rl.sampler import InitialConditionSampler
 from ript.policies.build import make_policy, sampling_settings
+from ript.rl.advantages import grpo, rloo
 from ript.rl.learners import ChunkLearner
+from ript.rl.objective import ppo_loss, token_log_probs
 from ript.rl.rollout import GroupSampling, InformativePrefix, collect_groups, group_episodes
+from ript.rl.sampler import InitialConditionSampler
 from ript.rl.update import ppo_update, rescore
 from ript.stages import evaluate, rl
 from ript.utils import distributed as ddist
@@ -107,8 +107,8 @@ def test_a_sampling_round_keeps_the_same_groups_on_any_layout_and_cancels_the_re
     for workers, per_worker in ((1, 1), (2, 4), (2, 2)):
         policy = make_policy(model, settings, "cpu", seed=7)
         policy.start_recording()
-        runner = EnvRunner("metaworld", ["drawer-close-v3"], render, 36, 1, num_workers=workers,
-                           envs_per_worker=per_worker)
+        runner = EnvRunner(RunnerOptions("metaworld", ["drawer-close-v3"], render, 36, 1, num_workers=workers,
+                                         envs_per_worker=per_worker))
         sampler = InitialConditionSampler(["drawer-close-v3"], seed=0, k=2)
         try:
             rounds = [collect_groups(runner, policy, sampler, GroupSampling(2, 1, 1, 6.0), DistInfo())
@@ -144,7 +144,8 @@ def test_recorded_log_probs_equal_recomputed_ones(stage1_run):
     policy = make_policy(model, settings, "cpu", seed=0)
     policy.start_recording()
     meta = ckpt["metadata"]
-    runner = EnvRunner("metaworld", model.task_names, meta["env_args"]["render"], 20, 1, num_workers=1)
+    runner = EnvRunner(RunnerOptions("metaworld", model.task_names, meta["env_args"]["render"], 20, 1,
+                                     num_workers=1))
     try:
         out = runner.run(policy, specs=[EpisodeSpec("button-press-v3", 7, 0), EpisodeSpec("drawer-close-v3", 7, 1)])
     finally:
@@ -196,7 +197,8 @@ def test_encoders_train_from_recorded_observations_and_micro_batches_add_up(stag
     policy = make_policy(model, settings, "cpu", seed=0)
     learner = ChunkLearner(model, settings, prior_only=False)
     learner.attach(policy)
-    runner = EnvRunner("metaworld", model.task_names, ckpt["metadata"]["env_args"]["render"], 24, 1, num_workers=1)
+    runner = EnvRunner(RunnerOptions("metaworld", model.task_names, ckpt["metadata"]["env_args"]["render"], 24, 1,
+                                     num_workers=1))
     try:
         out = runner.run(policy, specs=[EpisodeSpec("button-press-v3", 7, 0), EpisodeSpec("drawer-close-v3", 7, 1)])
     finally:

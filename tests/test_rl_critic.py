@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_rl import rl_overrides
 
 from ript.config import compose
-from ript.envs.runner import EnvRunner
+from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import EpisodeSpec
 from ript.errors import RiptError
 from ript.model_loader import load_model
@@ -22,8 +23,6 @@ from ript.rl.rollout import decision_rewards
 from ript.rl.update import make_optimizer, ppo_update, update_batch
 from ript.stages import rl
 from ript.utils import distributed as ddist
-
-from test_rl import rl_overrides
 
 
 def test_gae_matches_a_hand_computed_reference():
@@ -102,7 +101,8 @@ def test_recorded_values_rewards_and_bootstraps_match_a_step_by_step_oracle(stag
     render = ckpt["metadata"]["env_args"]["render"]
     specs = [EpisodeSpec("button-press-v3", 3, 0), EpisodeSpec("drawer-close-v3", 3, 1),
              EpisodeSpec("button-press-v3", 4, 2)]
-    runner = EnvRunner("metaworld", model.task_names, render, 20, 1, num_workers=2, envs_per_worker=2)
+    runner = EnvRunner(RunnerOptions("metaworld", model.task_names, render, 20, 1, num_workers=2,
+                                     envs_per_worker=2))
     try:
         episodes = sorted(runner.run(policy, specs=specs)["episodes"], key=lambda e: e["episode"])
     finally:
@@ -121,8 +121,8 @@ def test_recorded_values_rewards_and_bootstraps_match_a_step_by_step_oracle(stag
 
 def test_recorded_values_equal_recomputed_ones_and_the_value_loss_falls_on_a_fixed_batch(stage1_run):
     _, ckpt, cfg, learner, policy = critic_policy(stage1_run, greedy=False)
-    runner = EnvRunner("metaworld", ["drawer-close-v3", "button-press-v3"], ckpt["metadata"]["env_args"]["render"],
-                       20, 1, num_workers=2)
+    runner = EnvRunner(RunnerOptions("metaworld", ["drawer-close-v3", "button-press-v3"],
+                                     ckpt["metadata"]["env_args"]["render"], 20, 1, num_workers=2))
     try:
         episodes = runner.run(policy, specs=[EpisodeSpec("drawer-close-v3", 5, 0), EpisodeSpec("button-press-v3", 5, 1)]
                               )["episodes"]

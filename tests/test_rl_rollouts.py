@@ -3,7 +3,7 @@ sampled episodes depend on their own seeds, not on how envs are batched or sprea
 
 import torch
 
-from ript.envs.runner import EnvRunner
+from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import EpisodeSpec
 from ript.model_loader import load_model
 from ript.policies.build import make_policy, sampling_settings
@@ -47,7 +47,7 @@ def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
              EpisodeSpec("button-press-v3", 4, 2)]
     policy = make_policy(model, settings, "cpu", seed=0)
     policy.start_recording()
-    runner = EnvRunner("metaworld", model.task_names, render, 30, 1, num_workers=2)
+    runner = EnvRunner(RunnerOptions("metaworld", model.task_names, render, 30, 1, num_workers=2))
     try:
         out = runner.run(policy, video_dir=tmp_path, specs=specs)
     finally:
@@ -78,8 +78,8 @@ def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage
     for workers, per_worker in ((1, 1), (3, 1), (1, 3), (2, 2)):
         policy = make_policy(model, settings, "cpu", seed=7)
         policy.start_recording()
-        runner = EnvRunner("metaworld", model.task_names, render, 24, 1, num_workers=workers,
-                           envs_per_worker=per_worker)
+        runner = EnvRunner(RunnerOptions("metaworld", model.task_names, render, 24, 1, num_workers=workers,
+                                         envs_per_worker=per_worker))
         try:
             out = runner.run(policy, specs=specs)
         finally:

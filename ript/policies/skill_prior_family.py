@@ -7,8 +7,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ript.envs.evaluation import evaluate_during_training, evaluation_dir, results_dir
 from ript.errors import RiptError
+from ript.evaluation.results import evaluation_dir, results_dir
+from ript.evaluation.runner import evaluate_during_training
 from ript.model_loader import load_model
 from ript.policies.build import make_policy, sampling_settings, with_overrides
 from ript.policies.family import Loaded

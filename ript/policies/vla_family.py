@@ -16,9 +16,10 @@ import torch
 from omegaconf import OmegaConf
 
 from ript.config import task_names
-from ript.envs.evaluation import evaluate_policy, results_dir
 from ript.envs.suites import get_suite, task_horizon
 from ript.errors import RiptError
+from ript.evaluation.results import results_dir
+from ript.evaluation.runner import evaluate_policy
 from ript.model_loader import load_model
 from ript.models.openvla_oft import model_kwargs
 from ript.models.openvla_oft.lora import add_lora
@@ -28,7 +29,11 @@ from ript.policies.oft_policy import OFTPolicy
 from ript.policies.openvla_policy import OpenVLAPolicy
 from ript.registry import MODELS, POLICIES
 from ript.rl.learners import OFTLearner, OpenVLALearner
-from ript.utils.checkpoint import checkpoint_config, read_checkpoint_config, resolve_checkpoint_dir
+from ript.utils.checkpoint import (
+    checkpoint_config,
+    read_checkpoint_config,
+    resolve_checkpoint_dir,
+)
 from ript.utils.containers import to_dict
 from ript.utils.logging import log
 

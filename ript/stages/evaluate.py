@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from ript.envs.evaluation import make_runner, write_evaluation
-from ript.envs.runner import success_table
+from ript.evaluation.results import success_table, write_evaluation
+from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.utils.device import resolve_device
 from ript.utils.logging import log, setup_console_logging

@@ -10,8 +10,8 @@ sparse success rewards (RIPT) with dynamic sampling, or PPO with a learned criti
 
 from __future__ import annotations
 
-from ript.envs.evaluation import make_runner
 from ript.envs.seeds import rank_seed
+from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.rl.advantages import build_estimator
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop

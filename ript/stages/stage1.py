@@ -6,9 +6,6 @@ checkpoint, swaps in the new tasks' embeddings, and may also train the decoder w
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from pathlib import Path
 
 import torch
@@ -16,19 +13,20 @@ import torch
 from ript.config import data_files, task_names, to_dict
 from ript.data.dataset import load_datasets, training_batches
 from ript.data.language import TASK_ID, embed_instructions
-from ript.envs.evaluation import evaluate_during_training, evaluation_dir, make_runner
 from ript.errors import RiptError
+from ript.evaluation.results import evaluation_dir
+from ript.evaluation.runner import evaluate_during_training, make_runner
 from ript.model_loader import check_and_load, load_model
 from ript.models.encoders import random_shift
 from ript.models.prior import SkillPrior
 from ript.policies.build import sampling_settings, stage1_sampling
 from ript.utils import distributed as ddist
 from ript.utils import training
-from ript.utils.checkpoint import (checkpoint_config, load_weights, mark_best, rank_state, restore_training_state,
-                                   save_checkpoint, training_state)
-from ript.utils.logging import MetricLogger, log, setup_console_logging
+from ript.utils.checkpoint import checkpoint_config, load_weights
+from ript.utils.logging import log, setup_console_logging
 from ript.utils.run_dir import prepare_ranked_run_dir, prepare_run_dir
 from ript.utils.seeding import seed_everything
+from ript.utils.trainer import RunSettings, Throughput, TrainingRun, best_score, due, sum_by_name
 
 
 def _datasets(cfg, chunk_size: int, device: str):
@@ -156,23 +154,8 @@ def validate(model: SkillPrior, dataset, cfg, device: str, info: ddist.DistInfo)
         acc += float(out["token_acc"]) * len(idx)
         n += len(idx)
     model.train()
-    ce, acc, n = ddist.all_sum([ce, acc, float(n)], info)
-    return {"val/ce": ce / n, "val/token_acc": acc / n}
-
-
-def best_evaluation(run_dir: Path) -> tuple[float, int] | None:
-    """(success rate, step) of the checkpoint ``checkpoints/best`` points to, from its evaluation's results;
-    None before the first evaluation."""
-    link = run_dir / "checkpoints" / "best"
-    if not link.is_symlink():
-        return None
-    step = int(os.readlink(link))
-    results = evaluation_dir(run_dir, step) / "results.json"
-    try:
-        return float(json.loads(results.read_text())["success_rate"]), step
-    except (OSError, ValueError, KeyError) as e:
-        raise RiptError(f"{link} points to step {step}, but its evaluation {results} cannot be read ({e}); "
-                        f"remove the link to start the comparison afresh") from e
+    sums = sum_by_name({"ce": ce, "token_acc": acc, "n": float(n)}, info)
+    return {"val/ce": sums["ce"] / sums["n"], "val/token_acc": sums["token_acc"] / sums["n"]}
 
 
 def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, stage: str, metadata: dict,
@@ -182,97 +165,119 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
     model.to(device).train()  # the frozen autoencoder stays in eval mode (SkillPrior.train)
     training.fast_math(device, cfg.train)
     training.prepare_model(model, device, cfg.train)
-    loss_fn = training.CompiledLoss(model.loss, cfg.train, device)
-    share = ddist.batch_share(int(cfg.train.batch_size), info)
+    ddist.batch_share(int(cfg.train.batch_size), info)  # a batch the ranks cannot split is refused here
     run_dir, resume_from = prepare_ranked_run_dir(cfg, info)  # inputs checked: now the folder may appear
-    steps = int(cfg.train.steps)
-    opt, sched = training.make_optimizer(model.parameters(), cfg.train, steps, device)
-    optimiser_step = training.GuardedStep(model, opt, sched, float(cfg.train.grad_clip), info)
-    generator = torch.Generator(device=train_set.device).manual_seed(int(cfg.seed))
-    start_step, run_id = 0, None
-    if resume_from is not None:
-        check_and_load(model, load_weights(resume_from), str(resume_from))
-        start_step, run_id, streams = restore_training_state(resume_from, opt, sched, info.rank, info.world_size)
-        generator.set_state(streams["data_rng"])  # a CPU ByteTensor, whatever the generator's device
-        log.info("%s: resumed from %s at step %d", stage, resume_from, start_step)
-    logger = MetricLogger(run_dir, to_dict(cfg), run_id, enabled=info.is_main)
-    ckpt_config = checkpoint_config(stage, "skill_prior", model_kwargs, cfg, metadata)
-    decoder_l1_weight = float(cfg.get("decoder_l1_weight", 0.0))
-    runner = None
     log.info("%s: %d tasks, %d train samples, %d demos, %.1fM trainable params, %d process(es)", stage,
              len(train_set.task_names), len(train_set), train_set.num_demos,
              sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, info.world_size)
-
-    def evaluate(step: int) -> None:
-        nonlocal runner
-        if info.is_main:
-            if runner is None:
-                runner = make_runner(metadata, train_set.task_names, cfg.eval, cfg.workers)
-            rate = evaluate_during_training(runner, model, sampling_settings(metadata), device, int(cfg.eval.seed),
-                                            evaluation_dir(run_dir, step), logger, step, f"{stage} step {step}",
-                                            bool(cfg.cuda_graph))["success_rate"]
-            model.train()
-            best = best_evaluation(run_dir) if cfg.eval.keep_best else None  # read back: resumed runs too
-            if cfg.eval.keep_best and (best is None or rate > best[0]):  # ties: the earlier step stays
-                mark_best(run_dir, step)
-                log.info("%s: step %d is the best so far (%.1f%%): %s", stage, step, 100 * rate,
-                         run_dir / "checkpoints" / "best")
-        ddist.barrier(info)
-
-    def save(step: int) -> None:
-        optimiser_step.check()  # a non-finite step since the last check stops the run before anything is written
-        ranks = ddist.gather_objects(rank_state(data_rng=generator.get_state()), info)
-        if info.is_main:
-            state = training_state(opt, sched, step, logger.run_id, ranks)
-            save_checkpoint(run_dir, step, model, ckpt_config, state, keep_last=cfg.train.keep_last)
-
-    from tqdm import tqdm
-
-    bar = tqdm(total=steps, initial=start_step, desc=stage, unit="step", disable=not (cfg.progress and info.is_main))
-    t_start = t_last = time.perf_counter()
-    samples = 0
+    evaluation = Evaluation(metadata, train_set.task_names, cfg, run_dir, stage, device) if info.is_main else None
     try:
-        for step, idx, batch in training_batches(train_set, int(cfg.train.batch_size), int(cfg.seed), start_step,
-                                                 steps, share):
-            with training.autocast(device, cfg.train.amp):
-                out = prior_loss(model, batch, cfg, generator, decoder_l1_weight, loss_fn, share)
-            grad_norm = optimiser_step(out["loss"], step)
-            samples += len(idx)
-            bar.update(1)
-            done = step + 1
-            if done % cfg.train.log_every == 0 or done == steps:
-                optimiser_step.check()
-                dt = time.perf_counter() - t_last
-                names = ["ce", "token_acc"] + (["decoder_l1"] if "decoder_l1" in out else [])
-                means = ddist.all_sum([out[k].item() for k in names], info)
-                metrics = {**{f"train/{k}": v / info.world_size for k, v in zip(names, means)},
-                           "train/grad_norm": float(grad_norm), "train/lr": sched.get_last_lr()[0],
-                           "time/samples_per_s": samples / dt}
-                logger.log(metrics, done)
-                bar.set_postfix(ce=f"{metrics['train/ce']:.3f}", acc=f"{metrics['train/token_acc']:.2f}")
-                t_last, samples = time.perf_counter(), 0
-            if val_set is not None and (done % cfg.train.val_every == 0 or done == steps):
-                optimiser_step.check()
-                metrics = validate(model, val_set, cfg, device, info)
-                logger.log(metrics, done)
-                log.info("%s step %d: val ce %.3f, token acc %.3f", stage, done, metrics["val/ce"],
-                         metrics["val/token_acc"])
-            stop = training.out_of_time_everywhere(t_start, cfg.train.stop_after_minutes, info)
-            evaluating = bool(cfg.eval.every) and (done % cfg.eval.every == 0 or done == steps)
-            if done % cfg.train.save_every == 0 or done == steps or stop or evaluating:
-                save(done)  # an evaluated step is saved: it may become checkpoints/best
-            if evaluating:
-                evaluate(done)
-            if stop:
-                log.info("%s: stopped after %s min at step %d; continue with resume=true", stage,
-                         cfg.train.stop_after_minutes, done)
-                break
+        PriorTraining(cfg, model, train_set, val_set, stage, device, info).run(
+            RunSettings(stage, run_dir, resume_from, cfg.train.keep_last, cfg.train.stop_after_minutes),
+            checkpoint_config(stage, "skill_prior", model_kwargs, cfg, metadata), evaluation)
     finally:
-        bar.close()
-        if runner is not None:
-            runner.close()
-        logger.close()
-    ddist.barrier(info)  # rank 0's last checkpoint is written before any rank reports the run done
-    ddist.shutdown(info)
+        if evaluation is not None:
+            evaluation.close()
     log.info("%s: done; checkpoint %s", stage, run_dir / "checkpoints" / "last")
     return str(run_dir)
+
+
+class Evaluation:
+    """In-training evaluation in the simulator (rank 0): the runner, built at the first evaluation, and the
+    best checkpoint by success rate (``eval.keep_best``)."""
+
+    def __init__(self, metadata: dict, task_names: list[str], cfg, run_dir: Path, stage: str, device: str):
+        self.metadata, self.task_names, self.run_dir, self.stage, self.device = (metadata, task_names, run_dir,
+                                                                                 stage, device)
+        self.eval_cfg, self.workers_cfg, self.cuda_graph = cfg.eval, cfg.workers, bool(cfg.cuda_graph)
+        self.runner = None
+
+    def __call__(self, model: SkillPrior, step: int, run: TrainingRun) -> None:
+        if self.runner is None:
+            self.runner = make_runner(self.metadata, self.task_names, self.eval_cfg, self.workers_cfg)
+        rate = evaluate_during_training(self.runner, model, sampling_settings(self.metadata), self.device,
+                                        int(self.eval_cfg.seed), evaluation_dir(self.run_dir, step), run.logger, step,
+                                        f"{self.stage} step {step}", self.cuda_graph)["success_rate"]
+        model.train()
+        if self.eval_cfg.keep_best:
+            run.keep_best(step, rate, lambda best: evaluation_dir(self.run_dir, best) / "results.json")
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+
+
+def best_evaluation(run_dir: Path) -> tuple[float, int] | None:
+    """(success rate, step) of the checkpoint ``checkpoints/best`` points to, from its evaluation's results;
+    None before the first evaluation."""
+    return best_score(run_dir, lambda step: evaluation_dir(run_dir, step) / "results.json")
+
+
+class PriorTraining:
+    """The steps of stage 1 and fine-tuning: the loss, its metrics, validation."""
+
+    def __init__(self, cfg, model: SkillPrior, train_set, val_set, stage: str, device: str, info: ddist.DistInfo):
+        self.cfg, self.model, self.train_set, self.val_set, self.stage = cfg, model, train_set, val_set, stage
+        self.device, self.info, self.train_cfg = device, info, cfg.train
+        self.share = ddist.batch_share(int(cfg.train.batch_size), info)
+        self.loss_fn = training.CompiledLoss(model.loss, cfg.train, device)
+        self.decoder_l1_weight = float(cfg.get("decoder_l1_weight", 0.0))
+
+    def run(self, settings: RunSettings, ckpt_config: dict, evaluate: Evaluation | None) -> None:
+        cfg, t, model, info = self.cfg, self.train_cfg, self.model, self.info
+        steps = int(t.steps)
+        opt, sched = training.make_optimizer(model.parameters(), t, steps, self.device)
+        optimiser_step = training.GuardedStep(model, opt, sched, float(t.grad_clip), info)
+        generator = torch.Generator(device=self.train_set.device).manual_seed(int(cfg.seed))
+        run = TrainingRun(settings, info, opt, sched)
+        streams = run.resume(lambda ckpt: check_and_load(model, load_weights(ckpt), str(ckpt)))
+        if streams is not None:
+            generator.set_state(streams["data_rng"])  # a CPU ByteTensor, whatever the generator's device
+        run.open_logger(to_dict(cfg))
+        bar, speed = run.progress(steps, bool(cfg.progress)), Throughput()
+        try:
+            for step, idx, batch in training_batches(self.train_set, int(t.batch_size), int(cfg.seed), run.start,
+                                                     steps, self.share):
+                with training.autocast(self.device, t.amp):
+                    out = prior_loss(model, batch, cfg, generator, self.decoder_l1_weight, self.loss_fn, self.share)
+                grad_norm = optimiser_step(out["loss"], step)
+                speed.add(len(idx))
+                bar.update(1)
+                done = step + 1
+                if due(t.log_every, done, steps):
+                    optimiser_step.check()
+                    self.log_training(out, grad_norm, sched.get_last_lr()[0], speed.read(), done, run, bar)
+                if self.val_set is not None and due(t.val_every, done, steps):
+                    optimiser_step.check()
+                    self.log_validation(done, run)
+                stop = run.out_of_time()
+                evaluating = due(cfg.eval.every, done, steps)
+                if due(t.save_every, done, steps) or stop or evaluating:  # an evaluated step may become the best
+                    optimiser_step.check()  # a non-finite step since the last check: stop before anything is written
+                    run.save(done, model, ckpt_config, {"data_rng": generator.get_state()})
+                if evaluating:
+                    if evaluate is not None:
+                        evaluate(model, done, run)
+                    ddist.barrier(info)
+                if stop:
+                    run.stopped(done)
+                    break
+            run.finish()
+        finally:
+            bar.close()
+            run.close()
+
+    def log_training(self, out: dict, grad_norm, lr: float, samples_per_s: float, done: int, run: TrainingRun,
+                     bar) -> None:
+        names = ["ce", "token_acc"] + (["decoder_l1"] if "decoder_l1" in out else [])
+        sums = sum_by_name({k: out[k].item() for k in names}, self.info)
+        metrics = {**{f"train/{k}": v / self.info.world_size for k, v in sums.items()},
+                   "train/grad_norm": float(grad_norm), "train/lr": lr, "time/samples_per_s": samples_per_s}
+        run.logger.log(metrics, done)
+        bar.set_postfix(ce=f"{metrics['train/ce']:.3f}", acc=f"{metrics['train/token_acc']:.2f}")
+
+    def log_validation(self, done: int, run: TrainingRun) -> None:
+        metrics = validate(self.model, self.val_set, self.cfg, self.device, self.info)
+        run.logger.log(metrics, done)
+        log.info("%s step %d: val ce %.3f, token acc %.3f", self.stage, done, metrics["val/ce"],
+                 metrics["val/token_acc"])

@@ -1,18 +1,18 @@
-"""Pieces of every training loop: the optimiser and its schedule, bf16 autocast, one guarded optimiser step
-(non-finite losses stop the run before the weights change), and the time limit."""
+"""Pieces of every training step: the optimiser and its schedule, bf16 autocast, compiled losses, and one
+guarded optimiser step (non-finite losses stop the run before the weights change). The run around the steps
+(resume, checkpoints, time limit, logging) is ``ript.utils.trainer``."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import os
-import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from ript.errors import RiptError
-from ript.utils.distributed import DistInfo, any_rank, average_gradients
+from ript.utils.distributed import DistInfo, average_gradients
 from ript.utils.logging import log
 
 
@@ -97,19 +97,6 @@ class CompiledLoss:
             return self.fn(*args, **kwargs)
         self.proven = True
         return out
-
-
-def out_of_time(t_start: float, minutes: float | None) -> bool:
-    """For time-limited jobs: stop (with a checkpoint) once ``train.stop_after_minutes`` have passed."""
-    return minutes is not None and time.perf_counter() - t_start > 60 * float(minutes)
-
-
-def out_of_time_everywhere(t_start: float, minutes: float | None, info: DistInfo) -> bool:
-    """``out_of_time`` agreed on by every rank (one stops, all stop at the same step); without a time limit no
-    collective runs, so the training step stays free of a per-step all-reduce."""
-    if minutes is None:
-        return False
-    return any_rank(out_of_time(t_start, minutes), info)
 
 
 class NonFiniteLoss(RiptError):

@@ -3,17 +3,18 @@ policy (results file, videos, ``eval/...`` metrics, the success table) that leav
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from ript.envs.runner import EnvRunner, success_table, write_results
+from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
+from ript.evaluation.results import success_table, write_evaluation
 from ript.policies.build import make_policy
 from ript.utils.logging import log
-from ript.utils.plots import frames_grid, success_bars
 
 
 def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, episodes_per_task: int | None,
@@ -27,7 +28,7 @@ def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, 
     env_args = metadata.get("env_args") or {}
     if "render" not in env_args:
         raise RiptError("checkpoint metadata has no env_args.render; it was not trained on ript-collected data")
-    return EnvRunner(
+    return EnvRunner(RunnerOptions(
         suite=metadata["suite"],
         task_names=task_names,
         render=env_args["render"],  # same cameras, size and quality as the training images
@@ -43,22 +44,7 @@ def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, 
         on_worker_failure=on_worker_failure,
         episodes_at_once=episodes_at_once,
         driver_threads=driver_threads,
-    )
-
-
-def results_dir(out_dir: Path, overwrite: bool) -> Path:
-    """An evaluation's output folder, refused if it already holds results and ``overwrite`` is not set."""
-    if (out_dir / "results.json").exists() and not overwrite:
-        raise RiptError(f"{out_dir / 'results.json'} exists; pass overwrite=true to replace it or out_dir=<folder>")
-    return out_dir
-
-
-def write_evaluation(out_dir: Path, results: dict[str, Any], title: str = "") -> None:
-    """An evaluation's files: ``results.json``, ``success.png`` (per-task success bars) and ``first_frames.png``
-    (each task's first view in its first episode, the cameras side by side)."""
-    write_results(out_dir / "results.json", results)
-    success_bars(results, out_dir / "success.png", title)
-    frames_grid(results.get("first_frames") or {}, out_dir / "first_frames.png")
+    ))
 
 
 def make_runner(metadata: dict, task_names: list[str], eval_cfg, workers_cfg) -> EnvRunner:
@@ -66,12 +52,6 @@ def make_runner(metadata: dict, task_names: list[str], eval_cfg, workers_cfg) ->
     return runner_from_metadata(metadata, task_names, workers_cfg, episodes_per_task=eval_cfg.episodes_per_task,
                                 num_workers=eval_cfg.num_workers, seed=int(eval_cfg.seed),
                                 n_videos=int(eval_cfg.n_videos), max_episode_steps=eval_cfg.get("max_episode_steps"))
-
-
-def evaluation_dir(run_dir: Path, step: int) -> Path:
-    """``<run_dir>/eval/step<N>``: where the evaluation of a run's checkpoint ``step`` writes its results and videos
-    (during training, or by ``ript eval``)."""
-    return Path(run_dir) / "eval" / f"step{step:07d}"
 
 
 def evaluate_during_training(runner: EnvRunner, model, settings: dict, device: str, seed: int, out_dir: Path,

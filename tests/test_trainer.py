@@ -1,0 +1,82 @@
+"""The training scaffold every loop shares: cadence, metric sums by name, checkpoints, resume, best, time limit."""
+
+import json
+
+import pytest
+import torch
+
+from ript.errors import RiptError
+from ript.utils.checkpoint import load_weights, resolve_checkpoint_dir
+from ript.utils.distributed import DistInfo
+from ript.utils.trainer import RunSettings, Timer, TrainingRun, best_score, due, sum_by_name
+
+
+def test_periodic_actions_fall_on_multiples_and_the_last_step():
+    assert [d for d in range(1, 8) if due(3, d, 7)] == [3, 6, 7]
+    assert not any(due(0, d, 7) for d in range(1, 8))  # 0: never
+
+
+def test_named_sums_keep_their_names_and_values_alone():
+    sums = {"episodes": 4, "successes": 3, "returns_sum": 1.5, "episodes/reach-v3": 2}
+    assert sum_by_name(sums, DistInfo()) == sums
+    assert list(sum_by_name(sums, DistInfo())) == list(sums)
+
+
+def test_phases_are_timed_by_name_and_may_nest():
+    timer = Timer()
+    with timer("train"), timer("train_prepare"):
+        pass
+    assert set(timer.seconds) == {"train", "train_prepare"}
+    assert timer.seconds["train"] >= timer.seconds["train_prepare"] >= 0
+
+
+def make_run(tmp_path, model, resume_from=None, minutes=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    return TrainingRun(RunSettings("test", tmp_path, resume_from, 2, minutes), DistInfo(), opt, sched)
+
+
+def test_a_saved_run_resumes_with_its_weights_step_streams_and_logger_id(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    run = make_run(tmp_path, model)
+    assert run.resume(lambda ckpt: pytest.fail("nothing to resume")) is None
+    run.open_logger({})
+    model(torch.ones(1, 3)).sum().backward()
+    run.opt.step()
+    run.save(3, model, {"stage": "test"}, {"data_rng": torch.Generator().manual_seed(5).get_state()})
+    run.close()
+
+    again = torch.nn.Linear(3, 2)
+    resumed = make_run(tmp_path, again, resolve_checkpoint_dir(tmp_path))
+    streams = resumed.resume(lambda ckpt: again.load_state_dict(load_weights(ckpt)))
+    assert resumed.start == 3 and resumed.run_id == run.logger.run_id
+    assert torch.equal(streams["data_rng"], torch.Generator().manual_seed(5).get_state())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    assert resumed.opt.state_dict()["state"][0]["step"] == 1
+
+
+def test_the_best_step_is_kept_by_score_and_ties_keep_the_earlier(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    run = make_run(tmp_path, model)
+    run.open_logger({})
+
+    def results(step):
+        return tmp_path / "eval" / f"{step}.json"
+
+    for step, score in ((1, 0.5), (2, 0.5), (3, 0.75), (4, 0.25)):
+        run.save(step, model, {}, {})
+        results(step).parent.mkdir(exist_ok=True)
+        results(step).write_text(json.dumps({"success_rate": score}))
+        run.keep_best(step, score, results)
+    assert best_score(tmp_path, results) == (0.75, 3)
+    results(3).write_text("{")
+    with pytest.raises(RiptError, match="3.json"):
+        best_score(tmp_path, results)
+    run.close()
+
+
+def test_the_time_limit(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    assert make_run(tmp_path, model, minutes=0).out_of_time()
+    assert not make_run(tmp_path, model, minutes=None).out_of_time()
+    assert not make_run(tmp_path, model, minutes=60).out_of_time()
