@@ -25,7 +25,6 @@ import numpy as np
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.worker_env import EpisodeSpec, WorkerSet
 from ript.envs.workers import Pending
-from ript.evaluation.results import summarize
 from ript.policies.base import ChunkingPolicy
 from ript.utils.processes import driver_threads
 from ript.utils.video import write_mp4
@@ -120,8 +119,9 @@ class EnvRunner:
     def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,
             stop: StopRule | None = None) -> dict[str, Any]:
         """Run every episode of ``specs`` (default: the evaluation protocol), or until ``stop`` is satisfied
-        (the rest are then cancelled and counted). With a recording policy, each episode dict also carries its
-        ``decisions``."""
+        (the rest are then cancelled and counted): the episodes, the env steps and where the time went
+        (``ript.evaluation.results.summarize`` adds the success rates). With a recording policy, each episode dict
+        also carries its ``decisions``."""
         workers = self._ensure_workers(policy.frame_stack)
         with driver_threads(len(workers.pool), self.options.driver_threads):
             schedule = Schedule(policy, workers, self.slot_tasks, self.specs() if specs is None else list(specs),
@@ -334,7 +334,10 @@ class Schedule:
         """The results, and where the wall time went: workers' share of n x wall busy in the simulator, the
         policy's share of wall and how long the first episodes took to start, and the workers' seconds spent
         building tasks."""
-        out = summarize(self.episodes, time.perf_counter() - self.t0, self.env_steps)
+        seconds = time.perf_counter() - self.t0
+        out = {"episodes": sorted(self.episodes, key=lambda e: (e["task"], e["seed"], e["episode"])),
+               "env_steps": self.env_steps, "seconds": seconds,
+               "env_steps_per_second": self.env_steps / max(seconds, 1e-9)}
         policy, pool = self.policy, self.pool
         out.update(first_frames=dict(sorted(self.first_frames.items())), reruns=self.reruns, dropped=self.dropped,
                    cancelled=self.cancelled, worker_restarts=pool.restarts - restarts_before,

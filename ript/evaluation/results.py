@@ -15,10 +15,11 @@ from ript.utils.atomic import atomic_write_text
 from ript.utils.plots import frames_grid, success_bars
 
 
-def summarize(episodes: list[dict], seconds: float, env_steps: int) -> dict[str, Any]:
-    """Per-task and overall success (the mean over tasks) of a run's episodes, in a fixed order."""
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    """An env runner's results with per-task and overall success (the mean over tasks) in front, in a fixed
+    order."""
     per_task: dict[str, dict[str, Any]] = {}
-    for e in episodes:
+    for e in run["episodes"]:
         t = per_task.setdefault(e["task"], {"episodes": 0, "successes": 0, "lengths": []})
         t["episodes"] += 1
         t["successes"] += int(e["success"])
@@ -27,14 +28,8 @@ def summarize(episodes: list[dict], seconds: float, env_steps: int) -> dict[str,
         t["success_rate"] = t["successes"] / t["episodes"]
         t["mean_length"] = float(np.mean(t.pop("lengths")))
     rates = [t["success_rate"] for t in per_task.values()]
-    return {
-        "success_rate": float(np.mean(rates)) if rates else 0.0,
-        "per_task": dict(sorted(per_task.items())),
-        "episodes": sorted(episodes, key=lambda e: (e["task"], e["seed"], e["episode"])),
-        "env_steps": env_steps,
-        "seconds": seconds,
-        "env_steps_per_second": env_steps / max(seconds, 1e-9),
-    }
+    return {"success_rate": float(np.mean(rates)) if rates else 0.0, "per_task": dict(sorted(per_task.items())),
+            **run}
 
 
 def success_table(results: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ import torch
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
-from ript.evaluation.results import success_table, write_evaluation
+from ript.evaluation.results import success_table, summarize, write_evaluation
 from ript.policies.build import make_policy
 from ript.utils.logging import log
 
@@ -67,7 +67,7 @@ def evaluate_policy(runner: EnvRunner, make: Callable[[], Any], device: str, out
     ``out_dir/results.json`` and videos, log ``eval/...`` metrics and the success table."""
     devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
     with torch.random.fork_rng(devices=devices):
-        results = runner.run(make(), video_dir=out_dir / "videos")
+        results = summarize(runner.run(make(), video_dir=out_dir / "videos"))
     results.update(extra or {})  # e.g. the decoding, as `ript eval` records it
     write_evaluation(out_dir, results, label)
     logger.log({"eval/success_rate": results["success_rate"],

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ript.evaluation.results import success_table, write_evaluation
+from ript.evaluation.results import success_table, summarize, write_evaluation
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.utils.device import resolve_device
@@ -31,7 +31,7 @@ def evaluate(cfg, protocol) -> dict[str, Any]:
     runner = make_runner(loaded.metadata, loaded.task_names, protocol, cfg.workers)
     try:
         torch.manual_seed(int(cfg.seed))
-        results = runner.run(loaded.policy, video_dir=out_dir / "videos")
+        results = summarize(runner.run(loaded.policy, video_dir=out_dir / "videos"))
     finally:
         runner.close()
     results.update(loaded.results)
