@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import assert_one_line_error, ript, task_overrides
+from tests.helpers.cli import assert_one_line_error, ript, task_overrides
 
 
 def test_unknown_config_key_and_task():

@@ -182,3 +182,10 @@ def write_official_checkpoint(folder: str | Path, config: dict, unnorm_key: str,
     atomic_write_text(folder / "config.json", json.dumps({**config, "norm_stats": stats}, indent=2))
     write_tokenizer(folder, PROMPT_WORDS + (words or []))
     return folder
+
+
+# tiny towers in the official layouts: the tests build, load and run them in seconds
+TINY_VISION = {"vit_large_patch14_reg4_dinov2.lvd142m": {"embed_dim": 32, "depth": 3, "num_heads": 2, "mlp_dim": 64},
+               "vit_so400m_patch14_siglip_224": {"embed_dim": 48, "depth": 3, "num_heads": 2, "mlp_dim": 80}}
+TINY_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "vocab_size": 256}

@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-from conftest import stage1_overrides, train_overrides
 from ript.config import compose
 from ript.errors import RiptError
 from ript.stages import stage1
-from test_pipeline import assert_same_weights, weights
+from tests.helpers.cli import stage1_overrides, train_overrides
+from tests.helpers.weights import assert_same_weights, weights
 
 
 def torchrun(*args: str) -> None:

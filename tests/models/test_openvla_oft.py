@@ -14,14 +14,11 @@ from ript.errors import RiptError
 from ript.models.openvla_oft.official import load_official
 from ript.policies.oft_policy import assemble_text
 from tests.helpers.official_checkpoints import (
+    TINY_TEXT,
+    TINY_VISION,
     official_config,
     write_official_checkpoint,
 )
-
-TINY_VISION = {"vit_large_patch14_reg4_dinov2.lvd142m": {"embed_dim": 32, "depth": 3, "num_heads": 2, "mlp_dim": 64},
-               "vit_so400m_patch14_siglip_224": {"embed_dim": 48, "depth": 3, "num_heads": 2, "mlp_dim": 80}}
-TINY_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 4, "vocab_size": 256}
 
 
 def build(cfg, device: str, seed: int, sample: bool):

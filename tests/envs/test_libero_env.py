@@ -13,6 +13,7 @@ import pytest
 
 from ript.config import compose
 from ript.errors import RiptError
+from tests.helpers.cli import assert_round_trip
 
 SUITE = "libero_object"
 TASK = "pick_up_the_alphabet_soup_and_place_it_in_the_basket"
@@ -147,7 +148,6 @@ def test_lerobot_export_and_import_of_libero_demos(libero_demos, tmp_path):
     """A LIBERO file in the official layout (its name, robot_states, the problem_info attribute) survives the
     LeRobot v3.0 round trip: every array exact but the frames (AV1: mean error a few levels of 255)."""
     pytest.importorskip("pyarrow", reason="the lerobot extra: pip install -e .[lerobot]")
-    from conftest import assert_round_trip
     from ript.stages.lerobot_io import run_export, run_import
 
     task = ["task=libero_object_test", f"task.data_dir={libero_demos}", "task.render.image_size=32"]

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_openvla_oft import TINY_TEXT, TINY_VISION
 
 from ript.config import compose, to_dict
 from ript.envs.runner import EnvRunner, RunnerOptions
@@ -19,6 +18,8 @@ from ript.errors import RiptError
 from ript.models.openvla.official import load_official_openvla
 from ript.models.openvla_oft.official import dataset_statistics, pick_statistics
 from tests.helpers.official_checkpoints import (
+    TINY_TEXT,
+    TINY_VISION,
     official_config,
     write_official_checkpoint,
 )

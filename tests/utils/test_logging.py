@@ -2,9 +2,9 @@
 
 import torch
 
-from conftest import train_overrides
 from ript.config import compose
 from ript.stages import stage0
+from tests.helpers.cli import train_overrides
 
 
 def test_wandb_offline_run_logs_metrics_and_keeps_its_id_across_a_resume(tiny_data, tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ def test_graphed_plan_matches_eager_and_sees_weight_updates():
     frames = [{"cam_rgb": rng.integers(0, 255, (32, 32, 3), dtype=np.uint8),
                "state": rng.normal(size=3).astype(np.float32)} for _ in range(5)]
     eager, graphed = policies()
-    for update in range(2):
+    for _update in range(2):
         planned = []
         for p in (eager, graphed):
             p.reset(5)

@@ -4,8 +4,8 @@ import time
 
 import h5py
 import numpy as np
-from conftest import TASKS
 
+from tests.helpers.cli import TASKS, task_overrides
 from tests.helpers.faults import processes
 
 
@@ -41,7 +41,6 @@ def test_collected_files_have_the_robomimic_layout(tiny_data):
 
 
 def test_collect_skips_finished_files_and_is_deterministic(tiny_data, tmp_path):
-    from conftest import task_overrides
 
     from ript.config import compose
     from ript.stages import collect
@@ -78,7 +77,6 @@ def _live_processes_in_group(pgid: int) -> list[int]:
 
 
 def _collect_cmd(data_dir, *extra):
-    from conftest import task_overrides
 
     return [sys.executable, "-m", "ript.cli", "collect", *task_overrides(data_dir), "episodes_per_job=1",
             "num_workers=2", *extra]

@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_rl import rl_overrides
 
 from ript.config import compose
 from ript.envs.runner import EnvRunner, RunnerOptions
@@ -23,6 +22,8 @@ from ript.rl.rollout import decision_rewards
 from ript.rl.update import make_optimizer, ppo_update, update_batch
 from ript.stages import rl
 from ript.utils import distributed as ddist
+from tests.helpers.cli import rl_overrides
+from tests.helpers.rollouts import step_by_step
 
 
 def test_gae_matches_a_hand_computed_reference():
@@ -95,7 +96,6 @@ def test_recorded_values_rewards_and_bootstraps_match_a_step_by_step_oracle(stag
     """20-step episodes of 8-step chunks end mid-chunk: the runner renders the last frames before the time
     limit, so the critic's bootstrap value is that of the true last observation; each decision's value and
     the shaped reward summed over its chunk are the oracle's too (several envs per worker, two groups)."""
-    from test_rl_rollouts import step_by_step
 
     model, ckpt, _, learner, policy = critic_policy(stage1_run, greedy=True)
     render = ckpt["metadata"]["env_args"]["render"]

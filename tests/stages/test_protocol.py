@@ -10,7 +10,7 @@ import pytest
 from ript.config import compose
 from ript.errors import RiptError
 from ript.stages import protocol
-from tests.conftest import assert_one_line_error, ript, task_overrides
+from tests.helpers.cli import assert_one_line_error, ript, task_overrides
 
 EVAL = "{episodes_per_task: 2, num_workers: 1, max_episode_steps: 16, n_videos: 0}"
 TRAIN = "steps: 4, batch_size: 16, warmup_steps: 2, val_every: 2, save_every: 2, log_every: 1"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ript.errors import RiptError
-from conftest import assert_one_line_error, assert_round_trip, ript, task_overrides
+from tests.helpers.cli import assert_one_line_error, assert_round_trip, ript, task_overrides, train_overrides
 
 pq = pytest.importorskip("pyarrow.parquet", reason="the lerobot extra: pip install -e .[lerobot]")
 
@@ -71,7 +71,6 @@ def test_training_reads_a_lerobot_folder_as_it_reads_the_hdf5_files(tiny_data, s
     HDF5 files; stage 1 sees the frames through the codec, so its first loss is close, not equal."""
     from safetensors.torch import load_file
 
-    from conftest import train_overrides
     from ript.config import compose
     from ript.stages import stage0, stage1
     from ript.stages.lerobot_io import run_export

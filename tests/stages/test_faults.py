@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.helpers.cli import assert_one_line_error, ript, stage1_overrides, train_overrides
 from tests.helpers.faults import env_workers, fill_disk
-from conftest import assert_one_line_error, ript, stage1_overrides, train_overrides
 
 
 def test_nan_weights_are_refused_on_load(stage1_run, tmp_path):
@@ -30,8 +30,8 @@ def test_nan_weights_are_refused_on_load(stage1_run, tmp_path):
 
 
 def test_nan_language_cache_is_refused(tiny_data, stage0_run, tmp_path):
-    from ript.data.language import embed_instructions
     from ript.data.hdf5 import instruction_from_attrs, read_file_attrs
+    from ript.data.language import embed_instructions
 
     cache = tmp_path / "lang.safetensors"
     path = tiny_data / "button-press-v3.hdf5"

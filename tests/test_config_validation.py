@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from conftest import assert_one_line_error, ript, task_overrides, train_overrides
 from ript.errors import RiptError
+from tests.helpers.cli import assert_one_line_error, ript, task_overrides, train_overrides
 
 
 @pytest.mark.parametrize("job,override,fragment", [

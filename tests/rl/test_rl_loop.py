@@ -24,6 +24,7 @@ from ript.rl.sampler import InitialConditionSampler
 from ript.rl.update import ppo_update, rescore
 from ript.stages import evaluate, rl
 from ript.utils import distributed as ddist
+from tests.helpers.cli import rl_overrides
 
 
 def test_rloo_and_grpo():
@@ -236,12 +237,6 @@ def test_encoders_train_from_recorded_observations_and_micro_batches_add_up(stag
     assert abs(s_full["policy_loss"] - s_micro["policy_loss"]) < 1e-6
 
 
-def rl_overrides(stage1_run, run_dir, iterations):
-    return [f"checkpoint={stage1_run}", f"run_dir={run_dir}", f"rl.iterations={iterations}",
-            "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",
-            "rl.max_episode_steps=36", "rl.num_workers=2", "rl.max_sampling_rounds=2", "rl.epochs=2",
-            "rl.minibatches=2", "rl.lr=1e-3", "eval.every=0", "sampling.temperature=3.0"]
-
 
 def test_rl_iteration_checkpoint_and_exact_resume(stage1_run, tmp_path):
     full = tmp_path / "full"
@@ -328,7 +323,7 @@ def test_the_rl_benchmark_times_a_real_iteration(tmp_path):
     out = tmp_path / "bench_rl.json"
     cmd = [sys.executable, "-m", "benchmarks.bench_rl", "--overrides", "task.render.image_size=32", "algo=quest_small",
            "device=cpu", "--workers", "1", "--groups", "2", "--k", "2", "--steps", "24", f"--out={out}"]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())["per_workers"]["1"]

@@ -4,12 +4,12 @@ through the env runner (frame stacks, whole chunks, recording) like the QueST an
 import numpy as np
 import pytest
 import torch
-from conftest import TASKS
 
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import EpisodeSpec
 from ript.policies.base import ChunkingPolicy
 from ript.rl.learners import Scored
+from tests.helpers.cli import TASKS
 
 RENDER = {"cameras": ["corner"], "image_size": 32, "quality": "low"}
 

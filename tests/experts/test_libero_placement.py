@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import drive_scripted_demo, scripted_libero_episode
+
+from tests.helpers.libero import drive_scripted_demo, scripted_libero_episode
 
 
 def test_expert_places_on_a_table_region():

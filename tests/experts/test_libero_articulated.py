@@ -10,9 +10,9 @@ import json
 import h5py
 import numpy as np
 import pytest
-from conftest import scripted_libero_episode
 
 from ript.config import compose
+from tests.helpers.libero import scripted_libero_episode
 
 GOAL_TASKS = {"open_the_middle_drawer_of_the_cabinet": ("open", 0.14),  # LIBERO's test: the slide past -0.14 m
               "turn_on_the_stove": ("turnon", 0.5),  # the knob past 0.5 rad

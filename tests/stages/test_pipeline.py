@@ -5,23 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from conftest import TASKS, stage1_overrides, train_overrides
 from ript.config import compose
 from ript.errors import RiptError
 from ript.model_loader import load_model
 from ript.stages import evaluate, stage0, stage1
-
-
-def weights(run_dir):
-    return load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
-
-
-def assert_same_weights(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+from tests.helpers.cli import TASKS, stage1_overrides, train_overrides
+from tests.helpers.weights import assert_same_weights, weights
 
 
 def test_stage0_checkpoint_layout(stage0_run):

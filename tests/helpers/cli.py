@@ -1,0 +1,96 @@
+"""What the tests share: running the ript command, its one-line errors, and tiny-size overrides."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+TASKS = ["button-press-v3", "drawer-close-v3"]
+
+
+def ript(*args, cwd=None):
+    proc = subprocess.run([sys.executable, "-m", "ript.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr.strip().splitlines()
+
+
+def assert_one_line_error(result, *fragments):
+    code, _, err = result
+    assert code == 2, err
+    errors = [line for line in err if line.startswith("error: ")]
+    assert len(errors) == 1, err
+    assert not any(line.startswith("Traceback") for line in err), err
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def task_overrides(data_dir: Path) -> list[str]:
+    """Two tasks, three demos each, 32-pixel images."""
+    return [
+        "task=metaworld_quick",
+        f"task.data_dir={data_dir}",
+        "task.demos_per_task=3",
+        "task.render.image_size=32",
+        "task.max_episode_steps=120",
+    ]
+
+
+def train_overrides(data_dir: Path, run_dir: Path, steps: int) -> list[str]:
+    """Config overrides that make a training stage run in seconds on a CPU."""
+    return task_overrides(data_dir) + [
+        "algo=quest_small",
+        "progress=false",
+        f"run_dir={run_dir}",
+        f"train.steps={steps}",
+        "train.batch_size=16",
+        "train.warmup_steps=2",
+        "train.log_every=1",
+        "train.val_every=2",
+        "train.save_every=2",
+        "data.val_fraction=0.34",
+    ]
+
+
+def stage1_overrides(data_dir: Path, run_dir: Path, stage0_run: Path) -> list[str]:
+    """Four steps with an evaluation in the simulator after steps 2 and 4."""
+    return train_overrides(data_dir, run_dir, 4) + [
+        f"stage0_checkpoint={stage0_run}", "eval.every=2", "eval.episodes_per_task=1", "eval.num_workers=1",
+        "eval.max_episode_steps=16", "eval.n_videos=0"]
+
+
+def rl_overrides(stage1_run, run_dir, iterations):
+    return [f"checkpoint={stage1_run}", f"run_dir={run_dir}", f"rl.iterations={iterations}",
+            "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",
+            "rl.max_episode_steps=36", "rl.num_workers=2", "rl.max_sampling_rounds=2", "rl.epochs=2",
+            "rl.minibatches=2", "rl.lr=1e-3", "eval.every=0", "sampling.temperature=3.0"]
+
+
+def assert_round_trip(original: Path, back: Path, mean_image_error: float) -> None:
+    """Two demonstration files hold the same demos: every dataset with its shape and dtype, bit-identical except
+    images (mean absolute error per frame below ``mean_image_error`` levels of 255), and the same attributes."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(original, "r") as fa, h5py.File(back, "r") as fb:
+        a, b = fa["data"], fb["data"]
+        assert sorted(a) == sorted(b)
+        assert sorted(a.attrs) == sorted(b.attrs)
+        for name in a:
+            seen = []
+
+            def compare(path, obj, name=name, seen=seen):
+                if not isinstance(obj, h5py.Dataset):
+                    return
+                x, y = obj[()], b[name][path][()]
+                assert (x.shape, x.dtype) == (y.shape, y.dtype), path
+                if x.dtype == np.uint8 and x.ndim == 4:
+                    error = np.abs(x.astype(np.int16) - y.astype(np.int16)).mean(axis=(1, 2, 3))
+                    assert error.max() < mean_image_error, (path, error.max())
+                else:
+                    assert np.array_equal(x, y), path
+                seen.append(path)
+
+            a[name].visititems(compare)
+            assert "actions" in seen and any(p.startswith("obs/") for p in seen)
+            assert {k: v for k, v in a[name].attrs.items()} == {k: v for k, v in b[name].attrs.items()}
