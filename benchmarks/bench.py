@@ -115,7 +115,7 @@ def bench_train(cfg, ds: ChunkDataset, device: str, batch: int) -> dict:
     with torch.no_grad(), training.autocast(device, "auto"):
         ctx = prior.context(b["obs"], b["task_ids"])
         for cache in (True, False):
-            sec = timed(lambda: prior.sample(ctx, 1.0, 10, use_cache=cache), 10, sync=cuda)
+            sec = timed(lambda cache=cache: prior.sample(ctx, 1.0, 10, use_cache=cache), 10, sync=cuda)
             out[f"sample_b64_ms_{'kv' if cache else 'nokv'}"] = 1000 * sec
         out["policy_b64_ms"] = 1000 * timed(lambda: prior.predict_actions(b["obs"], b["task_ids"], top_k=10), 10,
                                             sync=cuda)

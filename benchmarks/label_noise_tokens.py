@@ -31,10 +31,10 @@ def main() -> None:
     a = p.parse_args()
 
     from benchmarks.autoencoder_loop import decoded_tokens, encoded
-    from ript.experts.libero.episode import run_episode
     from ript.data.hdf5 import EXPERT_ACTIONS
     from ript.envs.libero import LiberoTask
     from ript.envs.seeds import demo_layout_seed, demo_noise_rng
+    from ript.experts.libero.episode import run_episode
     from ript.model_loader import load_model
 
     model, ckpt = load_model(a.checkpoint)

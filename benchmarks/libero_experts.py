@@ -22,10 +22,10 @@ from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 
 
 def run_task(args: tuple[str, str, int, int, float]) -> dict:
-    from ript.experts.libero.episode import run_episode
-    from ript.experts.libero.goals import make_expert
     from ript.envs.libero import LiberoTask
     from ript.errors import RiptError
+    from ript.experts.libero.episode import run_episode
+    from ript.experts.libero.goals import make_expert
 
     suite, name, episodes, seed, noise = args
     task = LiberoTask(suite, name, None)

@@ -41,9 +41,9 @@ def main() -> None:
     res["params_b"] = sum(p.numel() for p in model.parameters()) / 1e9
     from transformers import PreTrainedTokenizerFast
 
+    from ript.models.openvla_oft.lora import add_lora
     from ript.policies.oft_policy import OFTPolicy
     from ript.rl.learners import OFTLearner
-    from ript.models.openvla_oft.lora import add_lora
 
     tok = PreTrainedTokenizerFast.from_pretrained(str(a.folder))
     stats = report["statistics"]["libero_spatial_no_noops"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.train_speed import make_steps, SyntheticData, timed
+from benchmarks.train_speed import SyntheticData, make_steps, timed
 from ript.config import compose
 from ript.models.prior import SkillPrior
 from ript.rl.learners import ChunkLearner

@@ -10,7 +10,7 @@ import errno
 import os
 import sys
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import typer
 
@@ -39,7 +39,7 @@ def describe_os_error(e: OSError) -> str:
     return f"{path}: {e.strerror or e}"
 
 
-def _run(config_name: str, overrides: Optional[list[str]], fn: Callable) -> None:
+def _run(config_name: str, overrides: list[str] | None, fn: Callable) -> None:
     """Compose the config and run the job; every failure a user can cause ends as one line and exit 2
     (tracebacks with RIPT_DEBUG=1 or --debug)."""
     from ript.config import compose
@@ -51,7 +51,7 @@ def _run(config_name: str, overrides: Optional[list[str]], fn: Callable) -> None
         fn(compose(config_name, overrides))
     except KeyboardInterrupt:
         typer.echo("interrupted; resume with resume=true", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     except (RiptError, OSError, EOFError) as e:
         if debug:
             raise
@@ -62,7 +62,7 @@ def _run(config_name: str, overrides: Optional[list[str]], fn: Callable) -> None
         else:
             message = "a child process ended unexpectedly; rerun with RIPT_DEBUG=1 for the traceback"
         typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 def _quiet_os_errors(args) -> None:
@@ -83,7 +83,7 @@ def _show(cfg) -> None:
 
 
 @app.command()
-def collect(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def collect(overrides: list[str] | None = OVERRIDES) -> None:
     """Scripted-expert demonstrations into one HDF5 file per task."""
     from ript.stages.collect import run
 
@@ -91,7 +91,7 @@ def collect(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command()
-def stage0(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def stage0(overrides: list[str] | None = OVERRIDES) -> None:
     """Train the action autoencoder."""
     from ript.stages.stage0 import run
 
@@ -99,7 +99,7 @@ def stage0(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command()
-def stage1(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def stage1(overrides: list[str] | None = OVERRIDES) -> None:
     """Train the skill prior on a stage-0 checkpoint (stage0_checkpoint=...)."""
     from ript.stages.stage1 import run
 
@@ -107,7 +107,7 @@ def stage1(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command()
-def finetune(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def finetune(overrides: list[str] | None = OVERRIDES) -> None:
     """Few-shot fine-tuning of a stage-1 checkpoint on new tasks (checkpoint=...)."""
     from ript.stages.stage1 import run_finetune
 
@@ -115,7 +115,7 @@ def finetune(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command()
-def rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def rl(overrides: list[str] | None = OVERRIDES) -> None:
     """RL fine-tuning (leave-one-out PPO) of a checkpoint (checkpoint=...; policy=openvla_oft|openvla with an
     official folder and task=...). Runs under torchrun too."""
     from ript.stages.rl import run
@@ -124,7 +124,7 @@ def rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command("oft-eval")
-def oft_eval(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def oft_eval(overrides: list[str] | None = OVERRIDES) -> None:
     """`ript eval` with the oft config: an official OpenVLA-OFT or OpenVLA folder (checkpoint=..., task=libero_*),
     optionally with an RL adapter (adapter=...)."""
     from ript.stages.oft import run_eval
@@ -133,7 +133,7 @@ def oft_eval(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command("oft-rl")
-def oft_rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def oft_rl(overrides: list[str] | None = OVERRIDES) -> None:
     """`ript rl` with the oft config: LoRA on an OpenVLA-OFT folder (Laplace head) or an OpenVLA one (its bins)."""
     from ript.stages.oft import run_rl
 
@@ -141,7 +141,7 @@ def oft_rl(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command("export")
-def export(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def export(overrides: list[str] | None = OVERRIDES) -> None:
     """A task's demonstrations as a LeRobotDataset v3.0 folder: ript export task=... out=<folder>."""
     from ript.stages.lerobot_io import run_export
 
@@ -149,7 +149,7 @@ def export(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command("import")
-def import_(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def import_(overrides: list[str] | None = OVERRIDES) -> None:
     """A LeRobotDataset v3.0 folder back to HDF5 files: ript import src=<folder> data_dir=<folder>."""
     from ript.stages.lerobot_io import run_import
 
@@ -157,7 +157,7 @@ def import_(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 
 @app.command("eval")
-def evaluate(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def evaluate(overrides: list[str] | None = OVERRIDES) -> None:
     """Evaluate a checkpoint in the simulator (checkpoint=...; policy=openvla_oft|openvla with task=...)."""
     from ript.stages.evaluate import run
 
@@ -167,19 +167,19 @@ def evaluate(overrides: Optional[list[str]] = OVERRIDES) -> None:
 @app.command()
 def protocol(name: str = typer.Argument(..., help="ml45_multitask, ml45_fewshot, libero_object, libero_spatial, "
                                                   "libero_goal (configs/protocol/)"),
-             overrides: Optional[list[str]] = OVERRIDES) -> None:
+             overrides: list[str] | None = OVERRIDES) -> None:
     """A reference protocol end to end: demonstrations, stages 0-1 (or few-shot fine-tuning), evaluation, RL,
     evaluation; per-task table and results.json. Rerun the same command to continue an interrupted one."""
     from ript.stages.protocol import protocol_names, run
 
     if name not in protocol_names():
         typer.echo(f"error: unknown protocol {name!r}; choose one of {', '.join(protocol_names())}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     _run("protocol", [f"protocol={name}", *(overrides or [])], run)
 
 
 @app.command()
-def quickstart(overrides: Optional[list[str]] = OVERRIDES) -> None:
+def quickstart(overrides: list[str] | None = OVERRIDES) -> None:
     """collect -> stage0 -> stage1 -> eval on two MetaWorld tasks, then print the success table."""
     from ript.quickstart import run
 
@@ -188,7 +188,7 @@ def quickstart(overrides: Optional[list[str]] = OVERRIDES) -> None:
 
 @app.command()
 def config(name: str = typer.Argument(..., help="collect, stage0, stage1, finetune, rl, eval or quickstart"),
-           overrides: Optional[list[str]] = OVERRIDES) -> None:
+           overrides: list[str] | None = OVERRIDES) -> None:
     """Print a composed config."""
     _run(name, overrides, _show)
 

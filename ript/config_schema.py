@@ -8,7 +8,7 @@ logger settings) pass through unchanged.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -20,8 +20,8 @@ Seed = Annotated[int, Field(ge=0, lt=2**31)]
 Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Scale = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Workers = Union[Literal["auto"], Count]
-Auto = Union[Literal["auto"], bool]
+Workers = Literal["auto"] | Count
+Auto = Literal["auto"] | bool
 
 
 class Section(BaseModel):
@@ -40,7 +40,7 @@ class Task(Section):
     data_dir: str
     format: Literal["hdf5", "lerobot"] = "hdf5"  # lerobot: data_dir is a LeRobotDataset v3.0 folder
     demos_per_task: Count
-    max_episode_steps: Optional[Count]  # null: the suite's official horizon
+    max_episode_steps: Count | None  # null: the suite's official horizon
     action_dim: Count
     expert_noise: Scale
     render: Render
@@ -49,23 +49,23 @@ class Task(Section):
 class WorkerLimits(Section):
     timeout_s: Rate       # a worker silent for this long is killed and replaced
     max_restarts: Size    # replaced workers allowed per run before it fails
-    envs_per_worker: Union[Literal["auto"], Count]  # env slots per worker process (auto: the suite's choice)
+    envs_per_worker: Literal["auto"] | Count  # env slots per worker process (auto: the suite's choice)
 
 
 class Sampling(Section):
-    temperature: Optional[Rate] = None
-    top_k: Optional[Count] = None
-    greedy: Optional[bool] = None
-    action_horizon: Optional[Count] = None
+    temperature: Rate | None = None
+    top_k: Count | None = None
+    greedy: bool | None = None
+    action_horizon: Count | None = None
 
 
 class EvalProtocol(Section):
     """configs/eval/protocol.yaml: ``ript eval``'s top level and every training stage's ``eval:`` block."""
-    episodes_per_task: Optional[Count]
+    episodes_per_task: Count | None
     num_workers: Workers
     seed: Seed
     n_videos: Size
-    max_episode_steps: Optional[Count]
+    max_episode_steps: Count | None
 
 
 class EvalEvery(EvalProtocol):
@@ -93,8 +93,8 @@ class Train(Section):
     log_every: Count
     val_every: Count
     save_every: Count
-    keep_last: Optional[Size]  # 0 or null: keep every checkpoint
-    stop_after_minutes: Optional[Scale]  # 0: stop after the first step
+    keep_last: Size | None  # 0 or null: keep every checkpoint
+    stop_after_minutes: Scale | None  # 0: stop after the first step
 
     @field_validator("deterministic")
     @classmethod
@@ -107,7 +107,7 @@ class Train(Section):
 
 
 class Data(Section):
-    demos_per_task: Optional[Count]
+    demos_per_task: Count | None
     val_fraction: Annotated[float, Field(ge=0, lt=1)]
     on_device: Auto
     action_key: Literal["actions", "expert_actions"] = "actions"
@@ -147,7 +147,7 @@ class Critic(Section):
     detach_input: bool
     lr: Rate
     value_coef: Scale
-    value_clip: Optional[Rate]
+    value_clip: Rate | None
     loss: Literal["huber", "mse"]
     huber_delta: Rate
     warmup_iterations: Size
@@ -158,7 +158,7 @@ class RL(Section):
     groups_per_iteration: Count
     rollouts_per_group: Count
     max_sampling_rounds: Count
-    oversample: Union[Literal["auto"], Annotated[float, Field(ge=1, allow_inf_nan=False)]]
+    oversample: Literal["auto"] | Annotated[float, Field(ge=1, allow_inf_nan=False)]
     skip_mastered_for: Size
     ic_pool_size: Count
     task_weighting: Literal["uniform", "informative"]
@@ -171,7 +171,7 @@ class RL(Section):
     normalize_advantages: bool
     clip_low: Annotated[float, Field(gt=0, lt=1)]
     clip_high: Rate
-    clip_ratio_c: Optional[Annotated[float, Field(gt=1, allow_inf_nan=False)]]  # dual clip needs c > 1
+    clip_ratio_c: Annotated[float, Field(gt=1, allow_inf_nan=False)] | None  # dual clip needs c > 1
     entropy_coef: Scale
     critic: Critic
     epochs: Count
@@ -180,15 +180,15 @@ class RL(Section):
     weight_decay: Scale
     warmup_iterations: Size
     grad_clip: Rate
-    micro_batch: Optional[Count] = None
+    micro_batch: Count | None = None
     compile: Auto
     tf32: bool
     channels_last: bool
     recompute_old_log_probs: bool
-    max_episode_steps: Optional[Count]
+    max_episode_steps: Count | None
     num_workers: Workers
-    stop_after_minutes: Optional[Scale]  # 0: stop after the first step
-    max_env_steps: Optional[Count]
+    stop_after_minutes: Scale | None  # 0: stop after the first step
+    max_env_steps: Count | None
     video_every: Size  # iterations between recorded rollouts (0: none)
 
     @field_validator("advantage")
@@ -223,7 +223,7 @@ class RunJob(Job):
 
 class CollectJob(Job):
     task: Task
-    noise: Optional[Scale]
+    noise: Scale | None
     filter_success: bool
     num_workers: Workers
     episodes_per_job: Count
@@ -234,7 +234,7 @@ class ExportJob(Job):
     out: str
     codec: str
     crf: Annotated[int, Field(ge=0, le=63)]
-    robot_type: Optional[str]
+    robot_type: str | None
 
 
 class ImportJob(Job):
@@ -264,20 +264,20 @@ class RLJob(RunJob):
     rl: RL
     eval: RLEval
     sampling: Sampling
-    keep_last: Optional[Size]
+    keep_last: Size | None
     workers: WorkerLimits
 
 
 class OFTJob(RLJob):
     task: Task
     eval: EvalEvery
-    sampling: Optional[Sampling] = None
+    sampling: Sampling | None = None
 
 
 class EvalJob(EvalProtocol):
     policy: Policy
     checkpoint: str
-    out_dir: Optional[str]
+    out_dir: str | None
     overwrite: bool
     device: str
     sampling: Sampling
@@ -303,9 +303,9 @@ class ProtocolJob(Section):
     name: str
     run_root: str
     gpus: Workers         # processes per training phase
-    base_checkpoint: Optional[str]
+    base_checkpoint: str | None
     evaluate: Literal["last", "best"]
-    phases: dict[str, Optional[dict[str, Any]]]  # each phase's job config overrides; null: skipped
+    phases: dict[str, dict[str, Any] | None]  # each phase's job config overrides; null: skipped
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {

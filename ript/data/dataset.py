@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -94,7 +94,7 @@ class ChunkDataset:
         return sum(t.numel() * t.element_size() for t in (self.actions, *self.obs.values(), self.task_ids,
                                                          self.episode_start, self.episode_end))
 
-    def to(self, device: str | torch.device) -> "ChunkDataset":
+    def to(self, device: str | torch.device) -> ChunkDataset:
         """Move the whole dataset (and where batches are delivered) to ``device``."""
         self.actions = self.actions.to(device)
         self.obs = {k: v.to(device) for k, v in self.obs.items()}
@@ -108,7 +108,7 @@ class ChunkDataset:
         """Whether batches are gathered in host memory and delivered elsewhere (``serve_to``)."""
         return self._serve_device is not None
 
-    def serve_to(self, device: str | torch.device) -> "ChunkDataset":
+    def serve_to(self, device: str | torch.device) -> ChunkDataset:
         """Keep the dataset in host memory and deliver each batch to ``device``: gathered on the host, copied
         from pinned memory without waiting (for datasets larger than the GPU's free memory)."""
         self._serve_device = torch.device(device)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import h5py
 import numpy as np

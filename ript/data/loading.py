@@ -13,9 +13,9 @@ from __future__ import annotations
 import mmap
 import multiprocessing as mp
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 

@@ -20,7 +20,7 @@ class Normalizer(nn.Module):
         self.register_buffer("scale", torch.ones(dim))
 
     @torch.no_grad()
-    def fit(self, data: torch.Tensor) -> "Normalizer":
+    def fit(self, data: torch.Tensor) -> Normalizer:
         data = data.reshape(-1, data.shape[-1]).float()
         if self.mode == "minmax":
             lo, hi = data.min(0).values, data.max(0).values

@@ -24,7 +24,6 @@ import numpy as np
 from ript.envs import gl  # noqa: F401  (before MuJoCo is imported: its GL backend)
 from ript.errors import RiptError
 
-
 # The official per-suite horizons (LIBERO's evaluation scripts).
 SUITE_HORIZONS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
 ACTION_DIM = 7

@@ -15,7 +15,6 @@ import numpy as np
 from ript.envs import gl  # noqa: F401  (before MuJoCo is imported: its GL backend)
 from ript.errors import RiptError
 
-
 ROBOT_STATE_DIM = 4
 ENV_STATE_DIM = 39
 ACTION_DIM = 4
@@ -110,7 +109,7 @@ class RenderSettings:
     flip_cameras: tuple[str, ...] = ("corner", "corner2", "corner3", "corner4")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RenderSettings":
+    def from_dict(cls, d: dict[str, Any]) -> RenderSettings:
         return cls(
             cameras=tuple(d["cameras"]),
             image_size=int(d["image_size"]),

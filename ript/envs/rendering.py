@@ -10,11 +10,10 @@ demonstrations; tested to stay under 0.1%).
 
 from __future__ import annotations
 
-from ript.envs import gl  # noqa: F401  (before MuJoCo is imported: its GL backend)
-
 import mujoco
 import numpy as np
 
+from ript.envs import gl  # noqa: F401  (before MuJoCo is imported: its GL backend)
 from ript.errors import RiptError
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from typing import Any
 
 from ript.envs.gl import use_egl_device, worker_egl_devices
 from ript.errors import RiptError
@@ -98,7 +99,7 @@ class WorkerPool:
                     self.max_restarts)
         self._start(i)
 
-    def send(self, i: int, name: str, args: tuple) -> "Pending":
+    def send(self, i: int, name: str, args: tuple) -> Pending:
         """Start ``name(*args)`` on worker i without waiting (other workers' calls may be in flight); ``receive``
         collects it."""
         pending = Pending(name, time.monotonic() + self.timeout_s)
@@ -109,7 +110,7 @@ class WorkerPool:
             pending.failed.append(i)
         return pending
 
-    def ready(self, calls: dict[int, "Pending"]) -> list[int]:
+    def ready(self, calls: dict[int, Pending]) -> list[int]:
         """Blocks until some of these calls (one worker's each) can be received without waiting: answered,
         failed to send, or past their deadline. Returns their keys."""
         now = time.monotonic()
@@ -121,7 +122,7 @@ class WorkerPool:
         now = time.monotonic()
         return sorted({owner[conn] for conn in answered} | {w for w, c in calls.items() if c.deadline <= now})
 
-    def receive(self, pending: "Pending") -> tuple[list[Any], list[int]]:
+    def receive(self, pending: Pending) -> tuple[list[Any], list[int]]:
         """The answer of a ``send``: (per-worker results, the workers that failed and were replaced)."""
         results: list[Any] = [None] * len(self)
         failed, waiting, name = pending.failed, pending.waiting, pending.name

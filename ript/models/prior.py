@@ -82,7 +82,7 @@ class SkillPrior(nn.Module):
         self.autoencoder.requires_grad_(False)
         self.autoencoder.eval()
 
-    def train(self, mode: bool = True) -> "SkillPrior":
+    def train(self, mode: bool = True) -> SkillPrior:
         """The autoencoder stays in eval mode: its encoder makes the prior's target tokens, and with dropout
         on, those targets would be noisy after any switch back to training (e.g. after a validation pass)."""
         super().train(mode)

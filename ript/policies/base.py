@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -124,7 +124,7 @@ class ChunkPolicy(ChunkingPolicy):
                 self.records[i].append(record)
         return chunks.cpu().numpy()  # waits for the GPU
 
-    def _graph_for(self, batch: int, inputs: dict) -> "GraphedCall | None":
+    def _graph_for(self, batch: int, inputs: dict) -> GraphedCall | None:
         if batch not in self.graphs:
             try:
                 self.graphs[batch] = GraphedCall(self._infer, inputs, batch)

@@ -10,9 +10,10 @@ written once against this protocol; ``ript.policies.families`` picks the family 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 

@@ -21,7 +21,6 @@ from ript.rl.advantages import Estimator, Targets
 from ript.rl.sampler import InitialConditionSampler
 from ript.utils import distributed as ddist
 
-
 # auto oversampling draws at most this many times the groups still needed in a round
 MAX_AUTO_OVERSAMPLE = 4.0
 

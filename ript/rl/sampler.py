@@ -11,7 +11,6 @@ import numpy as np
 from ript.envs.seeds import rl_layout_seed
 
 
-
 class InitialConditionSampler:
     def __init__(self, task_names: list[str], seed: int, pool_size: int = 1000, skip_mastered_for: int = 0,
                  task_weighting: str = "uniform", k: int = 8, ema: float = 0.7, floor: float = 0.01):

@@ -19,8 +19,9 @@ import os
 import platform
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors import SafetensorError

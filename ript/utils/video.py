@@ -19,8 +19,8 @@ def write_mp4(path: Path, frames: list[np.ndarray], fps: int = 30) -> bool:
     tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.mp4")
     frames = [np.ascontiguousarray(f, dtype=np.uint8) for f in frames]
     try:
-        import imageio_ffmpeg  # noqa: F401  (imageio picks its ffmpeg plugin only when this is present)
         import imageio
+        import imageio_ffmpeg  # noqa: F401  (imageio picks its ffmpeg plugin only when this is present)
 
         imageio.mimwrite(tmp, frames, fps=fps, macro_block_size=1, format="FFMPEG")
     except ImportError:

@@ -12,7 +12,7 @@ actions is the softmax over those ids only, so sampling and RL's scoring compare
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

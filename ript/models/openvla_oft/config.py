@@ -72,7 +72,7 @@ class OFTConfig:
         return (self.image_size // self.towers[0].patch_size) ** 2
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any], where: str = "config.json", **overrides: Any) -> "OFTConfig":
+    def from_dict(cls, cfg: dict[str, Any], where: str = "config.json", **overrides: Any) -> OFTConfig:
         if not cfg.get("use_fused_vision_backbone", False):
             raise RiptError(f"{where}: use_fused_vision_backbone is not true; OpenVLA-OFT uses DINOv2 + SigLIP")
         ids = cfg.get("timm_model_ids")
@@ -97,7 +97,7 @@ class OFTConfig:
         return cls(towers=tuple(towers), image_size=int(sizes[0]), text_config=text, raw=cfg, **fields)
 
     @classmethod
-    def from_folder(cls, folder: str | Path, **overrides: Any) -> "OFTConfig":
+    def from_folder(cls, folder: str | Path, **overrides: Any) -> OFTConfig:
         path = Path(folder) / "config.json"
         if not path.is_file():
             raise RiptError(f"{path}: no such file (an OpenVLA-OFT checkpoint folder has a config.json)")

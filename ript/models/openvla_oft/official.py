@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -88,7 +88,7 @@ def key_map(model: OpenVLAOFT) -> dict[str, list[Target]]:
 def unused_by_design(key: str, cfg: OFTConfig) -> bool:
     """Official keys this model leaves out on purpose: each tower's last block and final norm (OpenVLA reads
     the second-to-last block), SigLIP's attention-pool head, and the LM head (OFT regresses actions)."""
-    for (name, prefix), spec in zip(TOWER_PREFIX.items(), cfg.towers):
+    for (_name, prefix), spec in zip(TOWER_PREFIX.items(), cfg.towers):
         if key.startswith(prefix):
             rest = key[len(prefix):]
             return rest.startswith((f"blocks.{spec.depth - 1}.", "norm.", "attn_pool.", "head."))
