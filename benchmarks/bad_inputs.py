@@ -122,7 +122,8 @@ def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
         ("stage0", "train.steps=0", ("train.steps=0",)), ("stage0", "train.steps=-5", ("train.steps=-5",)),
         ("stage0", "train.batch_size=0", ("train.batch_size=0",)), ("stage0", "train.save_every=0", ("save_every",)),
         ("stage0", "train.keep_last=-1", ("train.keep_last=-1",)), ("stage0", "train.lr=nan", ("train.lr",)),
-        ("stage0", "data.val_fraction=1.5", ("val_fraction",)), ("collect", "episodes_per_job=0", ("episodes_per_job",)),
+        ("stage0", "data.val_fraction=1.5", ("val_fraction",)),
+        ("collect", "episodes_per_job=0", ("episodes_per_job",)),
         ("collect", "noise=-0.1", ("noise",)), ("eval", "episodes_per_task=-1", ("episodes_per_task=-1",)),
         ("eval", "episodes_per_task=0", ("episodes_per_task=0",)), ("rl", "rl.iterations=0", ("rl.iterations=0",)),
         ("rl", "rl.rollouts_per_group=0", ("rl.rollouts_per_group",)), ("rl", "rl.advantage=ppo2", ("rl.advantage",)),
@@ -165,7 +166,8 @@ def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
     m.expect("wrong-stage checkpoint", ["eval", f"checkpoint={s0}"], "stage 'stage0'")
     m.expect("missing checkpoint", ["eval", f"checkpoint={m.root}/nope"], "does not exist")
     for name, damage, words in [
-        ("truncated weights", lambda c: (c / "model.safetensors").write_bytes((c / "model.safetensors").read_bytes()[:999]),
+        ("truncated weights",
+         lambda c: (c / "model.safetensors").write_bytes((c / "model.safetensors").read_bytes()[:999]),
          ("model.safetensors",)),
         ("NaN weights", _nan_weights, ("NaN",)),
         ("truncated config.json", lambda c: (c / "config.json").write_text((c / "config.json").read_text()[:50]),

@@ -9,7 +9,8 @@ the simulator floor per core (one physics step, one rendered frame); env-steps/s
 RL rollouts against the number of workers, with the RL iteration's split (rollout, training, policy share);
 then one table of every figure against its floors — the per-core simulator rate times the workers, and the
 rate that many processes reach stepping and rendering at once (on a GPU host they share one EGL device) — and
-the targets set for one H100 host. Several GPUs: `benchmarks/gpu_scaling.sh` (torchrun) measures stage 1 and RL on 1 and N.
+the targets set for one H100 host. Several GPUs: \
+`benchmarks/gpu_scaling.sh` (torchrun) measures stage 1 and RL on 1 and N.
 """
 
 from __future__ import annotations
@@ -182,7 +183,8 @@ def summary(results: dict, cfg) -> str:
     if "policy_b64_ms" in results:
         rows.append(("policy decision, batch 64 (ms)", results["policy_b64_ms"], None, None))
     sim = results if "sim_step_ms" in results else None
-    per_core = {"collect": sim and sim["floor_collect_steps_per_s_per_core"], "rollout": sim and rollout_floor(sim, cfg)}
+    per_core = {"collect": sim and sim["floor_collect_steps_per_s_per_core"],
+                "rollout": sim and rollout_floor(sim, cfg)}
     measured = {  # label -> (env steps/s by worker count, the per-core floor that applies)
         "collection env steps/s": (results.get("collect_env_steps_per_s"), per_core["collect"]),
         "evaluation env steps/s": ({w: r["env_steps_per_second"] for w, r in results.get("eval", {}).items()},
@@ -239,7 +241,8 @@ def bench_eval(cfg, ds: ChunkDataset, workers: list[int], device: str) -> dict:
     prior = make_prior(cfg, ds)
     out = {}
     for w in workers:
-        runner = EnvRunner(RunnerOptions("metaworld", TASKS, dict(cfg.task.render), 100, episodes_per_task=w, num_workers=w))
+        runner = EnvRunner(RunnerOptions("metaworld", TASKS, dict(cfg.task.render), 100, episodes_per_task=w,
+                                         num_workers=w))
         policy = ChunkPolicy(prior, int(cfg.algo.action_horizon), top_k=10, device=device, amp=device != "cpu")
         runner.run(policy)  # warm-up: spawns workers, builds envs
         res = runner.run(policy)

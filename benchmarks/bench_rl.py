@@ -85,8 +85,9 @@ def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon:
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)
         sampling = GroupSampling.from_config(rl_cfg.rl)
         for w in workers:
-            runner = EnvRunner(RunnerOptions("metaworld", ds.task_names, dict(cfg.task.render), horizon, 1, num_workers=w,
-                               envs_per_worker=envs_per_worker, episodes_at_once=sampling.most_episodes_per_round(1)))
+            runner = EnvRunner(RunnerOptions("metaworld", ds.task_names, dict(cfg.task.render), horizon, 1,
+                               num_workers=w, envs_per_worker=envs_per_worker,
+                               episodes_at_once=sampling.most_episodes_per_round(1)))
             policy = make_policy(model, settings, device, seed=0)
             if plan_alone:
                 policy.__class__ = PlannedAlone  # the same policy, only its batch layout differs
@@ -110,7 +111,8 @@ def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon:
                                      "env_steps_per_s": steps / t_rollout,
                                      "inference_share": policy.inference_seconds / t_rollout,
                                      "decisions": len(data["tokens"])}
-            print(f"workers {w}: {steps / t_rollout:.0f} env-steps/s, rollout {t_rollout:.1f} s, train {t_train:.2f} s, "
+            print(f"workers {w}: {steps / t_rollout:.0f} env-steps/s, rollout {t_rollout:.1f} s, "
+                  f"train {t_train:.2f} s, "
                   f"policy {100 * policy.inference_seconds / t_rollout:.0f}% of rollout", flush=True)
     base = out["per_workers"][workers[0]]["env_steps_per_s"] / workers[0]
     for w, r in out["per_workers"].items():

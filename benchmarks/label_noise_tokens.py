@@ -4,7 +4,8 @@
     MUJOCO_GL=egl python -m benchmarks.label_noise_tokens <stage-0 or stage-1 checkpoint> \
         [--suite libero_object] [--tasks salad_dressing butter] [--episodes 3] [--noise 0.05]
 
-Each episode is the collection's own (``ript.experts.libero.episode.run_episode``: a demo layout, its noise draws), which
+Each episode is the collection's own \
+(``ript.experts.libero.episode.run_episode``: a demo layout, its noise draws), which
 records the expert's clean command beside the executed (noisy) action every step; chunks start every 8 steps.
 Printed per episode and on average: the share of token positions where clean == executed and where executed ==
 another noise draw around the clean chunk (the token accuracy a prior trained on executed actions could reach

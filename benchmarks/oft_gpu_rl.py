@@ -103,7 +103,8 @@ def main() -> None:
         learner = OpenVLALearner(model, bool(cfg.policy.gradient_checkpointing) and cuda, critic_cfg)
     else:
         p = next(model.action_head.parameters())
-        model.add_scale_head(int(cfg.policy.scale_head_hidden), float(cfg.policy.init_scale)).to(p.device, torch.float32)
+        model.add_scale_head(int(cfg.policy.scale_head_hidden),
+                             float(cfg.policy.init_scale)).to(p.device, torch.float32)
         learner = OFTLearner(model, bool(cfg.policy.gradient_checkpointing) and cuda, False, critic_cfg)
     learner.attach(policy)
     res["trainable_m"] = sum(q.numel() for q in learner.params) / 1e6

@@ -93,7 +93,8 @@ def plan_ms_under_load(policy, cfg, task_name: str, obs: dict, sizes: list[int],
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Semaphore(0), ctx.Event()
     counters = [ctx.Value("l", 0) for _ in range(procs)]
-    args = (str(cfg.task.suite), task_name, OmegaConf.to_container(cfg.task.render), int(cfg.task.action_dim), with_render)
+    args = (str(cfg.task.suite), task_name, OmegaConf.to_container(cfg.task.render), int(cfg.task.action_dim),
+            with_render)
     workers = [ctx.Process(target=load_loop, args=(*args, ready, stop, c), daemon=True) for c in counters]
     for w in workers:
         w.start()
@@ -145,8 +146,8 @@ def main() -> None:
     policy.cuda_graph = policy.cuda_graph and bool(args.cuda_graph)
     out["cuda_graph"] = policy.cuda_graph
     per_task = max(1, args.episodes // len(ds.task_names))
-    runner = EnvRunner(RunnerOptions(suite, ds.task_names, OmegaConf.to_container(cfg.task.render), args.steps, per_task,
-                       num_workers=args.workers, envs_per_worker=args.envs_per_worker,
+    runner = EnvRunner(RunnerOptions(suite, ds.task_names, OmegaConf.to_container(cfg.task.render), args.steps,
+                       per_task, num_workers=args.workers, envs_per_worker=args.envs_per_worker,
                        driver_threads=args.driver_threads))
     runner.run(policy)  # warm-up: spawn workers, build envs, first kernels
     log: list = []
@@ -156,7 +157,8 @@ def main() -> None:
     median_ms = lambda col, n: 1000 * float(np.median([row[col] for row in log if row[0] == n]))  # noqa: E731
     out["runner"] = {"seconds": res["seconds"], "inference_share": sum(r[1] for r in log) / res["seconds"],
                      "env_steps_per_s": res["env_steps_per_second"], "worker_busy_share": res["worker_busy_share"],
-                     "policy_share": res["policy_share"], "plan_calls": len(log), "plan_s_total": sum(r[1] for r in log),
+                     "policy_share": res["policy_share"], "plan_calls": len(log),
+                     "plan_s_total": sum(r[1] for r in log),
                      "plan_ms_by_batch": {n: median_ms(1, n) for n in sizes},
                      "plan_gpu_ms_by_batch": {n: median_ms(2, n) for n in sizes}}
     print(json.dumps(out["runner"], indent=2), flush=True)

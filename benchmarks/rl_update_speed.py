@@ -46,7 +46,8 @@ def synthetic_decisions(n: int, image_size: int, tokens: int, vocab: int) -> lis
     return out
 
 
-def bench_variant(model_cfg, cfg, variant: str, decisions: list[dict], with_critic: bool, device: str, updates: int) -> dict:
+def bench_variant(model_cfg, cfg, variant: str, decisions: list[dict], with_critic: bool, device: str,
+                  updates: int) -> dict:
     fast = variant != "eager"
     training.fast_math(device, OmegaConf.create({"tf32": fast, "cudnn_benchmark": False, "deterministic": False}))
     prior = SkillPrior(autoencoder=autoencoder_kwargs(model_cfg), task_names=["t"], image_keys=["cam0_rgb", "cam1_rgb"],
@@ -108,7 +109,8 @@ def main() -> None:
     for variant in args.variants.split(","):
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        results["rl"][variant] = bench_variant(model_cfg, cfg, variant, decisions, args.critic, args.device, args.updates)
+        results["rl"][variant] = bench_variant(model_cfg, cfg, variant, decisions, args.critic, args.device,
+                                               args.updates)
         print(variant, json.dumps(results["rl"][variant]), flush=True)
     if args.stage1 and args.device.startswith("cuda"):
         data = SyntheticData(2048, args.image_size, 2, int(model_cfg.algo.chunk_size), 4, args.device)

@@ -110,7 +110,8 @@ def test_resume_refuses_changes_that_alter_the_result(stage0_run, tiny_data, tmp
     shutil.copytree(stage0_run, run)
     base = train_overrides(tiny_data, run, 4) + ["resume=true"]
     assert_one_line_error(ript("stage0", *base[:-1], "train.batch_size=8", "seed=3", "resume=true"),
-                          "seed=0", "seed=3", "1 more: train.batch_size", "resume_allow_changes=[seed,train.batch_size]")
+                          "seed=0", "seed=3", "1 more: train.batch_size",
+                          "resume_allow_changes=[seed,train.batch_size]")
     # run-control keys may change; an allowed key is accepted
     code, _, err = ript("stage0", *base, "train.stop_after_minutes=5", "train.batch_size=8",
                         "resume_allow_changes=[train.batch_size]")
@@ -132,7 +133,8 @@ def test_eval_output_stays_in_its_run_and_is_not_replaced(stage1_run, tmp_path):
     assert (out / "results.json").read_text() == first
     code, _, err = ript("eval", f"checkpoint={copy}", f"out_dir={out}", "seed=1", "overwrite=true", *args)
     assert code == 0, err
-    assert json.loads((out / "results.json").read_text())["episodes"][0]["seed"] != json.loads(first)["episodes"][0]["seed"]
+    assert (json.loads((out / "results.json").read_text())["episodes"][0]["seed"]
+            != json.loads(first)["episodes"][0]["seed"])
 
 
 def test_language_cache_has_the_default_file_mode(tmp_path):

@@ -124,7 +124,8 @@ def write_bundle(out: Path, files: list[str], root: Path) -> None:
 PREAMBLE = """# Source at the start of a command on the offline GPU host: unpacks LIBERO and installs the wheels into
 # /tmp/site, renders through the carried EGL loader (written by tools/libero_bundle.py).
 python3 -c "import tarfile; tarfile.open('.libero/site.tar.xz').extractall('/tmp/site', filter='data')" || return 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .libero/whl/*.whl || return 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+.libero/whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 _gl=$PWD/.libero/gl/usr/lib/x86_64-linux-gnu
 ln -sf libEGL.so.1 "$_gl/libEGL.so"; ln -sf libGL.so.1 "$_gl/libGL.so"; ln -sf libOpenGL.so.0 "$_gl/libOpenGL.so"

@@ -176,7 +176,8 @@ def batch_indices(n: int, batch_size: int, epoch: int, seed: int) -> torch.Tenso
     return perm[:usable].view(-1, min(batch_size, n))
 
 
-def batch_stream(dataset: ChunkDataset, batch_size: int, seed: int, start_step: int) -> Iterator[tuple[int, torch.Tensor]]:
+def batch_stream(dataset: ChunkDataset, batch_size: int, seed: int,
+                 start_step: int) -> Iterator[tuple[int, torch.Tensor]]:
     """(step, sample indices) from ``start_step`` on; the order depends only on (seed, step)."""
     n_batches = len(batch_indices(len(dataset), batch_size, 0, seed))
     step = start_step

@@ -165,7 +165,8 @@ def _demo_file(path: Path) -> Iterator[h5py.File]:
         raise RiptError(f"{path}: corrupt or truncated HDF5 file ({e})") from None
 
 
-def _chosen_demos(f: h5py.File, path: Path, max_demos: int | None, pick: Callable[[int], list[int]] | None) -> list[str]:
+def _chosen_demos(f: h5py.File, path: Path, max_demos: int | None,
+                  pick: Callable[[int], list[int]] | None) -> list[str]:
     """The demo groups a reader takes: the first ``max_demos``, then the positions ``pick`` chooses."""
     if "data" not in f:
         raise RiptError(f"{path}: no 'data' group; not a robomimic/LIBERO demonstration file")

@@ -30,6 +30,7 @@ def stage1_sampling(algo_cfg) -> dict[str, Any]:
 
 
 def make_policy(model, settings: dict, device: str, seed: int, cuda_graph: bool = True) -> ChunkPolicy:
-    return ChunkPolicy(model, action_horizon=int(settings["action_horizon"]), temperature=float(settings["temperature"]),
+    return ChunkPolicy(model, action_horizon=int(settings["action_horizon"]),
+                       temperature=float(settings["temperature"]),
                        top_k=settings.get("top_k"), greedy=bool(settings.get("greedy", False)), device=device,
                        seed=seed, amp=device.startswith("cuda"), cuda_graph=cuda_graph)

@@ -31,7 +31,8 @@ def prompt_ids(tokenizer, instruction: str) -> list[int]:
     return ids
 
 
-def assemble_text(prompts: list[list[int]], action_tokens: int, eos: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def assemble_text(prompts: list[list[int]], action_tokens: int, eos: int,
+                  pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, valid) of [BOS][pads][prompt][action placeholders][EOS]; pads sit right after BOS so the
     image tokens (inserted after BOS) and the action block keep fixed positions in the batch."""
     width = max(len(p) for p in prompts)
@@ -125,7 +126,8 @@ class OFTPolicy(ChunkingPolicy):
         images = images.reshape(len(envs), len(self.image_keys), *images.shape[1:])
         proprio = None
         if self.proprio is not None:
-            raw = np.stack([np.concatenate([np.asarray(o[k], np.float32).ravel() for k in self.proprio_keys]) for o in obs])
+            raw = np.stack([np.concatenate([np.asarray(o[k], np.float32).ravel() for k in self.proprio_keys])
+                            for o in obs])
             if raw.shape[1] != self.model.cfg.proprio_dim:
                 raise RiptError(f"proprio from {self.proprio_keys} has {raw.shape[1]} dims; the checkpoint's "
                                 f"proprio projector takes {self.model.cfg.proprio_dim}")

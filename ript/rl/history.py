@@ -42,6 +42,7 @@ class RolloutHistory:
         so_far = self.entries[-1]["env_steps"] if self.entries else 0
         self.entries.append({"iteration": iteration, "episodes": episodes, "success_rate": successes / max(1, episodes),
                              "env_steps": so_far + env_steps,
-                             "per_task": {t: {"episodes": n, "successes": k} for t, (n, k) in (per_task or {}).items()}})
+                             "per_task": {t: {"episodes": n, "successes": k}
+                                          for t, (n, k) in (per_task or {}).items()}})
         atomic_write_text(self.path, json.dumps(self.entries, indent=1))
         rl_curves(self.entries, self.picture)

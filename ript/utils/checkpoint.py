@@ -212,7 +212,8 @@ def training_state(opt, sched, step: int, run_id: str, ranks: list[dict[str, Any
             "ranks": ranks}
 
 
-def restore_training_state(ckpt: Path, opt, sched, rank: int = 0, world_size: int = 1) -> tuple[int, str, dict[str, Any]]:
+def restore_training_state(ckpt: Path, opt, sched, rank: int = 0,
+                           world_size: int = 1) -> tuple[int, str, dict[str, Any]]:
     """Load the optimiser, schedule and this rank's RNG states; returns (step, logger run id, this rank's
     streams for the stage to restore). A run resumes with the process count that wrote it (each rank's random
     streams continue). Reads the layouts written before the schema was shared, too."""

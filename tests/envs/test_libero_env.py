@@ -73,8 +73,9 @@ def write_official_file(path: Path, n_demos: int = 2, steps: int = 12, size: int
     rng = np.random.default_rng(0)
     with h5py.File(path, "w") as f:
         data = f.create_group("data")
-        data.attrs["problem_info"] = json.dumps({"problem_name": "LIBERO_Floor_Manipulation", "domain_name": "robosuite",
-                                                 "language_instruction": "pick up the alphabet soup and place it in the basket"})
+        data.attrs["problem_info"] = json.dumps({
+            "problem_name": "LIBERO_Floor_Manipulation", "domain_name": "robosuite",
+            "language_instruction": "pick up the alphabet soup and place it in the basket"})
         data.attrs["bddl_file_name"] = "libero/libero/bddl_files/libero_object/soup.bddl"
         data.attrs["env_args"] = json.dumps({"type": 1, "env_name": "LIBERO_Floor_Manipulation",
                                              "env_kwargs": {"camera_heights": size, "camera_widths": size}})
@@ -92,7 +93,8 @@ def write_official_file(path: Path, n_demos: int = 2, steps: int = 12, size: int
             img[:, 0] = 255  # the first stored row (the bottom of the upright image) is marked
             g.create_dataset("obs/agentview_rgb", data=img)
             g.create_dataset("obs/eye_in_hand_rgb", data=img)
-            for key, dim in (("joint_states", 7), ("gripper_states", 2), ("ee_states", 6), ("ee_pos", 3), ("ee_ori", 3)):
+            for key, dim in (("joint_states", 7), ("gripper_states", 2), ("ee_states", 6), ("ee_pos", 3),
+                             ("ee_ori", 3)):
                 g.create_dataset(f"obs/{key}", data=rng.normal(size=(steps, dim)))
             g.attrs["num_samples"] = steps
 

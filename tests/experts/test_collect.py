@@ -65,7 +65,8 @@ def _demo_contents(path):
         out["attrs"] = {k: str(v) for k, v in f["data"].attrs.items()}
 
         def visit(name, obj):
-            out[name] = obj[()].tobytes() if isinstance(obj, h5py.Dataset) else {k: str(v) for k, v in obj.attrs.items()}
+            out[name] = (obj[()].tobytes() if isinstance(obj, h5py.Dataset)
+                         else {k: str(v) for k, v in obj.attrs.items()})
 
         f["data"].visititems(visit)
     return out

@@ -280,7 +280,8 @@ def test_a_close_nothing_goes_into_comes_before_an_open():
     from ript.experts.libero.goals import make_expert
     from ript.experts.libero.leaning import LeaningPushExpert
 
-    task = LiberoTask("libero_90", "KITCHEN_SCENE4_close_the_bottom_drawer_of_the_cabinet_and_open_the_top_drawer", None)
+    task = LiberoTask("libero_90", "KITCHEN_SCENE4_close_the_bottom_drawer_of_the_cabinet_and_open_the_top_drawer",
+                      None)
     try:
         task.reset(0, render=False)
         first, second = make_expert(task).steps

@@ -19,7 +19,8 @@ LLAMA2_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers
              "num_key_value_heads": 32, "vocab_size": 32064, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6}
 
 
-def official_config(text_config: dict | None = None, image_size: int = 224, vision_overrides: dict | None = None) -> dict:
+def official_config(text_config: dict | None = None, image_size: int = 224,
+                    vision_overrides: dict | None = None) -> dict:
     """config.json as OpenVLA(-OFT) ships it (the Llama sizes fall back to LlamaConfig's 7B defaults)."""
     cfg = {
         "architectures": ["OpenVLAForActionPrediction"], "model_type": "openvla",
@@ -66,8 +67,9 @@ def official_shapes(cfg: OFTConfig, proprio: bool = True) -> tuple[dict, dict, d
         main[prefix + "norm.bias"] = (d,)
         if not t.class_token:  # SigLIP keeps timm's attention-pool head
             p = prefix + "attn_pool."
-            main.update({p + "latent": (1, 1, d), p + "q.weight": (d, d), p + "q.bias": (d,), p + "kv.weight": (2 * d, d),
-                         p + "kv.bias": (2 * d,), p + "proj.weight": (d, d), p + "proj.bias": (d,), p + "norm.weight": (d,),
+            main.update({p + "latent": (1, 1, d), p + "q.weight": (d, d), p + "q.bias": (d,),
+                         p + "kv.weight": (2 * d, d), p + "kv.bias": (2 * d,), p + "proj.weight": (d, d),
+                         p + "proj.bias": (d,), p + "norm.weight": (d,),
                          p + "norm.bias": (d,), p + "mlp.fc1.weight": (m, d), p + "mlp.fc1.bias": (m,),
                          p + "mlp.fc2.weight": (d, m), p + "mlp.fc2.bias": (d,)})
     v, lm = cfg.vision_dim, cfg.llama_config()
@@ -92,7 +94,8 @@ def official_shapes(cfg: OFTConfig, proprio: bool = True) -> tuple[dict, dict, d
     for j in range(cfg.head_blocks):
         b = f"model.mlp_resnet_blocks.{j}.ffn."
         head.update({b + "0.weight": (h,), b + "0.bias": (h,), b + "1.weight": (h, h), b + "1.bias": (h,)})
-    proprio_keys = {"fc1.weight": (L, cfg.proprio_dim), "fc1.bias": (L,), "fc2.weight": (L, L), "fc2.bias": (L,)} if proprio else {}
+    proprio_keys = ({"fc1.weight": (L, cfg.proprio_dim), "fc1.bias": (L,), "fc2.weight": (L, L), "fc2.bias": (L,)}
+                    if proprio else {})
     return main, head, proprio_keys
 
 
@@ -171,7 +174,8 @@ def write_official_checkpoint(folder: str | Path, config: dict, unnorm_key: str,
         weight_map.update({k: name for k in shard})
         del tensors
     if len(shards) > 1:
-        atomic_write_text(folder / "model.safetensors.index.json", json.dumps({"metadata": {}, "weight_map": weight_map}))
+        atomic_write_text(folder / "model.safetensors.index.json",
+                          json.dumps({"metadata": {}, "weight_map": weight_map}))
     for stem, keys in (("action_head", head), ("proprio_projector", proprio)) if oft_components else ():
         if keys:  # saved from DDP-wrapped modules, as OFT's finetune.py does
             state = {f"module.{k}": _random(k, s, gen, device, dtype).cpu() for k, s in keys.items()}

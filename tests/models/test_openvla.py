@@ -91,7 +91,8 @@ def test_sampled_bins_are_scored_as_recorded_and_ppo_gae_updates_lora_and_critic
     learner = OpenVLALearner(model, grad_checkpointing=False, critic_cfg=cfg.rl.critic)
     torch.nn.init.normal_(learner.critic.mlp[-1].weight, std=0.5)  # a fresh head predicts 0 everywhere
     learner.attach(policy)
-    runner = EnvRunner(RunnerOptions("metaworld", ["reach-v3"], to_dict(cfg.task.render), 5, episodes_per_task=1, num_workers=1))
+    runner = EnvRunner(RunnerOptions("metaworld", ["reach-v3"], to_dict(cfg.task.render), 5, episodes_per_task=1,
+                                     num_workers=1))
     try:
         eps = runner.run(policy, specs=[EpisodeSpec("reach-v3", 3 * 10**9 + j, j) for j in range(2)])["episodes"]
     finally:
@@ -135,7 +136,8 @@ def test_rl_and_eval_run_an_openvla_folder_and_evaluate_its_rl_checkpoint(tiny_o
     run = rl.run(compose("rl", [f"checkpoint={tiny_openvla}", *task,
         "rl.advantage=gae", "rl.reward=dense", "rl.reward_scale=0.1", "rl.groups_per_iteration=2",
         "rl.rollouts_per_group=1", "rl.max_episode_steps=4", "rl.num_workers=1", "rl.minibatches=1", "rl.epochs=1",
-        "rl.micro_batch=8", "rl.recompute_old_log_probs=true", "rl.critic.hidden=16", "rl.iterations=1", "eval.every=0", f"run_dir={tmp_path / 'run'}",
+        "rl.micro_batch=8", "rl.recompute_old_log_probs=true", "rl.critic.hidden=16", "rl.iterations=1", "eval.every=0",
+        f"run_dir={tmp_path / 'run'}",
         "policy.gradient_checkpointing=false"]))
     last = Path(run) / "checkpoints" / "last"
     assert (last / "adapter" / "adapter_model.safetensors").is_file() and (last / "critic.safetensors").is_file()

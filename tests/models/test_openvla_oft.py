@@ -39,7 +39,8 @@ def tiny(tmp_path_factory) -> Path:
     return write_tiny(tmp_path_factory.mktemp("oft") / "ckpt")
 
 
-def reference_vit(w: dict, prefix: str, pixels: torch.Tensor, heads: int, depth: int, prefix_tokens: int) -> torch.Tensor:
+def reference_vit(w: dict, prefix: str, pixels: torch.Tensor, heads: int, depth: int,
+                  prefix_tokens: int) -> torch.Tensor:
     """timm's ViT forward written out from the official tensors: the second-to-last block's patch tokens."""
     p = lambda k: w[prefix + k]  # noqa: E731
     x = torch.nn.functional.conv2d(pixels, p("patch_embed.proj.weight"), p("patch_embed.proj.bias"), stride=14)
@@ -56,7 +57,8 @@ def reference_vit(w: dict, prefix: str, pixels: torch.Tensor, heads: int, depth:
         a = a.transpose(1, 2).reshape(len(x), -1, d) @ p(b + "attn.proj.weight").T + p(b + "attn.proj.bias")
         x = x + a * w.get(prefix + b + "ls1.scale_factor", torch.ones(d))
         h = torch.nn.functional.gelu(ln(x, b + "norm2") @ p(b + "mlp.fc1.weight").T + p(b + "mlp.fc1.bias"))
-        x = x + (h @ p(b + "mlp.fc2.weight").T + p(b + "mlp.fc2.bias")) * w.get(prefix + b + "ls2.scale_factor", torch.ones(d))
+        x = x + ((h @ p(b + "mlp.fc2.weight").T + p(b + "mlp.fc2.bias"))
+                 * w.get(prefix + b + "ls2.scale_factor", torch.ones(d)))
     return x[:, prefix_tokens:]
 
 
@@ -74,7 +76,8 @@ def test_loader_maps_official_vision_weights(tiny):
         ref = reference_vit(weights, prefix, normed, 2, 3, extra)
         torch.testing.assert_close(tower(pixels), ref, atol=1e-5, rtol=1e-4)
     lm = model.language_model.state_dict()
-    torch.testing.assert_close(lm["layers.1.mlp.down_proj.weight"], weights["language_model.model.layers.1.mlp.down_proj.weight"])
+    torch.testing.assert_close(lm["layers.1.mlp.down_proj.weight"],
+                               weights["language_model.model.layers.1.mlp.down_proj.weight"])
 
 
 def test_padding_attention_modes_and_prefix_cache(tiny):
@@ -172,9 +175,11 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     ckpt = write_tiny(tmp_path / "mw", unnorm_key="metaworld", action_dim=4, proprio_dim=4)
     overrides = [f"checkpoint={ckpt}", "task=metaworld_ml45", "task.task_names=[reach-v3]", "task.render.image_size=32",
                  "task.render.cameras=[corner]", "policy.image_keys=[corner_rgb]", "policy.proprio_keys=[robot_states]",
-                 "policy.gripper=none", "policy.center_crop=false", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",
+                 "policy.gripper=none", "policy.center_crop=false", "rl.groups_per_iteration=2",
+                 "rl.rollouts_per_group=2",
                  "rl.max_sampling_rounds=1", "rl.max_episode_steps=16", "rl.num_workers=1", "rl.minibatches=2",
-                 "policy.init_scale=0.5", "device=cpu", f"run_dir={tmp_path / 'run'}", "rl.iterations=1", "logger=tensorboard"]
+                 "policy.init_scale=0.5", "device=cpu", f"run_dir={tmp_path / 'run'}", "rl.iterations=1",
+                 "logger=tensorboard"]
     cfg = compose("oft", overrides)
     model, policy, metadata, names = build(cfg, "cpu", 0, sample=True)
     add_lora(model, cfg.policy.lora)
@@ -184,7 +189,8 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     from ript.envs.runner import EnvRunner, RunnerOptions
     from ript.envs.worker_env import EpisodeSpec
 
-    runner = EnvRunner(RunnerOptions("metaworld", names, metadata["env_args"]["render"], 16, episodes_per_task=1, num_workers=1))
+    runner = EnvRunner(RunnerOptions("metaworld", names, metadata["env_args"]["render"], 16, episodes_per_task=1,
+                                     num_workers=1))
     try:
         eps = runner.run(policy, specs=[EpisodeSpec("reach-v3", 3 * 10**9 + j, j) for j in range(2)])["episodes"]
     finally:
@@ -273,7 +279,8 @@ def test_oft_critic_values_and_bootstraps_are_recorded_as_recomputed(tmp_path):
     learner = OFTLearner(model, grad_checkpointing=False, train_action_head=False, critic_cfg=cfg.rl.critic)
     torch.nn.init.normal_(learner.critic.mlp[-1].weight, std=0.5)  # a fresh head predicts 0 everywhere
     learner.attach(policy)
-    runner = EnvRunner(RunnerOptions("metaworld", names, metadata["env_args"]["render"], 12, episodes_per_task=1, num_workers=1))
+    runner = EnvRunner(RunnerOptions("metaworld", names, metadata["env_args"]["render"], 12, episodes_per_task=1,
+                                     num_workers=1))
     try:
         eps = runner.run(policy, specs=[EpisodeSpec("reach-v3", 3 * 10**9 + j, j) for j in range(2)])["episodes"]
     finally:

@@ -291,8 +291,8 @@ def test_rollout_history_drops_iterations_past_the_resumed_checkpoint(tmp_path):
 def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsys):
     # one-step episodes: every rollout fails, every group has equal rewards
     overrides = rl_overrides(stage1_run, tmp_path / "r", 1) + [
-        "rl.max_episode_steps=1", "rl.task_weighting=informative", "eval.every=1", "eval.episodes_per_task=1", "eval.num_workers=1",
-        "eval.max_episode_steps=8", "eval.sampling.greedy=true"]
+        "rl.max_episode_steps=1", "rl.task_weighting=informative", "eval.every=1", "eval.episodes_per_task=1",
+        "eval.num_workers=1", "eval.max_episode_steps=8", "eval.sampling.greedy=true"]
     rl.run(compose("rl", overrides))
     for iteration in ("iter0000", "iter0001"):  # evaluated before training and after the iteration
         evaluation = json.loads((tmp_path / "r" / "eval" / iteration / "results.json").read_text())

@@ -22,7 +22,8 @@ def test_stage0_checkpoint_layout(stage0_run):
     assert config["stage"] == "stage0" and config["model_name"] == "action_autoencoder"
     assert config["metadata"]["env_args"]["render"]["image_size"] == 32
     state = torch.load(ckpt / "last" / "training_state.pt", weights_only=True)
-    assert state["step"] == 4 and "optimizer" in state and "rng" in state["ranks"][0] and "data_rng" in state["ranks"][0]
+    assert (state["step"] == 4 and "optimizer" in state and "rng" in state["ranks"][0]
+            and "data_rng" in state["ranks"][0])
     assert (stage0_run / "tb").is_dir()
 
 

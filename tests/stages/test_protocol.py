@@ -24,7 +24,8 @@ def protocol_overrides(data_dir, root, stage1_extra: str = "") -> list[str]:
         f"++phases.stage0={{progress: false, train: {{{TRAIN}}}, data: {{val_fraction: 0.34}}}}",
         f"++phases.stage1={{progress: false, train: {{{TRAIN}{stage1_extra}}}, data: {{val_fraction: 0.34}}}}",
         f"++phases.eval={EVAL}",
-        "++phases.rl={task_names: [drawer-close-v3], sampling: {temperature: 3.0}, eval: {every: 0}, rl: {iterations: 1, "
+        "++phases.rl={task_names: [drawer-close-v3], sampling: {temperature: 3.0}, eval: {every: 0}, "
+        "rl: {iterations: 1, "
         "groups_per_iteration: 2, rollouts_per_group: 2, max_episode_steps: 36, num_workers: 2, "
         "max_sampling_rounds: 2, epochs: 2, minibatches: 2, lr: 1e-3}}",
         f"++phases.eval_rl={EVAL[:-1]}, sampling: {{greedy: true}}}}",  # as LIBERO-Spatial's: RL's mode

@@ -82,7 +82,8 @@ class OFTConfig:
         towers = []
         for tid in ids:
             if tid not in TOWERS:
-                raise RiptError(f"{where}: unknown vision tower {tid!r} in 'timm_model_ids'; known: {', '.join(TOWERS)}")
+                raise RiptError(f"{where}: unknown vision tower {tid!r} in 'timm_model_ids'; "
+                                f"known: {', '.join(TOWERS)}")
             spec = TOWERS[tid]
             if tid in extra:
                 spec = TowerSpec(**{**spec.__dict__, **extra[tid]})

@@ -38,7 +38,8 @@ class VisionTower(nn.Module):
                                             num_register_tokens=spec.register_tokens, qkv_bias=True)
             net = Dinov2WithRegistersModel(cfg)
             if spec.mlp_dim % spec.embed_dim:
-                raise ValueError(f"DINOv2 tower: mlp_dim {spec.mlp_dim} must be a multiple of embed_dim {spec.embed_dim}")
+                raise ValueError(f"DINOv2 tower: mlp_dim {spec.mlp_dim} must be a multiple of "
+                                 f"embed_dim {spec.embed_dim}")
             del net.embeddings.mask_token  # masked-image pretraining only
             net.layernorm = nn.Identity()
             self.embeddings, self.layers = net.embeddings, net.encoder.layer

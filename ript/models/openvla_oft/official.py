@@ -52,7 +52,8 @@ def key_map(model: OpenVLAOFT) -> dict[str, list[Target]]:
             out[prefix + "cls_token"] = [(f"{emb}.cls_token", same)]
             out[prefix + "reg_token"] = [(f"{emb}.register_tokens", same)]
             # timm gives the class token no position (no_embed_class); transformers adds position 0 to it
-            out[prefix + "pos_embed"] = [(f"{emb}.position_embeddings", lambda t: torch.cat([torch.zeros_like(t[:, :1]), t], 1))]
+            out[prefix + "pos_embed"] = [(f"{emb}.position_embeddings",
+                                          lambda t: torch.cat([torch.zeros_like(t[:, :1]), t], 1))]
             patch = f"{emb}.patch_embeddings.projection"
         else:
             out[prefix + "pos_embed"] = [(f"{emb}.position_embedding.weight", lambda t: t[0])]
@@ -69,7 +70,8 @@ def key_map(model: OpenVLAOFT) -> dict[str, list[Target]]:
             n1, n2 = ("norm1", "norm2") if dino else ("layer_norm1", "layer_norm2")
             src = f"{prefix}blocks.{i}."
             for p in ("weight", "bias"):
-                out[f"{src}attn.qkv.{p}"] = [(f"{q}.{p}", _rows(0, 3)), (f"{k}.{p}", _rows(1, 3)), (f"{v}.{p}", _rows(2, 3))]
+                out[f"{src}attn.qkv.{p}"] = [(f"{q}.{p}", _rows(0, 3)), (f"{k}.{p}", _rows(1, 3)),
+                                             (f"{v}.{p}", _rows(2, 3))]
                 out[f"{src}attn.proj.{p}"] = [(f"{o}.{p}", same)]
                 out[f"{src}norm1.{p}"] = [(f"{layer}.{n1}.{p}", same)]
                 out[f"{src}norm2.{p}"] = [(f"{layer}.{n2}.{p}", same)]
@@ -102,7 +104,8 @@ def _aliases(key: str) -> str:
 def _component(folder: Path, stem: str) -> Path | None:
     found = sorted(folder.glob(f"{stem}--*checkpoint.pt"))
     if len(found) > 1:
-        raise RiptError(f"{folder}: several {stem}--*checkpoint.pt files ({', '.join(p.name for p in found)}); keep one")
+        raise RiptError(f"{folder}: several {stem}--*checkpoint.pt files "
+                        f"({', '.join(p.name for p in found)}); keep one")
     return found[0] if found else None
 
 
@@ -153,7 +156,8 @@ def load_official(folder: str | Path, device: str | torch.device = "cpu", dtype:
     head_file, proprio_file = _component(folder, "action_head"), _component(folder, "proprio_projector")
     if head_file is None:
         raise RiptError(f"{folder}: no action_head--*checkpoint.pt (OFT's L1-regression head)")
-    extras = {stem: _read_component(f, device) for stem, f in (("action_head.", head_file), ("proprio_projector.", proprio_file))
+    extras = {stem: _read_component(f, device)
+              for stem, f in (("action_head.", head_file), ("proprio_projector.", proprio_file))
               if f is not None}
     head = extras["action_head."]
     # the chunk's action and proprio sizes are OFT code constants per platform; the files tell them
@@ -251,4 +255,5 @@ def pick_statistics(stats: dict, suite: str, key: str | None, where: str) -> dic
                                                        for x in _flat(v)):
                         raise RiptError(f"{where}: statistics {k!r} {group}.{name} hold NaN, inf or non-numbers")
             return entry
-    raise RiptError(f"{where}: no statistics for {key or suite!r}; available: {', '.join(stats)} (set policy.unnorm_key)")
+    raise RiptError(f"{where}: no statistics for {key or suite!r}; available: {', '.join(stats)} "
+                    "(set policy.unnorm_key)")
