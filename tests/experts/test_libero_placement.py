@@ -89,9 +89,8 @@ def test_two_objects_bound_for_one_region_go_side_by_side():
 def test_a_book_is_squared_up_and_centred_between_a_square_compartments_walls():
     """(In black_book_1 desk_caddy_1_right_contain_region): the compartment (12.6 x 12.9 cm inside) is barely wider
     than the book is long (11.4 cm) and its site sits 6 mm off the walls' centre: the book, picked turned 20
-    degrees, is squared up with the compartment and put where its outline has most room \
-(1/9 before, 30/30 over the three
-    scenes' right compartments in benchmarks/libero_experts)."""
+    degrees, is squared up with the compartment and put where its outline has most room (1/9 before, 30/30 over
+    the three scenes' right compartments in benchmarks/libero_experts)."""
     from ript.envs.libero import LiberoTask
     from ript.experts.libero.episode import run_episode
 
