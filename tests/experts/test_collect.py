@@ -134,3 +134,26 @@ def test_every_suite_names_a_registered_episode_source():
     assert set(families.values()) == {LiberoEpisodes} and "libero_goal" in families
     with pytest.raises(RiptError, match="unknown scripted expert 'robocasa'; registered: libero, metaworld"):
         episode_source("robocasa")
+
+
+def test_finished_files_are_reused_only_with_their_settings(tiny_data, tmp_path):
+    """A finished task file made with other settings (or with none recorded) is not kept as if it matched: the
+    run stops with one line naming the file, the setting and the way out, and touches nothing."""
+    import shutil
+
+    from tests.helpers.cli import assert_one_line_error, ript
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    before = _demo_contents(data / "button-press-v3.hdf5")
+    for override, words in [("noise=0.1", ("noise=0.2 (this run: 0.1)",)), ("seed=3", ("seed=0 (this run: 3)",)),
+                            ("task.demos_per_task=4", ("demos_per_task=3 (this run: 4)",)),
+                            ("task.render.image_size=48", ("render=",))]:
+        assert_one_line_error(ript(*_collect_cmd(data, override)[3:]), "button-press-v3.hdf5", *words,
+                              "task.data_dir", "delete")
+    with h5py.File(data / "drawer-close-v3.hdf5", "a") as f:
+        del f["data"].attrs["collection"]  # as files written before the settings were recorded
+    assert_one_line_error(ript(*_collect_cmd(data, "task.task_names=[drawer-close-v3]")[3:]),
+                          "drawer-close-v3.hdf5", "records no collection settings")
+    assert _demo_contents(data / "button-press-v3.hdf5") == before
+    assert not list(data.glob(".*"))
