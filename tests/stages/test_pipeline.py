@@ -148,3 +148,19 @@ def test_quickstart_passes_algo_overrides_to_every_stage():
     for job in ("stage0", "stage1"):
         assert configs[job].algo.name == "quest_small"
         assert configs[job].algo.prior.n_layer == 4 and configs[job].algo.autoencoder.dim == 32
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("algo=quest", "algo.name='quest' differs from the base checkpoint's 'quest_small'"),
+    ("algo.prior.n_layer=4", "algo.prior.n_layer=4 differs from the base checkpoint's 2"),
+    ("algo.action_horizon=2", "algo.action_horizon=2 differs from the base checkpoint's 8"),
+])
+def test_finetune_refuses_algo_settings_it_would_not_apply(stage1_run, tiny_data, tmp_path, override, fragment):
+    """Fine-tuning keeps the base's model and replanning: another architecture or action horizon would be
+    recorded in the checkpoint while the base's is trained and used."""
+    from tests.helpers.cli import assert_one_line_error, ript
+
+    run_dir = tmp_path / "ft"
+    assert_one_line_error(ript("finetune", *train_overrides(tiny_data, run_dir, 2), f"checkpoint={stage1_run}",
+                               "task.task_names=[drawer-close-v3]", override), fragment, "algo=quest_small")
+    assert not run_dir.exists()
