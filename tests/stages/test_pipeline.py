@@ -164,3 +164,28 @@ def test_finetune_refuses_algo_settings_it_would_not_apply(stage1_run, tiny_data
     assert_one_line_error(ript("finetune", *train_overrides(tiny_data, run_dir, 2), f"checkpoint={stage1_run}",
                                "task.task_names=[drawer-close-v3]", override), fragment, "algo=quest_small")
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("state,fragment", [
+    ({"phases": {"collect": {"seconds": 3.0, "gpus": 1}}}, "phases.collect.overrides is missing"),
+    ([{"phases": {}}], "not a protocol record"),
+    ({"finished": {}}, "not a protocol record"),
+    ({"phases": {"collect": {"overrides": [], "seconds": "3 min", "gpus": 1}}}, "phases.collect.seconds='3 min'"),
+    ({"phases": {}, "cut": {"stage0": "12"}}, "'cut'"),
+])
+def test_a_hand_edited_protocol_record_is_one_line(tmp_path, state, fragment):
+    from ript.stages.protocol import read_state
+
+    (tmp_path / "protocol.json").write_text(json.dumps(state))
+    with pytest.raises(RiptError, match="move it away") as e:
+        read_state(tmp_path)
+    assert fragment in str(e.value) and str(tmp_path / "protocol.json") in str(e.value)
+
+
+def test_a_protocol_over_a_record_without_overrides_stops_in_one_line(tmp_path):
+    from tests.helpers.cli import assert_one_line_error, ript
+
+    (tmp_path / "protocol.json").write_text(json.dumps({"phases": {"collect": {"seconds": 3.0, "gpus": 1}}}))
+    assert_one_line_error(ript("protocol", "ml45_multitask", f"run_root={tmp_path}"), "protocol.json",
+                          "phases.collect.overrides")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["protocol.json"]
