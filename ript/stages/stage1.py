@@ -189,6 +189,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
     training.fast_math(device, cfg.train)
     training.prepare_model(model, device, cfg.train)
     ddist.batch_share(int(cfg.train.batch_size), info)  # a batch the ranks cannot split is refused here
+    _check_batch_fits(int(cfg.train.batch_size), train_set)
     run_dir, resume_from = prepare_ranked_run_dir(cfg, info)  # inputs checked: now the folder may appear
     log.info("%s: %d tasks, %d train samples, %d demos, %.1fM trainable params, %d process(es)", stage,
              len(train_set.task_names), len(train_set), train_set.num_demos,
@@ -203,6 +204,18 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
             evaluation.close()
     log.info("%s: done; checkpoint %s", stage, run_dir / "checkpoints" / "last")
     return str(run_dir)
+
+
+def _check_batch_fits(batch_size: int, train_set) -> None:
+    """A step draws ``train.batch_size`` samples (and the image augmentation's offsets for that many): a smaller
+    training split cannot make one batch."""
+    if batch_size <= len(train_set):
+        return
+    lengths = (train_set.episode_end - train_set.episode_start).unique()
+    short = " (every demo is shorter than two steps)" if int(lengths.max()) < 2 else ""
+    raise RiptError(f"train.batch_size={batch_size} is larger than the training split: {len(train_set)} samples "
+                    f"from {train_set.num_demos} demos{short}; lower train.batch_size to at most {len(train_set)} "
+                    f"or train on more (or longer) demos")
 
 
 class Evaluation:

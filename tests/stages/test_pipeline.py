@@ -189,3 +189,29 @@ def test_a_protocol_over_a_record_without_overrides_stops_in_one_line(tmp_path):
     assert_one_line_error(ript("protocol", "ml45_multitask", f"run_root={tmp_path}"), "protocol.json",
                           "phases.collect.overrides")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["protocol.json"]
+
+
+def test_a_training_split_smaller_than_a_batch_is_one_line(tiny_data, stage0_run, tmp_path):
+    """Demos of one step each: fewer samples than train.batch_size, which the image augmentation drew offsets
+    for (an IndexError before)."""
+    import h5py
+
+    from tests.helpers.cli import assert_one_line_error, ript
+
+    data = tmp_path / "short"
+    data.mkdir()
+    for task in TASKS:
+        with h5py.File(tiny_data / f"{task}.hdf5") as src, h5py.File(data / f"{task}.hdf5", "w") as dst:
+            dst.create_group("data").attrs.update(src["data"].attrs)
+            for name, demo in src["data"].items():
+                def first_step(path, obj, name=name):
+                    if isinstance(obj, h5py.Dataset):
+                        dst.create_dataset(f"data/{name}/{path}", data=obj[:1])
+
+                demo.visititems(first_step)
+                dst[f"data/{name}"].attrs.update(demo.attrs)
+    run_dir = tmp_path / "s1"
+    assert_one_line_error(ript("stage1", *train_overrides(data, run_dir, 2), f"stage0_checkpoint={stage0_run}"),
+                          "train.batch_size=16 is larger than the training split: 4 samples from 4 demos",
+                          "shorter than two steps")
+    assert not run_dir.exists()
