@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ript.config import data_files, task_names, to_dict
-from ript.data.dataset import load_datasets, training_batches
+from ript.data.dataset import check_resume_data, load_datasets, training_batches
 from ript.data.language import TASK_ID, embed_instructions
 from ript.errors import RiptError
 from ript.evaluation.results import evaluation_dir
@@ -191,6 +191,7 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
     ddist.batch_share(int(cfg.train.batch_size), info)  # a batch the ranks cannot split is refused here
     _check_batch_fits(int(cfg.train.batch_size), train_set)
     run_dir, resume_from = prepare_ranked_run_dir(cfg, info)  # inputs checked: now the folder may appear
+    check_resume_data(resume_from, train_set, cfg.resume_allow_changes)
     log.info("%s: %d tasks, %d train samples, %d demos, %.1fM trainable params, %d process(es)", stage,
              len(train_set.task_names), len(train_set), train_set.num_demos,
              sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, info.world_size)

@@ -1,6 +1,7 @@
 """The staged pipeline end to end on the real simulator: stage 0 -> stage 1 -> eval, finetune, resume."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -215,3 +216,21 @@ def test_a_training_split_smaller_than_a_batch_is_one_line(tiny_data, stage0_run
                           "train.batch_size=16 is larger than the training split: 4 samples from 4 demos",
                           "shorter than two steps")
     assert not run_dir.exists()
+
+
+def test_resume_over_changed_data_files_is_refused(tiny_data, tmp_path):
+    """The config is the same, the data is not (a demo fewer in one file): resuming would go on training on
+    other data without a word."""
+    import h5py
+
+    from tests.helpers.cli import assert_one_line_error, ript
+
+    data, run_dir = tmp_path / "data", tmp_path / "s0"
+    shutil.copytree(tiny_data, data)
+    stage0.run(compose("stage0", train_overrides(data, run_dir, 2)))
+    with h5py.File(data / "drawer-close-v3.hdf5", "a") as f:
+        del f["data/demo_2"]
+    resume = [*train_overrides(data, run_dir, 4), "resume=true", "resume_allow_changes=[train.steps]"]
+    assert_one_line_error(ript("stage0", *resume), "drawer-close-v3.hdf5 with 2 demos", "now has 1 demos",
+                          "resume_allow_changes=[data]")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["0000002", "last"]
