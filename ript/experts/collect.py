@@ -237,7 +237,7 @@ class Collection:
         wanted = self.settings(task)
         diffs = [f"{k}={recorded.get(k)!r} (this run: {v!r})" for k, v in wanted.items() if recorded.get(k) != v]
         if diffs:
-            raise RiptError(f"collect: {path} was collected with {', '.join(diffs)}; {fix}")
+            raise RiptError(f"collect: {path} was collected with other settings ({', '.join(diffs)}); {fix}")
         return True
 
     def jobs(self, tasks: list[str], episodes_per_job: int) -> list[Job]:
