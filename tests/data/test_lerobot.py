@@ -128,9 +128,18 @@ def _truncate(path, keep: float):
     (lambda f: _truncate(f / "data" / "chunk-000" / "file-000.parquet", 0.6), ("unreadable parquet",)),
 ])
 def test_a_malformed_lerobot_folder_is_one_line(exported, tmp_path, damage, fragments):
+    from ript.data.lerobot import import_lerobot
+
     folder = _damaged(exported, tmp_path, damage)
-    assert_one_line_error(ript("import", f"src={folder}", f"data_dir={tmp_path / 'd'}"), str(folder), *fragments)
+    with pytest.raises(RiptError) as e:
+        import_lerobot(folder, tmp_path / "d")
+    assert str(folder) in str(e.value) and all(f in str(e.value) for f in fragments) and "\n" not in str(e.value)
     assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+
+
+def test_a_half_written_lerobot_folder_through_the_cli(exported, tmp_path):
+    folder = _damaged(exported, tmp_path, lambda f: _truncate(f / "meta/episodes/chunk-000/file-000.parquet", 0.5))
+    assert_one_line_error(ript("import", f"src={folder}", f"data_dir={tmp_path / 'd'}"), "unreadable parquet")
 
 
 def test_the_decoded_copy_follows_the_videos_not_only_info_json(exported, tmp_path):

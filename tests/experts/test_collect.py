@@ -146,11 +146,27 @@ def test_finished_files_are_reused_only_with_their_settings(tiny_data, tmp_path)
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
     before = _demo_contents(data / "button-press-v3.hdf5")
-    for override, words in [("noise=0.1", ("noise=0.2 (this run: 0.1)",)), ("seed=3", ("seed=0 (this run: 3)",)),
-                            ("task.demos_per_task=4", ("demos_per_task=3 (this run: 4)",)),
-                            ("task.render.image_size=48", ("render=",))]:
-        assert_one_line_error(ript(*_collect_cmd(data, override)[3:]), "button-press-v3.hdf5", *words,
-                              "task.data_dir", "delete")
+    assert_one_line_error(ript(*_collect_cmd(data, "noise=0.1")[3:]), "button-press-v3.hdf5",
+                          "noise=0.2 (this run: 0.1)", "task.data_dir", "delete")
+    from dataclasses import replace
+
+    import pytest
+
+    from ript.config import compose, to_dict
+    from ript.envs.suites import task_horizon
+    from ript.errors import RiptError
+    from ript.experts.collect import Collection
+
+    cfg = compose("collect", task_overrides(data))
+    same = Collection(str(cfg.task.suite), data, 3, to_dict(cfg.task.render), task_horizon(cfg.task), 0,
+                      float(cfg.task.expert_noise), True, "{name}.hdf5")
+    assert same.reusable("button-press-v3")
+    for change, words in [({"seed": 3}, "seed=0 (this run: 3)"), ({"demos_per_task": 4}, "demos_per_task=3 (this"),
+                          ({"render": {**same.render, "image_size": 48}}, "render="),
+                          ({"max_episode_steps": 150}, "max_episode_steps=120 (this run: 150)")]:
+        with pytest.raises(RiptError, match="other settings") as e:
+            replace(same, **change).reusable("button-press-v3")
+        assert words in str(e.value)
     with h5py.File(data / "drawer-close-v3.hdf5", "a") as f:
         del f["data"].attrs["collection"]  # as files written before the settings were recorded
     assert_one_line_error(ript(*_collect_cmd(data, "task.task_names=[drawer-close-v3]")[3:]),
