@@ -271,10 +271,9 @@ def _read_info(root: Path) -> dict[str, Any]:
     features = info.get("features")
     if not isinstance(features, dict) or not all(isinstance(f, dict) and "dtype" in f for f in features.values()):
         raise RiptError(f"{info_path}: 'features' is missing or not an object of features with a dtype each")
-    if "action" not in features or not isinstance(info.get("fps"), (int, float)):
-        raise RiptError(f"{info_path}: no 'action' feature or no numeric 'fps'; not a demonstration dataset")
-    if any(f["dtype"] == "video" for f in features.values()) and not isinstance(info.get("video_path"), str):
-        raise RiptError(f"{info_path}: video features but no 'video_path'")
+    if "action" not in features or not isinstance(info.get("fps"), (int, float)) or not isinstance(
+            info.get("video_path", ""), str):
+        raise RiptError(f"{info_path}: no 'action' feature, numeric 'fps' or 'video_path'; not a demonstration dataset")
     return info
 
 
@@ -308,10 +307,9 @@ def import_lerobot(root: Path, data_dir: Path) -> list[Path]:
     sources = ript_info.get("hdf5_datasets") or {}
     episodes = _read_parquet(pq, pa, root / "meta" / "episodes").to_pylist()
     data = _read_parquet(pq, pa, root / "data")
-    missing = next((name for name in info["features"] if name not in INDEX_FEATURES and info["features"][name][
-        "dtype"] != "video" and name not in data.column_names), None)
-    if missing is not None:
-        raise RiptError(f"{root / 'data'}: no column {missing!r}, which meta/info.json lists as a feature")
+    missing = [n for n, f in info["features"].items() if f["dtype"] != "video" and n not in data.column_names]
+    if missing:
+        raise RiptError(f"{root / 'data'}: no column {missing[0]!r}, which meta/info.json lists as a feature")
     fps = float(info["fps"])
     video_keys = [k for k, f in info["features"].items() if f["dtype"] == "video"]
     frames = {k: _decoded_frames(av, root / info["video_path"].format(video_key=k, chunk_index=0, file_index=0))
