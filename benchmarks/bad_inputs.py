@@ -243,6 +243,118 @@ def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
     worker_fault(m, s1, signal.SIGSTOP, "env worker stopped (hung) during eval")
 
 
+def settings_matrix(m: Matrix, s0: Path, s1: Path) -> None:
+    """Outputs checked against the settings asked for, inputs against their names, settings a job cannot apply,
+    and malformed state files and external datasets."""
+    data = [*TASK, f"task.data_dir={m.data}"]
+    stamps = {p: p.stat().st_mtime_ns for p in m.data.glob("*.hdf5")}
+    untouched = lambda: {p: p.stat().st_mtime_ns for p in m.data.glob("*.hdf5")} == stamps  # noqa: E731
+    m.expect("collect over files of other settings", ["collect", *data, "noise=0.1"], "noise=0.2 (this run: 0.1)",
+             intact=untouched)
+    bare = m.path("bare_data")
+    shutil.copytree(m.data, bare)
+    for f in bare.glob("*.hdf5"):
+        with h5py.File(f, "a") as h:
+            del h["data"].attrs["collection"]
+    m.expect("collect over files without recorded settings", ["collect", *TASK, f"task.data_dir={bare}"],
+             "records no collection settings")
+    m.expect("a task file replaced by another task's",
+             ["stage0", *damaged_data(m, "swap", lambda p: shutil.copy(p.with_name("button-press-v3.hdf5"), p))],
+             "loaded for task 'drawer-close-v3'")
+    m.expect("task.task_names with a duplicate", ["stage0", *data, *TRAIN, f"run_dir={m.path('dup')}",
+                                                   "task.task_names=[drawer-close-v3,drawer-close-v3]"],
+             "listed more than once")
+    m.expect("task.task_names=[]", ["collect", *data, "task.task_names=[]"], "an empty list names no task")
+    own_algo = [a for a in TRAIN if not a.startswith("algo=")]
+    for override, args, words in (("algo=quest", [*own_algo, "algo=quest"], "algo.name='quest'"),
+                                  ("algo.prior.n_layer=4", [*TRAIN, "algo.prior.n_layer=4"], "algo.prior.n_layer=4")):
+        run = m.path("ft")
+        m.expect(f"finetune {override}", ["finetune", *data, *args, f"run_dir={run}", f"checkpoint={s1}"], words,
+                 "differs from the base", intact=lambda run=run: not run.exists())
+    run = m.path("bigbatch")
+    m.expect("stage1 batch larger than the training set", ["stage1", *data, *TRAIN, f"run_dir={run}",
+                                                            f"stage0_checkpoint={s0}", "train.batch_size=5000"],
+             "larger than the training split", intact=lambda: not run.exists())
+    changed = m.path("changed")
+    shutil.copytree(m.data, changed / "data")
+    shutil.copytree(s0, changed / "run", symlinks=True)
+    with h5py.File(changed / "data" / "drawer-close-v3.hdf5", "a") as f:
+        del f["data/demo_2"]
+    m.expect("resume over changed data files", ["stage0", *TASK, f"task.data_dir={changed / 'data'}", *TRAIN,
+                                                f"run_dir={changed / 'run'}", "resume=true", "train.steps=6",
+                                                "resume_allow_changes=[task.data_dir,train.steps]"],
+             "drawer-close-v3.hdf5", "resume_allow_changes=[data]")
+    for name, state, words in (("protocol.json record without overrides", {"phases": {"collect": {"seconds": 3}}},
+                                ("phases.collect.overrides",)),
+                               ("protocol.json a list", [{"phases": {}}], ("not a protocol record",)),
+                               ("protocol.json string duration",
+                                {"phases": {"collect": {"overrides": [], "seconds": "3 min"}}}, ("seconds",))):
+        root = m.path("state")
+        root.mkdir()
+        (root / "protocol.json").write_text(json.dumps(state))
+        m.expect(name, ["protocol", "ml45_multitask", f"run_root={root}"], "protocol.json", *words)
+    lerobot_rows(m)
+    disk_full_merge(m)
+
+
+def lerobot_rows(m: Matrix) -> None:
+    exported = m.path("lerobot")
+    code, err = ript("export", *TASK, f"task.data_dir={m.data}", f"out={exported}")
+    if code != 0:
+        m.skip("malformed LeRobot folders", f"export failed: {err[-1] if err else code}")
+        return
+
+    def info(change: Callable[[dict], object]) -> Callable[[Path], None]:
+        return lambda f: (f / "meta/info.json").write_text(json.dumps(change(json.loads((f / "meta/info.json")
+                                                                                      .read_text()))))
+
+    def truncate(rel: str) -> Callable[[Path], None]:
+        return lambda f: (f / rel).write_bytes((f / rel).read_bytes()[:len((f / rel).read_bytes()) // 2])
+
+    for case, damage, words in (
+            ("LeRobot info.json without features", info(lambda i: {k: v for k, v in i.items() if k != "features"}),
+             "'features'"),
+            ("LeRobot info.json a list", info(lambda i: [i]), "holds a list"),
+            ("LeRobot truncated mp4", truncate("videos/observation.images.corner_rgb/chunk-000/file-000.mp4"),
+             "file-000.mp4"),
+            ("LeRobot half-written parquet", truncate("data/chunk-000/file-000.parquet"), "unreadable parquet")):
+        folder = m.path("lerobot_bad")
+        shutil.copytree(exported, folder)
+        damage(folder)
+        out = m.path("imported")
+        m.expect(case, ["import", f"src={folder}", f"data_dir={out}"], words,
+                 intact=lambda out=out: not out.exists() or not any(out.iterdir()))
+
+
+def disk_full_merge(m: Matrix) -> None:
+    """A task file's merge on a full disk: h5py raises RuntimeError (errno 28); the finished shard is kept."""
+    from ript.config import compose, to_dict
+    from ript.envs.suites import task_horizon
+    from ript.experts.collect import Collection, job_settings
+
+    fs = m.path("merge_fs")
+    if not mount_tmpfs(fs):
+        m.skip("disk full while merging a task file", "cannot mount a tmpfs (needs root)")
+        return
+    try:
+        args = [*TASK, f"task.data_dir={fs}", "task.task_names=[button-press-v3]", "episodes_per_job=3",
+                "num_workers=1"]
+        cfg = compose("collect", args)
+        job = Collection(str(cfg.task.suite), fs, 3, to_dict(cfg.task.render), task_horizon(cfg.task), 0,
+                         float(cfg.task.expert_noise), True, "{name}.hdf5").jobs(["button-press-v3"], 3)[0]
+        shard = fs / ".button-press-v3.shard00000.hdf5"
+        shutil.copy(m.data / "button-press-v3.hdf5", shard)  # a finished job's shard: only the merge is left
+        with h5py.File(shard, "a") as f:
+            f["data"].attrs["shard"] = json.dumps(job_settings(job))
+        (fs / "spare").write_bytes(b"\0" * 65536)
+        fill_disk(fs)
+        (fs / "spare").unlink()  # room to create the merged file, not to fill it
+        m.expect("disk full while merging a task file", ["collect", *args], "no space left",
+                 intact=lambda: shard.is_file() and not (fs / "button-press-v3.hdf5").exists())
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
 def _nan_weights(ckpt: Path) -> None:
     state = load_file(str(ckpt / "model.safetensors"))
     name = next(k for k, v in state.items() if v.is_floating_point() and v.numel() > 1)
@@ -264,6 +376,7 @@ def main() -> None:
         if code != 0:
             raise SystemExit(f"setup eval failed: {err[-1] if err else code}")
         run_matrix(m, s0, s1)
+        settings_matrix(m, s0, s1)
     bad = [r for r in m.rows if r["ok"] is False]
     print("\n| case | exit | first line | OK |\n| --- | --- | --- | --- |")
     for r in m.rows:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -39,6 +40,16 @@ def describe_os_error(e: OSError) -> str:
     return f"{path}: {e.strerror or e}"
 
 
+def h5py_os_error(e: RuntimeError) -> OSError | None:
+    """The OSError inside an HDF5 library error (h5py raises a failed write as RuntimeError, e.g. "Object copy
+    failed (file write failed: ..., filename = '...', errno = 28, error message = 'No space left on device'...")."""
+    found = re.search(r"errno = (\d+), error message = '([^']*)'", str(e))
+    if found is None:
+        return None
+    name = re.search(r"filename = '([^']*)'", str(e))
+    return OSError(int(found.group(1)), found.group(2), name.group(1) if name else None)
+
+
 def _run(config_name: str, overrides: list[str] | None, fn: Callable) -> None:
     """Compose the config and run the job; every failure a user can cause ends as one line and exit 2
     (tracebacks with RIPT_DEBUG=1 or --debug)."""
@@ -52,9 +63,13 @@ def _run(config_name: str, overrides: list[str] | None, fn: Callable) -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted; resume with resume=true", err=True)
         raise typer.Exit(130) from None
-    except (RiptError, OSError, EOFError) as e:
+    except (RiptError, OSError, EOFError, RuntimeError) as e:
         if debug:
             raise
+        if isinstance(e, RuntimeError):
+            e = h5py_os_error(e) or e
+            if not isinstance(e, OSError):  # not a file error: a bug to report with its traceback
+                raise
         if isinstance(e, RiptError):
             message = str(e)
         elif isinstance(e, OSError):

@@ -58,4 +58,17 @@ def data_files(task_cfg: DictConfig, names: list[str] | None = None) -> list[Pat
     missing = [f for f in files if not f.is_file()]
     if missing:
         raise RiptError(f"dataset file {missing[0]} does not exist; run `ript collect task={task_cfg.name}` first")
+    _check_recorded_tasks(files, names)
     return files
+
+
+def _check_recorded_tasks(files: list[Path], names: list[str]) -> None:
+    """Each file holds the task it is loaded for: a file replaced by another task's would train (and evaluate)
+    the wrong task under this one's name. Files that record no task name (official LIBERO files) pass."""
+    from ript.data.hdf5 import read_file_attrs
+
+    for path, name in zip(files, names):
+        recorded = read_file_attrs(path).get("task_name")
+        if recorded is not None and str(recorded) != name:
+            raise RiptError(f"{path} holds the demos of task {recorded!r}, but it is loaded for task {name!r}; "
+                            f"put {name}'s own file there (ript collect writes it)")

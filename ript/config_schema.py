@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ript.errors import RiptError
 
@@ -22,6 +22,19 @@ Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Scale = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Workers = Literal["auto"] | Count
 Auto = Literal["auto"] | bool
+
+
+def _task_list(names: list[str]) -> list[str]:
+    if not names:
+        raise ValueError("an empty list names no task; list the tasks, or null for every task")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} listed more than once; list each task once")
+    return names
+
+
+# An explicit task list: null means every task (of the benchmark or the checkpoint), [] would be ambiguous.
+TaskList = Annotated[list[str], AfterValidator(_task_list)] | None
 
 
 class Section(BaseModel):
@@ -44,6 +57,7 @@ class Task(Section):
     action_dim: Count
     expert_noise: Scale
     render: Render
+    task_names: TaskList = None
 
 
 class WorkerLimits(Section):
@@ -261,6 +275,7 @@ class RLEval(EvalEvery):
 
 class RLJob(RunJob):
     policy: Policy
+    task_names: TaskList = None
     rl: RL
     eval: RLEval
     sampling: Sampling
@@ -276,6 +291,7 @@ class OFTJob(RLJob):
 
 class EvalJob(EvalProtocol):
     policy: Policy
+    task_names: TaskList = None
     checkpoint: str
     out_dir: str | None
     overwrite: bool

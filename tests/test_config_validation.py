@@ -31,6 +31,9 @@ from tests.helpers.cli import assert_one_line_error, ript, task_overrides, train
     ("rl", "rl.advantage=ppo2", "rl.advantage='ppo2'"),
     ("rl", "rl.task_weighting_floor=2", "rl.task_weighting_floor=2"),
     ("quickstart", "stage1.steps=0", "stage1.steps=0"),
+    ("collect", "task.task_names=[]", "an empty list names no task"),
+    ("stage0", "task.task_names=[button-press-v3,drawer-close-v3,button-press-v3]", "button-press-v3 listed more"),
+    ("eval", "task_names=[drawer-close-v3,drawer-close-v3]", "drawer-close-v3 listed more than once"),
 ])
 def test_out_of_range_values_are_refused_with_the_key(job, override, fragment):
     from ript.config import compose

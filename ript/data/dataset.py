@@ -70,6 +70,10 @@ class ChunkDataset:
         self.episode_start = torch.from_numpy(np.repeat(ends - lengths, lengths)).long()
         self.episode_end = torch.from_numpy(np.repeat(ends, lengths)).long()
         self.num_demos = len(lengths)
+        # what a resumed run compares: the same files with the same demos (a file re-collected with more demos,
+        # or replaced, would silently change what the rest of the run trains on)
+        self.fingerprint = [{"file": layout.path.name, "demos": len(layout.names), "samples": sum(layout.lengths),
+                             "bytes": layout.path.stat().st_size} for layout in arrays.layouts]
         self._serve_device: torch.device | None = None  # batches delivered elsewhere than the storage (serve_to)
 
     def _split_indices(self, n: int, split: str, task_id: int) -> list[int]:
@@ -165,7 +169,30 @@ class ChunkDataset:
             "files": [str(p) for p in self.spec.files],
             "num_demos": self.num_demos,
             "num_samples": len(self),
+            "data": self.fingerprint,
         }
+
+
+def check_resume_data(resume_from: Path | None, train_set: ChunkDataset, allowed_changes) -> None:
+    """A resumed run trains on the data its checkpoint was trained on: the same files, demo counts and sizes
+    (``resume_allow_changes=[data]`` continues anyway). Checkpoints that record no fingerprint pass."""
+    from ript.utils.checkpoint import read_checkpoint_config
+
+    if resume_from is None or "data" in [str(k) for k in allowed_changes or []]:
+        return
+    recorded = (read_checkpoint_config(resume_from).get("metadata") or {}).get("data")
+    if recorded is None or recorded == train_set.fingerprint:
+        return
+    was = {d["file"]: d for d in recorded}
+    now = {d["file"]: d for d in train_set.fingerprint}
+    name = next(n for n in [*now, *was] if was.get(n) != now.get(n))
+
+    def describe(d: dict | None) -> str:
+        return "no such file" if d is None else f"{d['demos']} demos, {d['samples']} samples, {d['bytes']} bytes"
+
+    raise RiptError(f"resume: {resume_from} was trained on {name} with {describe(was.get(name))}; it now has "
+                    f"{describe(now.get(name))} (the training split); resuming would train on other data. Restore "
+                    f"the data, choose another run_dir, or pass resume_allow_changes=[data] to continue anyway")
 
 
 def batch_indices(n: int, batch_size: int, epoch: int, seed: int) -> torch.Tensor:

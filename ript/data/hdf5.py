@@ -41,6 +41,9 @@ class Demo:
 # added (``actions`` holds what was executed, as the official layout has it).
 EXPERT_ACTIONS = "expert_actions"
 
+# File attribute of ript's collections: the settings the demos were collected with (JSON), compared by a rerun.
+COLLECTION_ATTR = "collection"
+
 
 def _is_image_key(key: str) -> bool:
     return key.endswith("_rgb") or key.endswith("_image")

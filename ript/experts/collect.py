@@ -2,9 +2,9 @@
 
 Work is split into jobs of a few episodes (one task each) run by spawned worker processes; each job
 writes a shard file, and a task's shards are merged into the task's file (``task.file_pattern``)
-atomically as soon as the task's last job is done. A finished task file is skipped, and each shard records
-the settings it was made with, so an interrupted collection resumes with its finished jobs (and refuses to
-mix in shards made with other settings).
+atomically as soon as the task's last job is done. A finished task file records the settings it was collected
+with and is reused only by a run asking for the same ones; each shard records its settings too, so an
+interrupted collection resumes with its finished jobs (and refuses to mix in shards made with other settings).
 A suite's episode source (``Suite.expert``, looked up in ``ript.registry.EXPERTS``: ``ript.experts.metaworld``,
 ``ript.experts.libero.episode``) opens a task with its expert, runs one episode and names the file attributes.
 """
@@ -24,7 +24,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ript.data.hdf5 import Demo, merge_demo_files, write_demo_file
+from ript.data.hdf5 import COLLECTION_ATTR, Demo, merge_demo_files, read_file_attrs, write_demo_file
 from ript.envs.gl import use_egl_device, worker_egl_devices
 from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 from ript.envs.suites import get_suite
@@ -216,6 +216,30 @@ class Collection:
     def final(self, task: str) -> Path:
         return self.data_dir / self.file_pattern.format(name=task)
 
+    def settings(self, task: str) -> dict[str, Any]:
+        """What a task file's demos depend on, recorded in the file (``COLLECTION_ATTR``) so that a rerun reuses
+        it only when it asks for the same demos."""
+        return {"suite": self.suite, "task": task, "seed": self.seed, "noise": self.noise,
+                "demos_per_task": self.demos_per_task, "filter_success": self.filter_success,
+                "render": dict(self.render), "max_episode_steps": self.max_episode_steps}
+
+    def reusable(self, task: str) -> bool:
+        """Whether the task's file is already there, made with this run's settings; a file made otherwise stops
+        the run (keeping it would leave data that does not match the request)."""
+        path = self.final(task)
+        if not path.exists():
+            return False
+        recorded = read_file_attrs(path).get(COLLECTION_ATTR)
+        fix = f"collect into another folder (task.data_dir=...) or delete {path} to collect it again"
+        if not isinstance(recorded, dict):
+            raise RiptError(f"collect: {path} exists but records no collection settings (not written by this "
+                            f"version of `ript collect`), so it cannot be checked against this run; {fix}")
+        wanted = self.settings(task)
+        diffs = [f"{k}={recorded.get(k)!r} (this run: {v!r})" for k, v in wanted.items() if recorded.get(k) != v]
+        if diffs:
+            raise RiptError(f"collect: {path} was collected with other settings ({', '.join(diffs)}); {fix}")
+        return True
+
     def jobs(self, tasks: list[str], episodes_per_job: int) -> list[Job]:
         """Each task's demos in jobs of ``episodes_per_job``, each with its own shard file."""
         jobs = []
@@ -233,7 +257,8 @@ class Collection:
         it again instead of skipping it) and return its stats."""
         shards = sorted(self.data_dir.glob(f".{task}.shard*.hdf5"))
         attrs = {**source.file_attrs(self.suite, task, dict(self.render), self.max_episode_steps), "seed": self.seed,
-                 "noise": self.noise, "filter_success": self.filter_success, "expert_attempts": attempts}
+                 "noise": self.noise, "filter_success": self.filter_success, "expert_attempts": attempts,
+                 COLLECTION_ATTR: self.settings(task)}
         complete = demos >= self.demos_per_task
         target = self.final(task) if complete else self.data_dir / f".{task}.incomplete.hdf5"
         merged = merge_demo_files(shards, target, attrs)
@@ -268,9 +293,9 @@ def collect_demos(
     run.data_dir.mkdir(parents=True, exist_ok=True)
     source = episode_source(get_suite(suite).expert)
     remove_stale_temporaries(run.data_dir)
-    todo = [t for t in task_names if not run.final(t).exists()]
+    todo = [t for t in task_names if not run.reusable(t)]
     for t in sorted(set(task_names) - set(todo)):
-        log.info("collect: %s exists, skipping", run.final(t))
+        log.info("collect: %s exists with these settings, skipping", run.final(t))
     jobs, collected, attempts = plan_jobs(run.jobs(todo, episodes_per_job), run.data_dir, todo)
     if collected:
         log.info("collect: resuming; %d finished demos of an interrupted run are kept", sum(collected.values()))

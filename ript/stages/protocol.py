@@ -133,9 +133,39 @@ def read_state(root: Path) -> dict[str, Any]:
     if not path.exists():
         return {"phases": {}}
     try:
-        return json.loads(path.read_text())
+        state = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise RiptError(f"cannot read {path}: {e}; move it away to start the protocol over") from None
+    problem = state_problem(state)
+    if problem is not None:
+        raise RiptError(f"{path}: {problem}; restore it or move it away to start the protocol over")
+    return state
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def state_problem(state: Any) -> str | None:
+    """What makes a (hand-edited) protocol.json unusable, or None: the run reads each record's overrides,
+    seconds and step, and the seconds of phases cut short."""
+    if not isinstance(state, dict) or not isinstance(state.get("phases"), dict):
+        return "not a protocol record (expected an object with a 'phases' object)"
+    for name, record in state["phases"].items():
+        where = f"phases.{name}"
+        if not isinstance(record, dict):
+            return f"{where} is {type(record).__name__}, not an object"
+        overrides = record.get("overrides")
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            return f"{where}.overrides is missing or not a list of strings"
+        if not _number(record.get("seconds")):
+            return f"{where}.seconds={record.get('seconds')!r} is not a number"
+        if "step" in record and not (isinstance(record["step"], int) and not isinstance(record["step"], bool)):
+            return f"{where}.step={record['step']!r} is not a step number"
+    cut = state.get("cut", {})
+    if not isinstance(cut, dict) or not all(_number(v) for v in cut.values()):
+        return "'cut' is not an object of seconds by phase"
+    return None
 
 
 def result_settings(overrides: list[str]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ript.config import data_files, task_names, to_dict
-from ript.data.dataset import load_datasets, training_batches
+from ript.data.dataset import check_resume_data, load_datasets, training_batches
 from ript.model_loader import check_and_load
 from ript.models.action_autoencoder import ActionAutoencoder
 from ript.utils import distributed as ddist
@@ -76,6 +76,7 @@ def run(cfg) -> str:
     training.fast_math(device, cfg.train)
     ddist.batch_share(int(cfg.train.batch_size), info)  # a batch the ranks cannot split is refused here
     run_dir, resume_from = prepare_ranked_run_dir(cfg, info)  # inputs checked: now the folder may appear
+    check_resume_data(resume_from, train_set, cfg.resume_allow_changes)
     ckpt_config = checkpoint_config("stage0", "action_autoencoder", kwargs, cfg, train_set.metadata(cfg.task))
     train(model, train_set, val_set, cfg.train, RunSettings("stage0", run_dir, resume_from, cfg.train.keep_last,
                                                             cfg.train.stop_after_minutes),

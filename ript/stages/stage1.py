@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ript.config import data_files, task_names, to_dict
-from ript.data.dataset import load_datasets, training_batches
+from ript.data.dataset import check_resume_data, load_datasets, training_batches
 from ript.data.language import TASK_ID, embed_instructions
 from ript.errors import RiptError
 from ript.evaluation.results import evaluation_dir
@@ -24,7 +24,7 @@ from ript.utils import distributed as ddist
 from ript.utils import training
 from ript.utils.checkpoint import checkpoint_config, load_weights
 from ript.utils.logging import log, setup_console_logging
-from ript.utils.run_dir import prepare_ranked_run_dir, prepare_run_dir
+from ript.utils.run_dir import covered, flatten, prepare_ranked_run_dir, prepare_run_dir
 from ript.utils.seeding import seed_everything
 from ript.utils.trainer import RunSettings, Throughput, TrainingRun, best_score, due, sum_by_name
 
@@ -92,6 +92,7 @@ def run_finetune(cfg) -> str:
         raise RiptError("finetune needs checkpoint=<stage-1 run dir or checkpoint>")
     device, info = ddist.init_rank(cfg.device)  # first: under torchrun, this rank's GPU
     base, base_ckpt = load_model(cfg.checkpoint, expect_stage=("stage1", "finetune"))
+    _check_base_algo(cfg, base_ckpt)
     prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
     train_set, val_set = _datasets(cfg, base.autoencoder.chunk_size, device)
@@ -108,9 +109,31 @@ def run_finetune(cfg) -> str:
         for part in (model.autoencoder.from_code, model.autoencoder.decoder, model.autoencoder.out,
                      model.autoencoder.dec_queries, model.autoencoder.dec_mem_pos):
             part.requires_grad_(True)
-    metadata = {**train_set.metadata(cfg.task), "base_checkpoint": base_ckpt["checkpoint_dir"],
-                "sampling": stage1_sampling(cfg.algo)}
+    # the replanning and sampling the base was trained for (equal to cfg.algo's, _check_base_algo saw to it)
+    sampling = base_ckpt.get("metadata", {}).get("sampling") or stage1_sampling(cfg.algo)
+    metadata = {**train_set.metadata(cfg.task), "base_checkpoint": base_ckpt["checkpoint_dir"], "sampling": sampling}
     return train_prior(cfg, model, kwargs, train_set, val_set, "finetune", metadata, device, info)
+
+
+# algo keys fine-tuning applies itself; every other one is the base checkpoint's (architecture, replanning)
+FINETUNE_OWN_ALGO_KEYS = ("image_aug_pad",)
+
+
+def _check_base_algo(cfg, base_ckpt: dict) -> None:
+    """Fine-tuning keeps the base model and its replanning: an ``algo`` setting that differs from the base's
+    would be recorded without being applied, so it is refused."""
+    base_algo = (base_ckpt.get("cfg") or {}).get("algo")
+    if not isinstance(base_algo, dict):
+        return  # a checkpoint that records no config: its model_kwargs alone define the model
+    old, new = flatten(base_algo, "algo"), flatten(to_dict(cfg.algo), "algo")
+    diffs = [k for k in sorted(set(old) | set(new), key=lambda k: (k != "algo.name", k))
+             if old.get(k) != new.get(k) and not covered(k, tuple(f"algo.{k}" for k in FINETUNE_OWN_ALGO_KEYS))]
+    if diffs:
+        key = diffs[0]
+        raise RiptError(f"finetune: {key}={new.get(key)!r} differs from the base checkpoint's {old.get(key)!r} "
+                        f"({base_ckpt['checkpoint_dir']}); fine-tuning keeps the base's architecture and replanning: "
+                        f"pass algo={base_algo.get('name')} without algo overrides (eval takes "
+                        f"sampling.action_horizon=... to replan otherwise)")
 
 
 def prior_loss(model: SkillPrior, batch: dict, cfg, generator: torch.Generator, decoder_l1_weight: float,
@@ -166,7 +189,9 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
     training.fast_math(device, cfg.train)
     training.prepare_model(model, device, cfg.train)
     ddist.batch_share(int(cfg.train.batch_size), info)  # a batch the ranks cannot split is refused here
+    _check_batch_fits(int(cfg.train.batch_size), train_set)
     run_dir, resume_from = prepare_ranked_run_dir(cfg, info)  # inputs checked: now the folder may appear
+    check_resume_data(resume_from, train_set, cfg.resume_allow_changes)
     log.info("%s: %d tasks, %d train samples, %d demos, %.1fM trainable params, %d process(es)", stage,
              len(train_set.task_names), len(train_set), train_set.num_demos,
              sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, info.world_size)
@@ -180,6 +205,18 @@ def train_prior(cfg, model: SkillPrior, model_kwargs: dict, train_set, val_set, 
             evaluation.close()
     log.info("%s: done; checkpoint %s", stage, run_dir / "checkpoints" / "last")
     return str(run_dir)
+
+
+def _check_batch_fits(batch_size: int, train_set) -> None:
+    """A step draws ``train.batch_size`` samples (and the image augmentation's offsets for that many): a smaller
+    training split cannot make one batch."""
+    if batch_size <= len(train_set):
+        return
+    lengths = (train_set.episode_end - train_set.episode_start).unique()
+    short = " (every demo is shorter than two steps)" if int(lengths.max()) < 2 else ""
+    raise RiptError(f"train.batch_size={batch_size} is larger than the training split: {len(train_set)} samples "
+                    f"from {train_set.num_demos} demos{short}; lower train.batch_size to at most {len(train_set)} "
+                    f"or train on more (or longer) demos")
 
 
 class Evaluation:

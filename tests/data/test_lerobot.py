@@ -90,3 +90,72 @@ def test_training_reads_a_lerobot_folder_as_it_reads_the_hdf5_files(tiny_data, s
               ("hdf5", "lerobot")]
     assert config[0]["metadata"]["env_args"] == config[1]["metadata"]["env_args"]
     assert len(list(folder.glob(".ript_hdf5-*"))) == 1  # decoded once, reused by stage 1
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_data, tmp_path_factory):
+    from ript.config import compose
+    from ript.stages.lerobot_io import run_export
+
+    out = tmp_path_factory.mktemp("exported") / "lerobot"
+    run_export(compose("export", task_overrides(tiny_data) + [f"out={out}"]))
+    return out
+
+
+def _damaged(exported, tmp_path, damage):
+    import shutil
+
+    folder = tmp_path / "lerobot"
+    shutil.copytree(exported, folder)
+    damage(folder)
+    return folder
+
+
+def _rewrite_info(folder, change):
+    path = folder / "meta" / "info.json"
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+def _truncate(path, keep: float):
+    path.write_bytes(path.read_bytes()[:int(len(path.read_bytes()) * keep)])
+
+
+@pytest.mark.parametrize("damage,fragments", [
+    (lambda f: _rewrite_info(f, lambda i: {k: v for k, v in i.items() if k != "features"}), ("'features'",)),
+    (lambda f: _rewrite_info(f, lambda i: [i]), ("info.json holds a list",)),
+    (lambda f: _truncate(f / "videos" / "observation.images.corner_rgb" / "chunk-000" / "file-000.mp4", 0.5),
+     ("file-000.mp4",)),
+    (lambda f: _truncate(f / "data" / "chunk-000" / "file-000.parquet", 0.6), ("unreadable parquet",)),
+])
+def test_a_malformed_lerobot_folder_is_one_line(exported, tmp_path, damage, fragments):
+    from ript.data.lerobot import import_lerobot
+
+    folder = _damaged(exported, tmp_path, damage)
+    with pytest.raises(RiptError) as e:
+        import_lerobot(folder, tmp_path / "d")
+    assert str(folder) in str(e.value) and all(f in str(e.value) for f in fragments) and "\n" not in str(e.value)
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+
+
+def test_a_half_written_lerobot_folder_through_the_cli(exported, tmp_path):
+    folder = _damaged(exported, tmp_path, lambda f: _truncate(f / "meta/episodes/chunk-000/file-000.parquet", 0.5))
+    assert_one_line_error(ript("import", f"src={folder}", f"data_dir={tmp_path / 'd'}"), "unreadable parquet")
+
+
+def test_the_decoded_copy_follows_the_videos_not_only_info_json(exported, tmp_path):
+    """Videos replaced under a byte-identical info.json are decoded again, not read from the stale copy."""
+    import h5py
+
+    from ript.data.lerobot import decoded_folder
+
+    folder = _damaged(exported, tmp_path, lambda f: None)
+    first = decoded_folder(folder)
+    videos = folder / "videos"
+    a, b = (videos / f"observation.images.{c}_rgb" / "chunk-000" / "file-000.mp4" for c in ("corner", "gripperPOV"))
+    a_bytes, b_bytes = a.read_bytes(), b.read_bytes()
+    a.write_bytes(b_bytes)
+    b.write_bytes(a_bytes)  # the cameras' videos swapped: info.json unchanged
+    second = decoded_folder(folder)
+    assert second != first
+    with h5py.File(first / "button-press-v3.hdf5") as old, h5py.File(second / "button-press-v3.hdf5") as new:
+        assert (new["data/demo_0/obs/corner_rgb"][()] == old["data/demo_0/obs/gripperPOV_rgb"][()]).all()

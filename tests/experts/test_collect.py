@@ -134,3 +134,83 @@ def test_every_suite_names_a_registered_episode_source():
     assert set(families.values()) == {LiberoEpisodes} and "libero_goal" in families
     with pytest.raises(RiptError, match="unknown scripted expert 'robocasa'; registered: libero, metaworld"):
         episode_source("robocasa")
+
+
+def test_finished_files_are_reused_only_with_their_settings(tiny_data, tmp_path):
+    """A finished task file made with other settings (or with none recorded) is not kept as if it matched: the
+    run stops with one line naming the file, the setting and the way out, and touches nothing."""
+    import shutil
+
+    from tests.helpers.cli import assert_one_line_error, ript
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    before = _demo_contents(data / "button-press-v3.hdf5")
+    assert_one_line_error(ript(*_collect_cmd(data, "noise=0.1")[3:]), "button-press-v3.hdf5",
+                          "noise=0.2 (this run: 0.1)", "task.data_dir", "delete")
+    from dataclasses import replace
+
+    import pytest
+
+    from ript.config import compose, to_dict
+    from ript.envs.suites import task_horizon
+    from ript.errors import RiptError
+    from ript.experts.collect import Collection
+
+    cfg = compose("collect", task_overrides(data))
+    same = Collection(str(cfg.task.suite), data, 3, to_dict(cfg.task.render), task_horizon(cfg.task), 0,
+                      float(cfg.task.expert_noise), True, "{name}.hdf5")
+    assert same.reusable("button-press-v3")
+    for change, words in [({"seed": 3}, "seed=0 (this run: 3)"), ({"demos_per_task": 4}, "demos_per_task=3 (this"),
+                          ({"render": {**same.render, "image_size": 48}}, "render="),
+                          ({"max_episode_steps": 150}, "max_episode_steps=120 (this run: 150)")]:
+        with pytest.raises(RiptError, match="other settings") as e:
+            replace(same, **change).reusable("button-press-v3")
+        assert words in str(e.value)
+    with h5py.File(data / "drawer-close-v3.hdf5", "a") as f:
+        del f["data"].attrs["collection"]  # as files written before the settings were recorded
+    assert_one_line_error(ript(*_collect_cmd(data, "task.task_names=[drawer-close-v3]")[3:]),
+                          "drawer-close-v3.hdf5", "records no collection settings")
+    assert _demo_contents(data / "button-press-v3.hdf5") == before
+    assert not list(data.glob(".*"))
+
+
+def test_disk_full_while_merging_a_task_file_is_one_line_and_keeps_the_shards(tiny_data, tmp_path):
+    """h5py reports a failed write during the merge as RuntimeError (errno 28 inside its message): the command
+    ends with one line, the finished shard stays, and the same command merges it once there is space."""
+    import json
+    import shutil
+
+    import pytest
+
+    from ript.config import compose, to_dict
+    from ript.envs.suites import task_horizon
+    from ript.experts.collect import Collection, job_settings
+    from tests.helpers.cli import assert_one_line_error, ript
+    from tests.helpers.faults import fill_disk
+
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(fs)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        args = [*task_overrides(fs), "task.task_names=[button-press-v3]", "episodes_per_job=3", "num_workers=1"]
+        cfg = compose("collect", args)
+        job = Collection(str(cfg.task.suite), fs, 3, to_dict(cfg.task.render), task_horizon(cfg.task), 0,
+                         float(cfg.task.expert_noise), True, "{name}.hdf5").jobs(["button-press-v3"], 3)[0]
+        shard = fs / ".button-press-v3.shard00000.hdf5"
+        shutil.copy(tiny_data / "button-press-v3.hdf5", shard)  # a finished job's shard: only the merge is left
+        with h5py.File(shard, "a") as f:
+            f["data"].attrs["shard"] = json.dumps(job_settings(job))
+        (fs / "spare").write_bytes(b"\0" * 65536)
+        fill_disk(fs)
+        (fs / "spare").unlink()  # room to create the merged file, not to fill it
+        assert_one_line_error(ript("collect", *args), "no space left", ".button-press-v3.hdf5")
+        assert sorted(p.name for p in fs.iterdir()) == [shard.name, "filler"]
+        (fs / "filler").unlink()
+        code, _, err = ript("collect", *args)
+        assert code == 0, err
+        assert sorted(p.name for p in fs.iterdir()) == ["button-press-v3.hdf5"]
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)

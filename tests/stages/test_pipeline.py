@@ -1,6 +1,7 @@
 """The staged pipeline end to end on the real simulator: stage 0 -> stage 1 -> eval, finetune, resume."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -148,3 +149,89 @@ def test_quickstart_passes_algo_overrides_to_every_stage():
     for job in ("stage0", "stage1"):
         assert configs[job].algo.name == "quest_small"
         assert configs[job].algo.prior.n_layer == 4 and configs[job].algo.autoencoder.dim == 32
+
+
+def test_finetune_refuses_algo_settings_it_would_not_apply(stage1_run, tiny_data, tmp_path):
+    """Fine-tuning keeps the base's model and replanning: another architecture or action horizon would be
+    recorded in the checkpoint while the base's is trained and used."""
+    from tests.helpers.cli import assert_one_line_error, ript
+
+    run_dir = tmp_path / "ft"
+    args = [*train_overrides(tiny_data, run_dir, 2), f"checkpoint={stage1_run}", "task.task_names=[drawer-close-v3]"]
+    assert_one_line_error(ript("finetune", *args, "algo=quest"),
+                          "algo.name='quest' differs from the base checkpoint's 'quest_small'", "algo=quest_small")
+    for override, fragment in [("algo.prior.n_layer=4", "algo.prior.n_layer=4 differs from the base checkpoint's 2"),
+                               ("algo.action_horizon=2", "algo.action_horizon=2 differs from the base checkpoint's 8")]:
+        with pytest.raises(RiptError, match="fine-tuning keeps the base's architecture") as e:
+            stage1.run_finetune(compose("finetune", [*args, override]))
+        assert fragment in str(e.value)
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("state,fragment", [
+    ({"phases": {"collect": {"seconds": 3.0, "gpus": 1}}}, "phases.collect.overrides is missing"),
+    ([{"phases": {}}], "not a protocol record"),
+    ({"finished": {}}, "not a protocol record"),
+    ({"phases": {"collect": {"overrides": [], "seconds": "3 min", "gpus": 1}}}, "phases.collect.seconds='3 min'"),
+    ({"phases": {}, "cut": {"stage0": "12"}}, "'cut'"),
+])
+def test_a_hand_edited_protocol_record_is_one_line(tmp_path, state, fragment):
+    from ript.stages.protocol import read_state
+
+    (tmp_path / "protocol.json").write_text(json.dumps(state))
+    with pytest.raises(RiptError, match="move it away") as e:
+        read_state(tmp_path)
+    assert fragment in str(e.value) and str(tmp_path / "protocol.json") in str(e.value)
+
+
+def test_a_protocol_over_a_record_without_overrides_stops_in_one_line(tmp_path):
+    from tests.helpers.cli import assert_one_line_error, ript
+
+    (tmp_path / "protocol.json").write_text(json.dumps({"phases": {"collect": {"seconds": 3.0, "gpus": 1}}}))
+    assert_one_line_error(ript("protocol", "ml45_multitask", f"run_root={tmp_path}"), "protocol.json",
+                          "phases.collect.overrides")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["protocol.json"]
+
+
+def test_a_training_split_smaller_than_a_batch_is_one_line(tiny_data, stage0_run, tmp_path):
+    """Demos of one step each: fewer samples than train.batch_size, which the image augmentation drew offsets
+    for (an IndexError before)."""
+    import h5py
+
+    from tests.helpers.cli import assert_one_line_error, ript
+
+    data = tmp_path / "short"
+    data.mkdir()
+    for task in TASKS:
+        with h5py.File(tiny_data / f"{task}.hdf5") as src, h5py.File(data / f"{task}.hdf5", "w") as dst:
+            dst.create_group("data").attrs.update(src["data"].attrs)
+            for name, demo in src["data"].items():
+                def first_step(path, obj, name=name):
+                    if isinstance(obj, h5py.Dataset):
+                        dst.create_dataset(f"data/{name}/{path}", data=obj[:1])
+
+                demo.visititems(first_step)
+                dst[f"data/{name}"].attrs.update(demo.attrs)
+    run_dir = tmp_path / "s1"
+    assert_one_line_error(ript("stage1", *train_overrides(data, run_dir, 2), f"stage0_checkpoint={stage0_run}"),
+                          "train.batch_size=16 is larger than the training split: 4 samples from 4 demos",
+                          "shorter than two steps")
+    assert not run_dir.exists()
+
+
+def test_resume_over_changed_data_files_is_refused(tiny_data, tmp_path):
+    """The config is the same, the data is not (a demo fewer in one file): resuming would go on training on
+    other data without a word."""
+    import h5py
+
+    from tests.helpers.cli import assert_one_line_error, ript
+
+    data, run_dir = tmp_path / "data", tmp_path / "s0"
+    shutil.copytree(tiny_data, data)
+    stage0.run(compose("stage0", train_overrides(data, run_dir, 2)))
+    with h5py.File(data / "drawer-close-v3.hdf5", "a") as f:
+        del f["data/demo_2"]
+    resume = [*train_overrides(data, run_dir, 4), "resume=true", "resume_allow_changes=[train.steps]"]
+    assert_one_line_error(ript("stage0", *resume), "drawer-close-v3.hdf5 with 2 demos", "now has 1 demos",
+                          "resume_allow_changes=[data]")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["0000002", "last"]
