@@ -102,7 +102,8 @@ def hold_folder(folder: Path, key: str) -> None:
     fd = _lock(folder, key)
     previous = _read_holder(fd)
     if previous is not None:  # its holder ended without releasing it (killed): the kernel dropped its lock
-        log.info("%s: taking over the lock of %s, which is no longer running", folder, describe_holder(previous))
+        log.info("%s: taking over the lock left by %s, which ended without releasing it", folder,
+                 describe_holder(previous))
     record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command_line(), "since": time.time()}
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)

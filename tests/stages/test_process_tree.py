@@ -43,3 +43,30 @@ def test_sigterm_to_a_protocol_ends_its_running_phase_and_the_same_command_conti
     assert again.returncode == 0, again.stderr
     assert "phase collect finished earlier" in again.stderr
     assert (root / "stage0" / "checkpoints" / "last").resolve().name == "0000004"
+
+
+def test_an_interrupted_quickstart_continues_where_it_stopped(tiny_data, tmp_path):
+    # Ctrl-C said "resume with resume=true", which quickstart does not take; the same command then failed with
+    # "run_dir ... already exists"
+    root = tmp_path / "qs"
+    command = [sys.executable, "-m", "ript.cli", "quickstart", *task_overrides(tiny_data), f"run_root={root}",
+               "stage0.steps=4", "stage0.batch_size=16", "stage1.steps=4", "stage1.batch_size=16", "eval_episodes=1"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not (root / "stage1" / "config.json").exists():
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C in stage 1, stage 0 finished
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "the same command continues where it stopped" in err, err
+    assert "resume=true" not in err.splitlines()[-1]
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert (root / "eval" / "results.json").is_file()
+    for stage in ("stage0", "stage1"):
+        assert (root / stage / "checkpoints" / "last").resolve().name == "0000004"

@@ -14,7 +14,7 @@ import pytest
 
 from ript.errors import RiptError
 from ript.utils.locking import LOCK_FILE, hold_folder, holding, release
-from tests.helpers.cli import train_overrides
+from tests.helpers.cli import assert_one_line_error, ript, train_overrides
 
 HOLD = "import sys, time; from ript.utils.locking import hold_folder; hold_folder(sys.argv[1], 'run_dir'); " \
        "print('held', flush=True); time.sleep(60)"
@@ -47,7 +47,7 @@ def test_a_held_folder_refuses_a_second_writer_and_a_killed_holders_lock_is_take
     assert json.loads((folder / LOCK_FILE).read_text())["pid"] == holder.pid
     with caplog.at_level("INFO"), holding(folder, "run_dir"):
         assert json.loads((folder / LOCK_FILE).read_text())["pid"] != holder.pid
-    assert f"taking over the lock of PID {holder.pid}" in caplog.text
+    assert f"taking over the lock left by PID {holder.pid}" in caplog.text
     assert not (folder / LOCK_FILE).exists()  # released cleanly: nothing left behind
 
 
@@ -82,3 +82,15 @@ def test_two_stage0_resumes_of_one_run_folder_the_second_ends_in_one_line(tiny_d
         first.kill()
     assert (run / "checkpoints" / "last").resolve().name == "0000008"
     assert not (run / LOCK_FILE).exists()
+
+
+def test_an_output_location_that_is_a_file_fails_before_the_first_episode_or_phase(stage1_run, tmp_path):
+    # eval ran every episode, then failed, keeping nothing
+    file = tmp_path / "results"
+    file.write_text("mine")
+    t0 = time.perf_counter()
+    assert_one_line_error(ript("eval", f"checkpoint={stage1_run}", f"out_dir={file}", "episodes_per_task=50"),
+                          f"out_dir {file} is a file", "choose another out_dir")
+    assert time.perf_counter() - t0 < 60 and file.read_text() == "mine"
+    assert_one_line_error(ript("protocol", "ml45_multitask", f"run_root={file}"), f"run_root {file} is a file")
+    assert file.read_text() == "mine"
