@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers.faults import env_workers, fill_disk
+from tests.helpers.faults import env_workers, fill_disk, processes
 
 TASK = ["task=metaworld_quick", "task.demos_per_task=3", "task.render.image_size=32", "task.max_episode_steps=120"]
 TRAIN = ["algo=quest_small", "progress=false", "train.steps=4", "train.batch_size=16", "train.warmup_steps=2",
@@ -283,6 +283,27 @@ def writers(m: Matrix, s0: Path, s1: Path) -> None:
              "out_dir", intact=lambda: file.read_text() == "mine")
     m.expect("protocol run_root is a file", ["protocol", "ml45_multitask", f"run_root={file}"], "is a file",
              "run_root", intact=lambda: file.read_text() == "mine")
+    protocol_stopped(m)
+
+
+def protocol_stopped(m: Matrix) -> None:
+    """SIGTERM to a protocol while a phase runs: the phase ends with it, and nothing of it is left running."""
+    train = "steps: 4, batch_size: 16, warmup_steps: 2, val_every: 2, save_every: 2, log_every: 1"
+    proc = subprocess.Popen([sys.executable, "-m", "ript.cli", "protocol", "ml45_multitask", *TASK,
+                             f"task.data_dir={m.data}", "algo=quest_small", f"run_root={m.path('protocol')}",
+                             "gpus=1", "phases.stage1=null", "phases.eval=null", "phases.rl=null",
+                             "phases.eval_rl=null",
+                             f"++phases.stage0={{progress: false, train: {{{train}}}, data: {{val_fraction: 0.34}}}}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline, phase = time.time() + 120, []
+    while time.time() < deadline and not phase and proc.poll() is None:
+        phase = [p["pid"] for p in processes() if p["ppid"] == proc.pid and b"stage0" in p["cmdline"]]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    left = [p for p in processes() if p["pid"] in phase or p["ppid"] in (proc.pid, *phase)]
+    m.record("SIGTERM to a protocol during a phase", proc.returncode, err.strip().splitlines(), 128 + signal.SIGTERM,
+             ("the same command continues",), lambda: bool(phase) and not left)
 
 
 def _nan_weights(ckpt: Path) -> None:
