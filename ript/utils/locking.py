@@ -107,8 +107,12 @@ def hold_folder(folder: Path, key: str) -> None:
     record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command_line(), "since": time.time()}
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, json.dumps(record).encode())
     _held[resolved] = fd
+    try:
+        os.write(fd, json.dumps(record).encode())
+    except OSError as e:  # a full disk: the lock holds without its record, and the job's own write reports it
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
 
 
 @contextlib.contextmanager
