@@ -1,3 +1,4 @@
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,4 +162,21 @@ def test_a_second_collect_into_a_folder_being_collected_ends_in_one_line_and_ctr
     again = subprocess.run(_collect_cmd(data, *one_task), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert sorted(p.name for p in data.iterdir()) == ["button-press-v3.hdf5"]
+    assert _demo_contents(data / "button-press-v3.hdf5") == _demo_contents(tiny_data / "button-press-v3.hdf5")
+
+
+def test_a_collection_merges_only_the_shards_its_own_jobs_wrote(tiny_data, tmp_path):
+    # a task's merge took every shard in the folder, and deleted them, another writer's included
+    data = tmp_path / "data"
+    proc = subprocess.Popen(_collect_cmd(data, "task.task_names=[button-press-v3]", "num_workers=1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(data.glob(".button-press-v3.shard*.hdf5")):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    foreign = data / ".button-press-v3.shard00099.hdf5"  # written meanwhile by a writer that takes no lock
+    shutil.copy(tiny_data / "button-press-v3.hdf5", foreign)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert foreign.is_file()
     assert _demo_contents(data / "button-press-v3.hdf5") == _demo_contents(tiny_data / "button-press-v3.hdf5")
