@@ -12,6 +12,7 @@ and disk-full cases need to mount a tmpfs (root); elsewhere they are reported as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers.faults import env_workers, fill_disk
+from tests.helpers.faults import env_workers, fill_disk, processes
 
 TASK = ["task=metaworld_quick", "task.demos_per_task=3", "task.render.image_size=32", "task.max_episode_steps=120"]
 TRAIN = ["algo=quest_small", "progress=false", "train.steps=4", "train.batch_size=16", "train.warmup_steps=2",
@@ -241,6 +242,68 @@ def run_matrix(m: Matrix, s0: Path, s1: Path) -> None:
         m.skip("read-only run folder", "cannot mount a tmpfs (needs root)")
     worker_fault(m, s1, signal.SIGKILL, "env worker killed during eval")
     worker_fault(m, s1, signal.SIGSTOP, "env worker stopped (hung) during eval")
+    writers(m, s0, s1)
+
+
+def start_writer(args: list[str], folder: Path) -> subprocess.Popen:
+    """A ``ript`` job started in the background, once it holds ``folder``'s lock (its lock file names it)."""
+    proc = subprocess.Popen([sys.executable, "-m", "ript.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads((folder / ".ript.lock").read_text()).get("pid") == proc.pid:
+                break
+        time.sleep(0.05)
+    return proc
+
+
+def writers(m: Matrix, s0: Path, s1: Path) -> None:
+    """One writer per folder, outputs checked before the first episode, each job's own Ctrl-C advice."""
+    data = m.path("collecting")
+    collect = ["collect", *TASK, f"task.data_dir={data}", "task.demos_per_task=30", "num_workers=1"]
+    first = start_writer(collect, data)
+    m.expect("second collect into a folder being collected", collect, "being written by PID", "ript collect")
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=300)
+    m.record("Ctrl-C during collect", first.returncode, err.strip().splitlines(), 130,
+             ("run the same command again",), lambda: "resume=true" not in err)
+    run = m.path("resumed_twice")
+    shutil.copytree(s0, run, symlinks=True)
+    resume = ["stage0", *TASK, f"task.data_dir={m.data}", *TRAIN, f"run_dir={run}", "resume=true",
+              "train.steps=2000", "resume_allow_changes=[train.steps,train.lr]"]
+    first = start_writer(resume, run)
+    m.expect("second stage0 resume of one run folder", [*resume, "train.lr=1e-2"], "being written by PID",
+             "ript stage0")
+    first.kill()
+    first.wait()
+    file = m.path("out_file")
+    file.write_text("mine")
+    m.expect("eval out_dir is a file", ["eval", f"checkpoint={s1}", f"out_dir={file}", *EVAL], "is a file",
+             "out_dir", intact=lambda: file.read_text() == "mine")
+    m.expect("protocol run_root is a file", ["protocol", "ml45_multitask", f"run_root={file}"], "is a file",
+             "run_root", intact=lambda: file.read_text() == "mine")
+    protocol_stopped(m)
+
+
+def protocol_stopped(m: Matrix) -> None:
+    """SIGTERM to a protocol while a phase runs: the phase ends with it, and nothing of it is left running."""
+    train = "steps: 4, batch_size: 16, warmup_steps: 2, val_every: 2, save_every: 2, log_every: 1"
+    proc = subprocess.Popen([sys.executable, "-m", "ript.cli", "protocol", "ml45_multitask", *TASK,
+                             f"task.data_dir={m.data}", "algo=quest_small", f"run_root={m.path('protocol')}",
+                             "gpus=1", "phases.stage1=null", "phases.eval=null", "phases.rl=null",
+                             "phases.eval_rl=null",
+                             f"++phases.stage0={{progress: false, train: {{{train}}}, data: {{val_fraction: 0.34}}}}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline, phase = time.time() + 120, []
+    while time.time() < deadline and not phase and proc.poll() is None:
+        phase = [p["pid"] for p in processes() if p["ppid"] == proc.pid and b"stage0" in p["cmdline"]]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    left = [p for p in processes() if p["pid"] in phase or p["ppid"] in (proc.pid, *phase)]
+    m.record("SIGTERM to a protocol during a phase", proc.returncode, err.strip().splitlines(), 128 + signal.SIGTERM,
+             ("the same command continues",), lambda: bool(phase) and not left)
 
 
 def settings_matrix(m: Matrix, s0: Path, s1: Path) -> None:

@@ -50,6 +50,28 @@ def h5py_os_error(e: RuntimeError) -> OSError | None:
     return OSError(int(found.group(1)), found.group(2), name.group(1) if name else None)
 
 
+# How each job goes on after a Ctrl-C (``oft`` is two jobs: ``oft-rl`` resumes, ``oft-eval`` starts again).
+CONTINUE = {
+    "collect": "its finished jobs are kept: run the same command again to continue",
+    "stage0": "continue from the last checkpoint with the same command and resume=true",
+    "stage1": "continue from the last checkpoint with the same command and resume=true",
+    "finetune": "continue from the last checkpoint with the same command and resume=true",
+    "rl": "continue from the last checkpoint with the same command and resume=true",
+    "eval": "no results were written (an evaluation does not resume): run the same command again to evaluate",
+    "protocol": "its finished phases are kept: the same command continues from the phase it stopped in",
+    "quickstart": "what it finished is kept: the same command continues where it stopped",
+}
+
+
+def how_to_continue(config_name: str, fn: Callable) -> str:
+    parent = os.environ.get("RIPT_PHASE_OF")  # a protocol's phase: the protocol's own line follows
+    if parent:
+        return f"this job is a phase of the {parent}, which says how to continue"
+    if config_name == "oft":
+        config_name = "rl" if fn.__name__ == "run_rl" else "eval"
+    return CONTINUE.get(config_name, "run the same command again")
+
+
 def _run(config_name: str, overrides: list[str] | None, fn: Callable) -> None:
     """Compose the config and run the job; every failure a user can cause ends as one line and exit 2
     (tracebacks with RIPT_DEBUG=1 or --debug)."""
@@ -61,7 +83,7 @@ def _run(config_name: str, overrides: list[str] | None, fn: Callable) -> None:
     try:
         fn(compose(config_name, overrides))
     except KeyboardInterrupt:
-        typer.echo("interrupted; resume with resume=true", err=True)
+        typer.echo(f"interrupted; {how_to_continue(config_name, fn)}", err=True)
         raise typer.Exit(130) from None
     except (RiptError, OSError, EOFError, RuntimeError) as e:
         if debug:

@@ -31,6 +31,7 @@ from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.experts.base import EpisodeSource
 from ript.registry import EXPERTS
+from ript.utils.locking import holding
 from ript.utils.logging import log
 from ript.utils.processes import die_with_parent
 
@@ -252,10 +253,10 @@ class Collection:
                                 shard_path=str(self.data_dir / f".{t}.shard{first:05d}.hdf5")))
         return jobs
 
-    def finish(self, source: EpisodeSource, task: str, demos: int, attempts: int) -> dict[str, Any]:
-        """Merge a task's shards into its file (a task short of demos gets no final file, so that a rerun collects
-        it again instead of skipping it) and return its stats."""
-        shards = sorted(self.data_dir.glob(f".{task}.shard*.hdf5"))
+    def finish(self, source: EpisodeSource, task: str, demos: int, attempts: int, shards: list[Path]
+               ) -> dict[str, Any]:
+        """Merge a task's shards (this collection's own: its jobs') into its file (a task short of demos gets no
+        final file, so that a rerun collects it again instead of skipping it) and return its stats."""
         attrs = {**source.file_attrs(self.suite, task, dict(self.render), self.max_episode_steps), "seed": self.seed,
                  "noise": self.noise, "filter_success": self.filter_success, "expert_attempts": attempts,
                  COLLECTION_ATTR: self.settings(task)}
@@ -290,19 +291,27 @@ def collect_demos(
     refuses shards made otherwise. A task's file is written as soon as its last job finishes."""
     run = Collection(suite, Path(data_dir), demos_per_task, render, max_episode_steps, seed, noise, filter_success,
                      file_pattern)
-    run.data_dir.mkdir(parents=True, exist_ok=True)
-    source = episode_source(get_suite(suite).expert)
+    with holding(run.data_dir, "task.data_dir"):  # one writer per data folder, checked writable before any episode
+        return _collect(run, task_names, num_workers, episodes_per_job)
+
+
+def _collect(run: Collection, task_names: list[str], num_workers: int | None, episodes_per_job: int
+             ) -> dict[str, dict[str, Any]]:
+    demos_per_task = run.demos_per_task
+    source = episode_source(get_suite(run.suite).expert)
     remove_stale_temporaries(run.data_dir)
     todo = [t for t in task_names if not run.reusable(t)]
     for t in sorted(set(task_names) - set(todo)):
         log.info("collect: %s exists with these settings, skipping", run.final(t))
-    jobs, collected, attempts = plan_jobs(run.jobs(todo, episodes_per_job), run.data_dir, todo)
+    planned = run.jobs(todo, episodes_per_job)
+    own = {t: [Path(j.shard_path) for j in planned if j.task == t] for t in todo}
+    jobs, collected, attempts = plan_jobs(planned, run.data_dir, todo)
     if collected:
         log.info("collect: resuming; %d finished demos of an interrupted run are kept", sum(collected.values()))
     remaining = {t: sum(j.task == t for j in jobs) for t in todo}
     stats: dict[str, dict[str, Any]] = {}
     for t in [t for t in todo if remaining[t] == 0]:  # every shard of the task was already there
-        stats[t] = run.finish(source, t, collected.get(t, 0), attempts.get(t, 0))
+        stats[t] = run.finish(source, t, collected.get(t, 0), attempts.get(t, 0), own[t])
     if not jobs:
         return stats
     num_workers = max(1, min(num_workers or os.cpu_count() or 1, len(jobs)))
@@ -317,7 +326,7 @@ def collect_demos(
         remaining[task] -= 1
         if remaining[task] == 0:
             t = time.perf_counter()
-            stats[task] = run.finish(source, task, collected.get(task, 0), attempts.get(task, 0))
+            stats[task] = run.finish(source, task, collected.get(task, 0), attempts.get(task, 0), own[task])
             spent["merge_s"] += time.perf_counter() - t
     _log_time_spent(spent, time.perf_counter() - t0, num_workers)
     return stats

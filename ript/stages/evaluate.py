@@ -13,6 +13,7 @@ from ript.evaluation.results import success_table, summarize, write_evaluation
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.utils.device import resolve_device
+from ript.utils.locking import holding
 from ript.utils.logging import log, setup_console_logging
 
 
@@ -28,14 +29,15 @@ def evaluate(cfg, protocol) -> dict[str, Any]:
     family = family_for(cfg)
     loaded = family.load(cfg, device, int(cfg.seed), rl=False)
     out_dir, title = family.eval_output(loaded, cfg)
-    runner = make_runner(loaded.metadata, loaded.task_names, protocol, cfg.workers)
-    try:
-        torch.manual_seed(int(cfg.seed))
-        results = summarize(runner.run(loaded.policy, video_dir=out_dir / "videos"))
-    finally:
-        runner.close()
-    results.update(loaded.results)
-    write_evaluation(out_dir, results, title)
+    with holding(out_dir, "out_dir"):  # one writer, checked writable before the first episode
+        runner = make_runner(loaded.metadata, loaded.task_names, protocol, cfg.workers)
+        try:
+            torch.manual_seed(int(cfg.seed))
+            results = summarize(runner.run(loaded.policy, video_dir=out_dir / "videos"))
+        finally:
+            runner.close()
+        results.update(loaded.results)
+        write_evaluation(out_dir, results, title)
     print(success_table(results))
     log.info("eval: %d env steps in %.1f s (%.0f steps/s); results in %s", results["env_steps"], results["seconds"],
              results["env_steps_per_second"], out_dir / "results.json")

@@ -12,7 +12,6 @@ evaluation and writes it, with each phase's time, to ``<run_root>/results.json``
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -22,7 +21,9 @@ from typing import Any
 from ript.config import CONFIG_DIR, compose, to_dict
 from ript.errors import RiptError
 from ript.utils.atomic import atomic_write_text
+from ript.utils.locking import holding
 from ript.utils.logging import log, setup_console_logging
+from ript.utils.processes import run_child
 from ript.utils.run_dir import RUN_CONTROL_KEYS, covered, flatten
 
 PHASES = ("collect", "stage0", "stage1", "finetune", "eval", "rl", "eval_rl")
@@ -31,6 +32,7 @@ JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune"
 TRAINING = ("stage0", "stage1", "finetune", "rl")  # run under torchrun when several GPUs are used
 EVALUATIONS = {"eval": "imitation", "eval_rl": "after RL"}
 STATE_FILE = "protocol.json"
+PHASE_OF = "RIPT_PHASE_OF"  # set in a phase's environment: the job that runs it, which says how to continue
 # see result_settings; a finished RL phase asked for more iterations is refused, not skipped, and so is a training
 # phase whose in-training evaluation changed (it chooses checkpoints/best, which evaluate=best starts from)
 DRIVING_KEYS = tuple(k for k in RUN_CONTROL_KEYS if k not in ("rl.iterations", "eval")) + ("num_workers",)
@@ -185,10 +187,17 @@ def finished_differently(phase: Phase, record: dict) -> str | None:
 
 
 def run_phase(phase: Phase, gpus: int) -> None:
+    """Run the phase's job as a child process that ends with this one (a signal to the protocol reaches it, and
+    the protocol ends only after it)."""
     command = phase.command(gpus)
     if phase.run_dir is not None and phase.run_dir.exists():
         command.append("resume=true")  # a try cut short: go on from its last checkpoint (or start over if none)
-    code = subprocess.call(command)
+    try:
+        code = run_child(command, env={PHASE_OF: "protocol"})  # its Ctrl-C line leaves the advice to us
+    except SystemExit:
+        log.info("protocol: stopped by a signal during phase %s, after its job ended; the same command continues "
+                 "from this phase", phase.name)
+        raise
     if code != 0:
         raise RiptError(f"phase {phase.name} (`ript {phase.job}`) failed with exit code {code}; its error is "
                         f"above; the same command continues from this phase")
@@ -268,7 +277,13 @@ def run(cfg) -> dict[str, Any]:
     phases = plan(cfg)
     check(cfg, phases)
     gpus = gpu_count(cfg.gpus)
-    root.mkdir(parents=True, exist_ok=True)
+    with holding(root, "run_root"):  # one protocol per run root, checked writable before the first phase
+        return run_phases(cfg, phases, gpus)
+
+
+def run_phases(cfg, phases: list[Phase], gpus: int) -> dict[str, Any]:
+    """Each phase not finished yet, in order, recording each one as it finishes; the summary at the end."""
+    root = Path(cfg.run_root)
     state = read_state(root)
     for i, phase in enumerate(phases, 1):
         record = state["phases"].get(phase.name)

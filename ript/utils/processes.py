@@ -1,4 +1,4 @@
-"""Child-process hygiene shared by the collection pool and the env workers."""
+"""Child-process hygiene shared by the collection pool, the env workers and the jobs that run other jobs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 
 PR_SET_PDEATHSIG = 1
 
@@ -15,6 +16,49 @@ def die_with_parent() -> None:
     workers (elsewhere this is a no-op; the workers then exit on their pipe's end of file)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_child(command: list[str], env: dict[str, str] | None = None) -> int:
+    """Run ``command`` to its end as a child that ends with this process; its exit code.
+
+    The child runs in its own process group, so that a Ctrl-C in the terminal reaches it once, through us:
+    SIGINT, SIGTERM and SIGHUP sent to this process are forwarded to it, and this process waits for it to exit
+    before it ends itself (SIGINT: KeyboardInterrupt; SIGTERM, SIGHUP: SystemExit(128 + signal)). A SIGKILLed
+    parent's child is killed by the kernel (``die_with_parent``). ``env`` adds to this process's environment."""
+    received: list[int] = []
+    child: list[subprocess.Popen] = []
+
+    def forward(signum, frame) -> None:
+        received.append(signum)
+        for proc in child:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+
+    def start_child() -> None:  # in the child, before its program starts
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        die_with_parent()
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        # signals that come while the child starts wait until it can be given them
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        try:
+            child.append(subprocess.Popen(command, preexec_fn=start_child, process_group=0,
+                                          env={**os.environ, **(env or {})}))
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        code = child[0].wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        if signal.SIGINT in received:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + received[0])
+    return code
 
 
 def usable_cores() -> int:

@@ -10,6 +10,7 @@ starts it over.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from ript.errors import RiptError
 from ript.utils.atomic import atomic_write_text
 from ript.utils.checkpoint import read_checkpoint_config, remove_partial_checkpoints, resolve_checkpoint_dir
 from ript.utils.containers import to_dict
+from ript.utils.locking import LOCK_FILE, hold_folder
 from ript.utils.logging import log
 
 # Keys that change how a run is driven or reported, not what it computes: a resumed run may change them.
@@ -77,6 +79,11 @@ def prepare_run_dir(cfg, create: bool = True) -> tuple[Path, Path | None]:
     run_dir = Path(cfg.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RiptError(f"run_dir {run_dir} is a file, not a folder; choose another run_dir")
+    # One writer per run folder (under torchrun, rank 0 holds it for all ranks): a resumed one is taken before the
+    # checkpoint to resume is chosen, so that a second writer ends before it loads anything.
+    lock = os.environ.get("RANK", "0") == "0"
+    if lock and (cfg.resume or create) and run_dir.is_dir():
+        hold_folder(run_dir, "run_dir")
     last = run_dir / "checkpoints" / "last"
     if cfg.resume and last.is_symlink() and not last.exists():
         raise RiptError(f"{last} points to a missing checkpoint ({last.readlink()}); "
@@ -96,9 +103,11 @@ def prepare_run_dir(cfg, create: bool = True) -> tuple[Path, Path | None]:
                             f"link last to one of them (ln -s <step> {last})")
         if create:
             log.info("%s holds no checkpoint (an earlier start failed before its first one): starting it over", run_dir)
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
         raise RiptError(f"run_dir {run_dir} already exists; pass resume=true to continue it or choose another run_dir")
     if create:
+        if lock:
+            hold_folder(run_dir, "run_dir")  # a fresh run that another one began meanwhile ends here
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
     return run_dir, None

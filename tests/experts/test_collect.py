@@ -1,3 +1,5 @@
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -214,3 +216,47 @@ def test_disk_full_while_merging_a_task_file_is_one_line_and_keeps_the_shards(ti
         assert sorted(p.name for p in fs.iterdir()) == ["button-press-v3.hdf5"]
     finally:
         subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
+def test_a_second_collect_into_a_folder_being_collected_ends_in_one_line_and_ctrl_c_says_how_to_continue(
+        tiny_data, tmp_path):
+    # the second merged and deleted the first's shards: the first reported 6/6 demos, its files held 4
+    data = tmp_path / "data"
+    one_task = ["task.task_names=[button-press-v3]", "num_workers=1"]
+    first = subprocess.Popen(_collect_cmd(data, *one_task), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(data.glob(".button-press-v3.shard*.hdf5")):
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        second = subprocess.run(_collect_cmd(data, *one_task), capture_output=True, text=True, timeout=300)
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
+        assert second.returncode == 2 and len(errors) == 1, second.stderr
+        assert f"{data} is being written by PID {first.pid}" in errors[0] and "ript collect" in errors[0], errors[0]
+        first.send_signal(signal.SIGINT)  # Ctrl-C: collect takes no resume=true; the same command continues
+        _, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 130 and "run the same command again" in err and "resume=true" not in err, err
+    again = subprocess.run(_collect_cmd(data, *one_task), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in data.iterdir()) == ["button-press-v3.hdf5"]
+    assert _demo_contents(data / "button-press-v3.hdf5") == _demo_contents(tiny_data / "button-press-v3.hdf5")
+
+
+def test_a_collection_merges_only_the_shards_its_own_jobs_wrote(tiny_data, tmp_path):
+    # a task's merge took every shard in the folder, and deleted them, another writer's included
+    data = tmp_path / "data"
+    proc = subprocess.Popen(_collect_cmd(data, "task.task_names=[button-press-v3]", "num_workers=1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(data.glob(".button-press-v3.shard*.hdf5")):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    foreign = data / ".button-press-v3.shard00099.hdf5"  # written meanwhile by a writer that takes no lock
+    shutil.copy(tiny_data / "button-press-v3.hdf5", foreign)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert foreign.is_file()
+    assert _demo_contents(data / "button-press-v3.hdf5") == _demo_contents(tiny_data / "button-press-v3.hdf5")
