@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -37,6 +39,16 @@ def compose(name: str, overrides: list[str] | None = None) -> DictConfig:
 
     validate(name, to_dict(cfg))
     return cfg
+
+
+def override(key: str, value) -> str:
+    """``key=value`` as hydra reads it back: a plain ASCII path or name as it is (so the overrides a protocol
+    records stay as they were), anything else quoted, with non-ASCII characters kept as they are (hydra's
+    unquoted grammar refuses them, and reads JSON's ``\\u`` escapes literally)."""
+    text = str(value)
+    if re.fullmatch(r"[A-Za-z0-9_./:+-]*", text) and text:
+        return f"{key}={text}"
+    return f"{key}={json.dumps(text, ensure_ascii=False)}"
 
 
 def task_names(task_cfg: DictConfig) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ript.config import compose
+from ript.config import compose, override
 from ript.stages.protocol import group_overrides
 from ript.utils.locking import holding
 from ript.utils.logging import log, setup_console_logging
@@ -27,15 +27,15 @@ def stage_configs(cfg) -> dict:
 
     return {
         "collect": compose("collect", group_overrides("task", cfg.task)),
-        "stage0": compose("stage0", shared + [f"run_dir={s0}", f"train.steps={cfg.stage0.steps}",
+        "stage0": compose("stage0", shared + [override("run_dir", s0), f"train.steps={cfg.stage0.steps}",
                                               f"train.batch_size={cfg.stage0.batch_size}",
                                               f"train.lr={cfg.stage0.lr}", "train.val_every=100", *resume(s0)]),
-        "stage1": compose("stage1", shared + [f"run_dir={s1}", f"stage0_checkpoint={s0}",
+        "stage1": compose("stage1", shared + [override("run_dir", s1), override("stage0_checkpoint", s0),
                                               f"train.steps={cfg.stage1.steps}",
                                               f"train.batch_size={cfg.stage1.batch_size}",
                                               f"train.lr={cfg.stage1.lr}", "train.val_every=200", *resume(s1)]),
-        "eval": compose("eval", [f"checkpoint={s1}", f"episodes_per_task={cfg.eval_episodes}",
-                                 f"out_dir={root / 'eval'}", "overwrite=true"]),
+        "eval": compose("eval", [override("checkpoint", s1), f"episodes_per_task={cfg.eval_episodes}",
+                                 override("out_dir", root / "eval"), "overwrite=true"]),
     }
 
 

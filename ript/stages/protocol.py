@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ript.config import CONFIG_DIR, compose, to_dict
+from ript.config import CONFIG_DIR, compose, override, to_dict
 from ript.errors import RiptError
 from ript.utils.atomic import atomic_write_text
 from ript.utils.locking import holding
@@ -44,7 +44,7 @@ def protocol_names() -> list[str]:
 
 def leaf_overrides(prefix: str, node: Any) -> list[str]:
     """A nested mapping as hydra overrides, one per leaf: ``{"train": {"steps": 5}}`` -> ``train.steps=5``."""
-    return [f"{key}={json.dumps(value)}" for key, value in flatten(node, prefix).items()]
+    return [f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in flatten(node, prefix).items()]
 
 
 def group_overrides(group: str, node) -> list[str]:
@@ -83,15 +83,16 @@ def plan(cfg) -> list[Phase]:
     start = imitation_dir(cfg) / ("checkpoints/best" if cfg.evaluate == "best" else "")
     wiring = {
         "collect": (task, None, None),
-        "stage0": (task + algo + [f"run_dir={root / 'stage0'}"], root / "stage0", None),
-        "stage1": (task + algo + [f"run_dir={root / 'stage1'}", f"stage0_checkpoint={root / 'stage0'}"],
-                   root / "stage1", None),
-        "finetune": (task + algo + [f"run_dir={root / 'finetune'}", f"checkpoint={cfg.base_checkpoint}"],
-                     root / "finetune", None),
-        "eval": ([f"checkpoint={start}", f"out_dir={root / 'eval'}", "overwrite=true"], None, root / "eval"),
-        "rl": ([f"checkpoint={start}", f"run_dir={root / 'rl'}"], root / "rl", None),
-        "eval_rl": ([f"checkpoint={root / 'rl'}", f"out_dir={root / 'eval_rl'}", "overwrite=true"], None,
-                    root / "eval_rl"),
+        "stage0": (task + algo + [override("run_dir", root / "stage0")], root / "stage0", None),
+        "stage1": (task + algo + [override("run_dir", root / "stage1"),
+                                  override("stage0_checkpoint", root / "stage0")], root / "stage1", None),
+        "finetune": (task + algo + [override("run_dir", root / "finetune"),
+                                    override("checkpoint", cfg.base_checkpoint)], root / "finetune", None),
+        "eval": ([override("checkpoint", start), override("out_dir", root / "eval"), "overwrite=true"], None,
+                 root / "eval"),
+        "rl": ([override("checkpoint", start), override("run_dir", root / "rl")], root / "rl", None),
+        "eval_rl": ([override("checkpoint", root / "rl"), override("out_dir", root / "eval_rl"), "overwrite=true"],
+                    None, root / "eval_rl"),
     }
     phases = []
     for name in PHASES:
@@ -179,11 +180,15 @@ def result_settings(overrides: list[str]) -> list[str]:
 
 
 def finished_differently(phase: Phase, record: dict) -> str | None:
-    """The first override that changes results which a finished phase ran without, or with another value
-    (None: same settings)."""
+    """How the finished phase's settings differ from those asked for now, said the right way round: a setting
+    asked for now that it ran without, or one it ran with that is not asked for now (None: the same settings)."""
     now, done = result_settings(phase.overrides), result_settings(record["overrides"])
     now_set, done_set = set(now), set(done)
-    return next((o for o in now if o not in done_set), None) or next((o for o in done if o not in now_set), None)
+    asked = next((o for o in now if o not in done_set), None)
+    if asked is not None:
+        return f"without {asked}"
+    had = next((o for o in done if o not in now_set), None)
+    return None if had is None else f"with {had}, which this command does not ask for"
 
 
 def run_phase(phase: Phase, gpus: int) -> None:
@@ -290,8 +295,13 @@ def run_phases(cfg, phases: list[Phase], gpus: int) -> dict[str, Any]:
         if record is not None:
             differs = finished_differently(phase, record)
             if differs is not None:
-                raise RiptError(f"protocol {cfg.name}: phase {phase.name} finished in {root} without {differs}; "
+                raise RiptError(f"protocol {cfg.name}: phase {phase.name} finished in {root} {differs}; "
                                 f"choose another run_root, or delete {root / STATE_FILE} and that phase's folder")
+            gone = next((d for d in (phase.run_dir, phase.out_dir) if d is not None and not d.exists()), None)
+            if gone is not None:
+                raise RiptError(f"protocol {cfg.name}: phase {phase.name} is recorded as finished in "
+                                f"{root / STATE_FILE}, but its folder {gone} is gone; to run it again, delete its "
+                                f"record (and the later phases') from that file, or choose another run_root")
             log.info("protocol %s: phase %s finished earlier (%.1f min), skipping", cfg.name, phase.name,
                      record["seconds"] / 60)
             continue

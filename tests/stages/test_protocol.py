@@ -4,10 +4,11 @@ the same command again, finished phases skipped, and the per-task table of both 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
-from ript.config import compose
+from ript.config import compose, override
 from ript.errors import RiptError
 from ript.stages import protocol
 from tests.helpers.cli import assert_one_line_error, ript, task_overrides
@@ -69,6 +70,27 @@ def test_a_protocol_runs_every_phase_continues_a_cut_one_and_skips_finished_ones
     changed = protocol_overrides(tiny_data, root) + ["phases.stage0.train.steps=6"]
     with pytest.raises(RiptError, match="phase stage0 finished .* without train.steps=6"):
         protocol.run(compose("protocol", changed))
+    dropped = protocol_overrides(tiny_data, root) + ["~phases.eval_rl.sampling"]  # the finished phase had it
+    with pytest.raises(RiptError, match="phase eval_rl finished .* with sampling.greedy=true, which this command "
+                                        "does not ask for"):
+        protocol.run(compose("protocol", dropped))
+    shutil.rmtree(root / "eval")  # a finished phase's folder deleted by hand: said as it is, not "continue"
+    with pytest.raises(RiptError, match="phase eval is recorded as finished in .*protocol.json, but its folder "
+                                        ".*eval is gone"):
+        protocol.run(compose("protocol", protocol_overrides(tiny_data, root)))
+
+
+def test_paths_with_any_characters_reach_every_phase_as_they_are(tiny_data, tmp_path):
+    """The overrides the protocol and quickstart generate carry non-ASCII and spaced paths through hydra intact
+    (hydra's unquoted grammar refuses them, and reads JSON's \\u escapes literally)."""
+    root, data = tmp_path / "prötocol ü 1", tmp_path / "dätä"
+    cfg = compose("protocol", protocol_overrides(tiny_data, tmp_path) + [override("run_root", root),
+                                                                         override("task.data_dir", data)])
+    jobs = {phase.name: compose(phase.job, phase.overrides) for phase in protocol.plan(cfg)}
+    assert jobs["collect"].task.data_dir == str(data) and jobs["stage1"].task.data_dir == str(data)
+    assert jobs["stage0"].run_dir == str(root / "stage0") and jobs["stage1"].stage0_checkpoint == str(root / "stage0")
+    assert jobs["eval"].out_dir == str(root / "eval") and jobs["eval_rl"].checkpoint == str(root / "rl")
+    assert override("run_dir", "/tmp/runs/stage0") == "run_dir=/tmp/runs/stage0"  # plain paths: as recorded before
 
 
 def test_protocol_settings_are_checked_before_any_phase_runs(tmp_path):
