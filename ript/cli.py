@@ -76,12 +76,15 @@ def _run(config_name: str, overrides: list[str] | None, fn: Callable) -> None:
     """Compose the config and run the job; every failure a user can cause ends as one line and exit 2
     (tracebacks with RIPT_DEBUG=1 or --debug)."""
     from ript.config import compose
+    from ript.envs.gl import check_render_environment
 
     debug = os.environ.get("RIPT_DEBUG") == "1"
     if not debug:  # a logging thread's disk error reaches the job on its next write; report it once, there
         threading.excepthook = _quiet_os_errors
     try:
-        fn(compose(config_name, overrides))
+        cfg = compose(config_name, overrides)
+        check_render_environment()  # before a progress bar or a simulator: MuJoCo would fail in every worker
+        fn(cfg)
     except KeyboardInterrupt:
         typer.echo(f"interrupted; {how_to_continue(config_name, fn)}", err=True)
         raise typer.Exit(130) from None

@@ -86,3 +86,18 @@ def test_collect_short_of_demos_leaves_no_final_file(tmp_path):
                   "task.task_names=[button-press-v3]", "task.render.image_size=32")
     assert_one_line_error(result, "only 0 of 1", "button-press-v3", "task.max_episode_steps")
     assert not (tmp_path / "button-press-v3.hdf5").exists()
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"MUJOCO_GL": "bogus"}, "MUJOCO_GL='bogus' is not a renderer"),
+    ({"MUJOCO_GL": "egl", "MUJOCO_EGL_DEVICE_ID": "x"}, "MUJOCO_EGL_DEVICE_ID='x'")])
+def test_a_misconfigured_renderer_is_one_line_before_any_simulator_starts(tmp_path, env, words):
+    """MuJoCo would refuse these inside every worker, with a traceback from the pool."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "ript.cli", "collect", *task_overrides(tmp_path / "data"),
+                           "num_workers=1"], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    assert_one_line_error((proc.returncode, proc.stdout, proc.stderr.strip().splitlines()), words)
+    assert not list((tmp_path / "data").glob("*.hdf5"))

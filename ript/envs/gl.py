@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from ript.errors import RiptError
+
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
 
@@ -56,10 +58,30 @@ def rank_egl_device() -> str | None:
     return str(local_rank)
 
 
+GL_BACKENDS = ("egl", "osmesa", "glfw")  # the renderers MuJoCo accepts in MUJOCO_GL
+
+
+def check_render_environment() -> None:
+    """The rendering variables a user may set, checked in the job's own process before any simulator starts:
+    MuJoCo would fail on them inside every worker, with a traceback."""
+    backend = os.environ.get("MUJOCO_GL")
+    if backend not in GL_BACKENDS:
+        raise RiptError(f"MUJOCO_GL={backend!r} is not a renderer MuJoCo knows; set it to one of "
+                        f"{', '.join(GL_BACKENDS)} (egl on a headless machine), or unset it")
+    device = os.environ.get(EGL_DEVICE)
+    if device is None or backend != "egl":
+        return
+    count = egl_device_count()
+    if not device.isdigit() or (count and int(device) >= count):
+        raise RiptError(f"{EGL_DEVICE}={device!r}: EGL lists {count} device(s) here, numbered from 0; set an index "
+                        f"below {count}, or unset it")
+
+
 def worker_egl_devices(workers: int) -> list[str | None]:
     """The EGL device each of ``workers`` simulator processes renders on: the user's ``MUJOCO_EGL_DEVICE_ID``,
     else a torchrun rank's own GPU (``rank_egl_device``), else round-robin over the host's devices (a device
     serves a fixed number of readbacks per second across all processes), else EGL's default (None)."""
+    check_render_environment()
     if EGL_DEVICE in os.environ:
         return [os.environ[EGL_DEVICE]] * workers
     rank_device = rank_egl_device()
