@@ -38,6 +38,7 @@ def run_child(command: list[str], env: dict[str, str] | None = None) -> int:
                 proc.send_signal(signum)
 
     def start_child() -> None:  # in the child, before its program starts
+        os.setpgid(0, 0)  # its own process group (Popen's process_group= needs Python 3.11)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         die_with_parent()
 
@@ -46,8 +47,7 @@ def run_child(command: list[str], env: dict[str, str] | None = None) -> int:
         # signals that come while the child starts wait until it can be given them
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
         try:
-            child.append(subprocess.Popen(command, preexec_fn=start_child, process_group=0,
-                                          env={**os.environ, **(env or {})}))
+            child.append(subprocess.Popen(command, preexec_fn=start_child, env={**os.environ, **(env or {})}))
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         code = child[0].wait()
