@@ -303,6 +303,8 @@ def _collect(run: Collection, task_names: list[str], num_workers: int | None, ep
     todo = [t for t in task_names if not run.reusable(t)]
     for t in sorted(set(task_names) - set(todo)):
         log.info("collect: %s exists with these settings, skipping", run.final(t))
+        for shard in run.data_dir.glob(f".{t}.shard*.hdf5"):  # merged into the file before a kill could unlink them
+            shard.unlink()
     planned = run.jobs(todo, episodes_per_job)
     own = {t: [Path(j.shard_path) for j in planned if j.task == t] for t in todo}
     jobs, collected, attempts = plan_jobs(planned, run.data_dir, todo)

@@ -19,6 +19,7 @@ from typing import Any
 from ript.errors import RiptError
 from ript.utils import distributed as ddist
 from ript.utils.checkpoint import mark_best, rank_state, restore_training_state, save_checkpoint, training_state
+from ript.utils.locking import release
 from ript.utils.logging import MetricLogger, log
 
 
@@ -150,10 +151,12 @@ class TrainingRun:
         ddist.barrier(self.info)
 
     def close(self) -> None:
-        """The logger's files flushed and the process group left (also after an error)."""
+        """The logger's files flushed, the process group left and the run folder's lock released (also after an
+        error), so that the same process may start another job on the folder."""
         if self.logger is not None:
             self.logger.close()
         ddist.shutdown(self.info)
+        release(self.settings.run_dir)
 
 
 def best_score(run_dir: Path, results_file: Callable[[int], Path], key: str = "success_rate"

@@ -4,6 +4,7 @@ lock is taken over; two real ``ript`` processes on one run folder."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -45,8 +46,13 @@ def test_a_held_folder_refuses_a_second_writer_and_a_killed_holders_lock_is_take
         holder.kill()  # as kill -9: its lock file stays, naming a process that is gone
         holder.wait()
     assert json.loads((folder / LOCK_FILE).read_text())["pid"] == holder.pid
-    with caplog.at_level("INFO"), holding(folder, "run_dir"):
-        assert json.loads((folder / LOCK_FILE).read_text())["pid"] != holder.pid
+    ript_log = logging.getLogger("ript")  # the console set-up of earlier jobs in this process stops propagation
+    ript_log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("INFO", logger="ript"), holding(folder, "run_dir"):
+            assert json.loads((folder / LOCK_FILE).read_text())["pid"] != holder.pid
+    finally:
+        ript_log.removeHandler(caplog.handler)
     assert f"taking over the lock left by PID {holder.pid}" in caplog.text
     assert not (folder / LOCK_FILE).exists()  # released cleanly: nothing left behind
 
