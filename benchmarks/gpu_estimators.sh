@@ -26,7 +26,7 @@ phase stage1
   train.val_every=${S1:-1200} train.compile=false progress=false ${TRAIN_EXTRA:-} 2>&1 | grep -E "val|done" | tail -2
 phase "eval stage 1"
 ript eval checkpoint=$R/stage1 out_dir=$R/eval_stage1 overwrite=true $EVAL 2>&1 | quiet | grep -E "average|env steps/s"
-O=${OUT:-runs}
+O=${RESULTS_DIR:-runs}
 mkdir -p $O
 cp $R/eval_stage1/results.json $O/eval_stage1.json 2>/dev/null
 # what has finished so far, in $O (a run cut short still leaves the finished runs' histories and logs)

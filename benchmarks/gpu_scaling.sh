@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# One GPU vs two (torchrun, NCCL) on the nvidia-h200-x2 host: stage-1 training throughput (per-GPU batch 256)
+# One GPU vs two (torchrun, NCCL) on a two-GPU host: stage-1 training throughput (per-GPU batch 256)
 # and RL iteration time at equal total rollouts, on 10 ML45 tasks x 50 scripted demos.
 #   bash benchmarks/gpu_scaling.sh
 # RL_ONLY=1 skips the two-GPU stage 1 (S1_STEPS / S1_EXTRA shorten the one stage-1 run the RL runs start from).
 # RL at equal total rollouts: one sampling round of exactly B groups of K (rl.oversample=1), split over ranks;
 # RL_EGL0=1 adds a two-GPU run whose workers all render on the first GPU (MUJOCO_EGL_DEVICE_ID=0).
-# COLLECT_WORKERS (default 16) and RES (results folder, default $OUT) as named.
+# COLLECT_WORKERS (default 16) and RES (results folder, default $RESULTS_DIR or .) as named.
 set -euo pipefail
 ript() { python3 -m ript.cli "$@"; }
 ript2() { torchrun --standalone --nproc_per_node=2 -m ript.cli "$@"; }
 T=task=metaworld_ml45_10
 RUN=runs/scaling
-RES=${RES:-${OUT:-.}}
+RES=${RES:-${RESULTS_DIR:-.}}
 S1="$T stage0_checkpoint=$RUN/stage0 lang.encoder=task_id train.steps=${S1_STEPS:-1000} train.log_every=100
     train.val_every=100000 train.save_every=100000 progress=false ${S1_EXTRA:-}"
 RL="rl.iterations=${RL_ITERS:-2} rl.num_workers=${RL_WORKERS:-16} rl.max_episode_steps=200 rl.max_sampling_rounds=1

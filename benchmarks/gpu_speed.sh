@@ -67,7 +67,7 @@ for part in "$@"; do
       phase "bench"
       python3 -m benchmarks.bench --workers ${BENCH_WORKERS:-4,16} --out runs/bench.json ${BENCH_EXTRA:-} 2>&1 | grep -v -i warn \
         | sed -n '/^figure/,$p'
-      cp runs/bench.json "${OUT:-runs}/bench.json" 2>/dev/null || true ;;
+      cp runs/bench.json "${RESULTS_DIR:-runs}/bench.json" 2>/dev/null || true ;;
     train)
       for b in 512 1024; do
         phase "train_speed batch $b"

@@ -16,4 +16,4 @@ echo "== stage1 eager at ${SECONDS}s"; ript stage1 $T run_dir=$RUN/stage1_eager 
 echo "== stage1 fast at ${SECONDS}s"; ript stage1 $T run_dir=$RUN/stage1_fast stage0_checkpoint=$RUN/stage0_fast $S1
 echo "== summary at ${SECONDS}s"
 python3 -m benchmarks.train_compare $RUN/stage0_eager $RUN/stage0_fast $RUN/stage1_eager $RUN/stage1_fast \
-  --out ${OUT:-.}/train_compare.json
+  --out ${RESULTS_DIR:-.}/train_compare.json

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # A detached job and its log: runs a chain of phases in the background so that it outlives the command that
 # started it, and waits on it from later commands. For a host reached only through short commands whose outputs
-# come back as files under $OUT, with a size limit on each.
+# come back as files of a folder ($COPY_BACK_DIR, default ./copy_back), with a size limit on each.
 #   bash tools/detached_job.sh start <preamble> <script> <phase>...   (env vars pass through)
 #   bash tools/detached_job.sh poll <seconds> <run dir> [<results dir>]
 #   bash tools/detached_job.sh pieces <dir> <first> [<count>]   (pieces first.. of <dir>'s *.part*, 4 by default)
 #   bash tools/detached_job.sh carry <pieces dir>   (on the machine the pieces go to: into .resume1, .resume2, ...,
 #        3 pieces each, so that each folder can travel with one command)
 # poll waits until the chain ends or <seconds> pass, then copies the log, the evaluation results and whatever
-# the chain has written to <results dir> so far to $OUT.
+# the chain has written to <results dir> so far to $COPY_BACK_DIR.
 set -uo pipefail
 LOG=/tmp/gpu_chain.log
+BACK=${COPY_BACK_DIR:-copy_back}  # what the caller takes back
 case "${1:-}" in
   start)
     preamble=$2; shift 2
@@ -23,23 +24,23 @@ case "${1:-}" in
       >"$LOG" 2>&1 </dev/null &
     echo "started: $*" ;;
   poll)
-    limit=$2 run=$3 results=${4:-}
+    limit=$2 run=$3 results=${4:-}; mkdir -p "$BACK"
     # a fresh machine has no chain: say so now, not after <seconds> of waiting
     [ -f "$LOG" ] || { echo "no chain on this machine ($LOG is missing): start it again" >&2; exit 3; }
     while [ "$SECONDS" -lt "$limit" ] && ! grep -q CHAIN_EXIT "$LOG"; do sleep 5; done
     # the progress bars are carriage-return lines: keep the last state of each; drop the import-time warnings every
     # LIBERO worker prints (robosuite's macro file, its logo's escape sequence), which bury the progress lines
     tr '\r' '\n' <"$LOG" | grep -v -E '^\s*(collect|rollout|eval):\s+[0-9]+%' \
-      | grep -v -E 'robosuite WARNING|__logo__ = |SyntaxWarning: invalid escape' >"$OUT/chain.log"
-    for d in eval eval_rl; do [ -f "$run/$d/results.json" ] && cp "$run/$d/results.json" "$OUT/$d.json"; done
-    [ -n "$results" ] && [ -d "$results" ] && cp -r "$results" "$OUT/results"
-    tail -25 "$OUT/chain.log" ;;
+      | grep -v -E 'robosuite WARNING|__logo__ = |SyntaxWarning: invalid escape' >"$BACK/chain.log"
+    for d in eval eval_rl; do [ -f "$run/$d/results.json" ] && cp "$run/$d/results.json" "$BACK/$d.json"; done
+    [ -n "$results" ] && [ -d "$results" ] && cp -r "$results" "$BACK/results"
+    tail -25 "$BACK/chain.log" ;;
   pieces)
     # a run folder moved in pieces no larger than 15 MiB, <count> of them per command: a LIBERO run state with
     # RL (11 pieces) comes back over three commands (first = 1, 5, 9)
-    dir=$2 first=$3 count=${4:-4}
-    ls "$dir"/*.part* | sort | tail -n +"$first" | head -"$count" | xargs -r -I{} cp {} "$OUT/"
-    ls "$dir"/*.part* | wc -l | xargs echo "pieces in all:"; ls "$OUT" ;;
+    dir=$2 first=$3 count=${4:-4}; mkdir -p "$BACK"
+    ls "$dir"/*.part* | sort | tail -n +"$first" | head -"$count" | xargs -r -I{} cp {} "$BACK/"
+    ls "$dir"/*.part* | wc -l | xargs echo "pieces in all:"; ls "$BACK" ;;
   carry)
     src=$2
     ls "$src"/*.part* >/dev/null || exit 1
