@@ -67,8 +67,12 @@ def test_keep_last_keeps_the_newest_and_never_the_one_last_points_to(tmp_path):
 
 
 def test_the_best_checkpoint_is_never_pruned_and_its_score_survives_a_resume(tmp_path):
-    from ript.stages.stage1 import best_evaluation
+    from ript.evaluation.results import evaluation_dir
     from ript.utils.checkpoint import mark_best, save_checkpoint
+    from ript.utils.trainer import best_score
+
+    def best_evaluation(run_dir):  # (success rate, step) of checkpoints/best, as stage 1 reads it
+        return best_score(run_dir, lambda step: evaluation_dir(run_dir, step) / "results.json")
 
     model = torch.nn.Linear(2, 2)
     assert best_evaluation(tmp_path) is None

@@ -26,7 +26,7 @@ from ript.utils.checkpoint import checkpoint_config, load_weights
 from ript.utils.logging import log, setup_console_logging
 from ript.utils.run_dir import covered, flatten, prepare_ranked_run_dir, prepare_run_dir
 from ript.utils.seeding import seed_everything
-from ript.utils.trainer import RunSettings, Throughput, TrainingRun, best_score, due, sum_by_name
+from ript.utils.trainer import RunSettings, Throughput, TrainingRun, due, sum_by_name
 
 
 def _datasets(cfg, chunk_size: int, device: str):
@@ -242,12 +242,6 @@ class Evaluation:
     def close(self) -> None:
         if self.runner is not None:
             self.runner.close()
-
-
-def best_evaluation(run_dir: Path) -> tuple[float, int] | None:
-    """(success rate, step) of the checkpoint ``checkpoints/best`` points to, from its evaluation's results;
-    None before the first evaluation."""
-    return best_score(run_dir, lambda step: evaluation_dir(run_dir, step) / "results.json")
 
 
 class PriorTraining:
