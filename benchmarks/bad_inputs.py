@@ -358,6 +358,33 @@ def settings_matrix(m: Matrix, s0: Path, s1: Path) -> None:
         m.expect(name, ["protocol", "ml45_multitask", f"run_root={root}"], "protocol.json", *words)
     lerobot_rows(m)
     disk_full_merge(m)
+    protocol_messages(m)
+
+
+def protocol_messages(m: Matrix) -> None:
+    """A protocol under a run root and data folder named with non-ASCII characters and spaces, then what it says
+    when the finished run is asked for other settings or one of its phase folders was deleted."""
+    from ript.config import override
+
+    root, data = m.root / "prötocol ü", m.root / "dätä 1"
+    shutil.copytree(m.data, data)
+    train = "steps: 4, batch_size: 16, warmup_steps: 2, val_every: 2, save_every: 2, log_every: 1"
+    command = ["protocol", "ml45_multitask", *TASK, override("task.data_dir", data), "algo=quest_small",
+               override("run_root", root), "gpus=1", "phases.stage1=null", "phases.eval=null", "phases.rl=null",
+               "phases.eval_rl=null",
+               f"++phases.stage0={{progress: false, train: {{{train}}}, data: {{val_fraction: 0.34}}}}"]
+    code, err = ript(*command)
+    m.record("protocol, non-ASCII spaced run root and data", code, err, 0, (),
+             lambda: sorted(p.name for p in root.iterdir()) == ["protocol.json", "results.json", "stage0"]
+             and (root / "stage0" / "checkpoints" / "last").exists())
+    m.expect("protocol finished without a setting asked now", [*command, "phases.stage0.train.steps=6"],
+             "phase stage0 finished", "without train.steps=6")
+    m.expect("protocol finished with a setting not asked now", [*command, "~phases.stage0.data.val_fraction"],
+             "phase stage0 finished", "with data.val_fraction=0.34, which this command does not ask for")
+    shutil.rmtree(root / "stage0")
+    for n in (1, 2):
+        m.expect(f"protocol finished phase's folder deleted (run {n})", command, "phase stage0 is recorded as finished",
+                 f"its folder {root / 'stage0'} is gone")
 
 
 def lerobot_rows(m: Matrix) -> None:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ript.config import override
+
 TASKS = ["button-press-v3", "drawer-close-v3"]
 
 
@@ -29,7 +31,7 @@ def task_overrides(data_dir: Path) -> list[str]:
     """Two tasks, three demos each, 32-pixel images."""
     return [
         "task=metaworld_quick",
-        f"task.data_dir={data_dir}",
+        override("task.data_dir", data_dir),
         "task.demos_per_task=3",
         "task.render.image_size=32",
         "task.max_episode_steps=120",

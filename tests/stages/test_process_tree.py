@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from ript.config import override
 from tests.helpers.cli import task_overrides
 from tests.helpers.faults import processes
 
@@ -48,8 +49,8 @@ def test_sigterm_to_a_protocol_ends_its_running_phase_and_the_same_command_conti
 def test_an_interrupted_quickstart_continues_where_it_stopped(tiny_data, tmp_path):
     # Ctrl-C said "resume with resume=true", which quickstart does not take; the same command then failed with
     # "run_dir ... already exists"
-    root = tmp_path / "qs"
-    command = [sys.executable, "-m", "ript.cli", "quickstart", *task_overrides(tiny_data), f"run_root={root}",
+    root = tmp_path / "quickstart ö"  # any characters in the run root
+    command = [sys.executable, "-m", "ript.cli", "quickstart", *task_overrides(tiny_data), override("run_root", root),
                "stage0.steps=4", "stage0.batch_size=16", "stage1.steps=4", "stage1.batch_size=16", "eval_episodes=1"]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
