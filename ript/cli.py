@@ -56,6 +56,7 @@ CONTINUE = {
     "stage0": "continue from the last checkpoint with the same command and resume=true",
     "stage1": "continue from the last checkpoint with the same command and resume=true",
     "finetune": "continue from the last checkpoint with the same command and resume=true",
+    "flow": "continue from the last checkpoint with the same command and resume=true",
     "rl": "continue from the last checkpoint with the same command and resume=true",
     "eval": "no results were written (an evaluation does not resume): run the same command again to evaluate",
     "protocol": "its finished phases are kept: the same command continues from the phase it stopped in",
@@ -105,6 +106,21 @@ def _run(config_name: str, overrides: list[str] | None, fn: Callable) -> None:
         raise typer.Exit(2) from None
 
 
+def _with_checkpoint_policy(overrides: list[str] | None) -> list[str]:
+    """The overrides with ``policy=<family>`` of the checkpoint's family when they name a checkpoint but no
+    policy: a flow run or an official OpenVLA-OFT folder says itself what it holds."""
+    given = list(overrides or [])
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in given]
+    if "policy" in keys or "checkpoint" not in keys:
+        return given
+    from ript.policies.families import checkpoint_model
+    from ript.registry import POLICIES
+
+    path = given[keys.index("checkpoint")].split("=", 1)[1].strip("'\"")
+    model = checkpoint_model(path) if path else None
+    return [f"policy={model}", *given] if model in POLICIES.names() else given
+
+
 def _quiet_os_errors(args) -> None:
     if not issubclass(args.exc_type, OSError):
         threading.__excepthook__(args)
@@ -147,6 +163,14 @@ def stage1(overrides: list[str] | None = OVERRIDES) -> None:
 
 
 @app.command()
+def flow(overrides: list[str] | None = OVERRIDES) -> None:
+    """Train a flow-matching chunk policy on the task's demonstrations (algo=flow; no stage 0)."""
+    from ript.stages.flow import run
+
+    _run("flow", overrides, run)
+
+
+@app.command()
 def finetune(overrides: list[str] | None = OVERRIDES) -> None:
     """Few-shot fine-tuning of a stage-1 checkpoint on new tasks (checkpoint=...)."""
     from ript.stages.stage1 import run_finetune
@@ -160,7 +184,7 @@ def rl(overrides: list[str] | None = OVERRIDES) -> None:
     official folder and task=...). Runs under torchrun too."""
     from ript.stages.rl import run
 
-    _run("rl", overrides, run)
+    _run("rl", _with_checkpoint_policy(overrides), run)
 
 
 @app.command("oft-eval")
@@ -201,7 +225,7 @@ def evaluate(overrides: list[str] | None = OVERRIDES) -> None:
     """Evaluate a checkpoint in the simulator (checkpoint=...; policy=openvla_oft|openvla with task=...)."""
     from ript.stages.evaluate import run
 
-    _run("eval", overrides, run)
+    _run("eval", _with_checkpoint_policy(overrides), run)
 
 
 @app.command()

@@ -156,6 +156,26 @@ class Algo(Section):
     sampling: Sampling
 
 
+class FlowModel(Section):
+    dim: Count
+    prefix_layers: Count
+    expert_layers: Count
+    n_head: Count
+    dropout: Annotated[float, Field(ge=0, lt=1)]
+    num_kp: Count
+    encoder_stages: Annotated[int, Field(ge=1, le=4)]
+    time_sampling: Literal["beta", "uniform"]
+
+
+class FlowAlgo(Section):
+    chunk_size: Count
+    action_horizon: Count
+    denoise_steps: Count
+    frame_stack: Count
+    image_aug_pad: Size
+    model: FlowModel
+
+
 class Critic(Section):
     hidden: Count
     detach_input: bool
@@ -269,6 +289,10 @@ class Stage1Job(Stage0Job):
     workers: WorkerLimits
 
 
+class FlowJob(Stage1Job):
+    algo: FlowAlgo
+
+
 class RLEval(EvalEvery):
     sampling: Sampling    # the in-training evaluation's decoding; null keys: RL's own
 
@@ -325,7 +349,8 @@ class ProtocolJob(Section):
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {
-    "collect": CollectJob, "stage0": Stage0Job, "stage1": Stage1Job, "finetune": Stage1Job, "rl": RLJob,
+    "collect": CollectJob, "stage0": Stage0Job, "stage1": Stage1Job, "finetune": Stage1Job, "flow": FlowJob,
+    "rl": RLJob,
     "oft": OFTJob, "eval": EvalJob, "quickstart": QuickstartJob, "export": ExportJob, "import": ImportJob,
     "protocol": ProtocolJob,
 }

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import stage1_overrides, task_overrides, train_overrides
+from tests.helpers.cli import flow_overrides, stage1_overrides, task_overrides, train_overrides
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -45,3 +45,12 @@ def stage1_run(tiny_data, stage0_run, tmp_path_factory) -> Path:
 
 
 
+@pytest.fixture(scope="session")
+def flow_run(tiny_data, tmp_path_factory) -> Path:
+    """A small flow policy trained for a few steps on the tiny dataset (``ript flow``)."""
+    from ript.config import compose
+    from ript.stages import flow
+
+    run_dir = tmp_path_factory.mktemp("runs") / "flow"
+    flow.run(compose("flow", flow_overrides(tiny_data, run_dir, 4)))
+    return run_dir

@@ -64,3 +64,18 @@ def evaluation_dir(run_dir: Path, step: int) -> Path:
     """``<run_dir>/eval/step<N>``: where the evaluation of a run's checkpoint ``step`` writes its results and videos
     (during training, or by ``ript eval``)."""
     return Path(run_dir) / "eval" / f"step{step:07d}"
+
+
+def checkpoint_results_dir(ckpt: dict, out_dir: str | None, overwrite: bool) -> tuple[Path, str]:
+    """(results folder, the plots' title) of an evaluation of a ript checkpoint: ``out_dir``, or
+    ``<run_dir>/eval/step<N>`` for a checkpoint inside a run folder; never replaces an earlier results.json
+    unless ``overwrite``."""
+    ckpt_dir = Path(ckpt["checkpoint_dir"])
+    if out_dir:
+        folder = Path(out_dir)
+    elif ckpt_dir.parent.name == "checkpoints":
+        folder = evaluation_dir(ckpt_dir.parent.parent, int(ckpt["step"]))
+    else:
+        raise RiptError(f"checkpoint {ckpt_dir} is not inside a run folder (<run_dir>/checkpoints/<step>); "
+                        f"pass out_dir=<folder> for the results")
+    return results_dir(folder, overwrite), f"{ckpt_dir.parent.parent.name} step {ckpt['step']}"

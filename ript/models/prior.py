@@ -11,10 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ript.data.normalize import Normalizer
 from ript.errors import RiptError
 from ript.models.action_autoencoder import ActionAutoencoder
-from ript.models.encoders import MLPEncoder, ResNetEncoder
+from ript.models.conditioning import ObservationConditioned
 from ript.models.transformer import Transformer
 from ript.registry import MODELS
 
@@ -34,7 +33,7 @@ def processed_log_probs(logits: torch.Tensor, temperature: float, top_k: int | N
 
 
 @MODELS.register("skill_prior")
-class SkillPrior(nn.Module):
+class SkillPrior(ObservationConditioned):
     stage = "stage1"
 
     def __init__(
@@ -55,25 +54,12 @@ class SkillPrior(nn.Module):
     ):
         super().__init__()
         self.autoencoder = ActionAutoencoder(**autoencoder)
-        self.task_names = list(task_names)
-        self.image_keys = list(image_keys)
-        self.lowdim_keys = list(lowdim_dims)
-        self.frame_stack = frame_stack
+        self.init_conditioning(task_names, image_keys, lowdim_dims, lang_dim, frame_stack, dim, encoder_width, num_kp,
+                               encoder_stages)
         self.vocab_size = self.autoencoder.codebook_size
         self.num_tokens = self.autoencoder.num_tokens
         self.start_token = self.vocab_size
-        self.image_encoders = nn.ModuleDict(
-            {k: ResNetEncoder(dim, width=encoder_width, num_kp=num_kp, stages=encoder_stages) for k in self.image_keys}
-        )
-        self.lowdim_normalizers = nn.ModuleDict({k: Normalizer(d, "meanstd") for k, d in lowdim_dims.items()})
-        self.lowdim_encoders = nn.ModuleDict({k: MLPEncoder(d, dim) for k, d in lowdim_dims.items()})
-        if lang_dim:
-            # instruction embeddings are data, not parameters: filled from the language cache, saved as buffers
-            self.register_buffer("task_embeddings", torch.zeros(len(task_names), lang_dim))
-            self.task_proj = nn.Linear(lang_dim, dim)
-        else:
-            self.task_table = nn.Embedding(len(task_names), dim)
-        self.prefix_len = 1 + frame_stack * (len(self.image_keys) + len(self.lowdim_keys))
+        self.prefix_len = self.observation_tokens
         self.tok_emb = nn.Embedding(self.vocab_size + 1, dim)
         self.pos_emb = nn.Parameter(torch.randn(1, self.prefix_len + self.num_tokens, dim) * 0.02)
         self.drop = nn.Dropout(dropout)
@@ -89,27 +75,9 @@ class SkillPrior(nn.Module):
         self.autoencoder.eval()
         return self
 
-    # ----------------------------------------------------------------- conditioning
-    def task_index(self, name: str) -> int:
-        if name not in self.task_names:
-            raise RiptError(f"task {name!r} is not one this model was trained on ({', '.join(self.task_names)})")
-        return self.task_names.index(name)
-
     def context(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor) -> torch.Tensor:
         """Obs tensors (B, frame_stack, ...) and task ids (B,) -> context tokens (B, prefix_len, dim)."""
-        if hasattr(self, "task_embeddings"):
-            task = self.task_proj(self.task_embeddings[task_ids])
-        else:
-            task = self.task_table(task_ids)
-        per_key = []
-        for k in self.image_keys:
-            img = obs[k]
-            b, f = img.shape[:2]
-            per_key.append(self.image_encoders[k](img.flatten(0, 1)).view(b, f, -1))
-        for k in self.lowdim_keys:
-            per_key.append(self.lowdim_encoders[k](self.lowdim_normalizers[k].normalize(obs[k].float())))
-        frames = torch.stack(per_key, dim=2).flatten(1, 2)  # (B, frames * keys, dim), frame-major
-        return torch.cat([task.unsqueeze(1), frames], dim=1)
+        return self.observation_context(obs, task_ids)
 
     def _embed_tokens(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
         n = tokens.shape[1]

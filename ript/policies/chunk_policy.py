@@ -9,11 +9,10 @@ import numpy as np
 import torch
 
 from ript.models.prior import SkillPrior
-from ript.policies.base import ChunkingPolicy
-from ript.utils.logging import log
+from ript.policies.observation_policy import ObservationPolicy
 
 
-class ChunkPolicy(ChunkingPolicy):
+class ChunkPolicy(ObservationPolicy):
     def __init__(
         self,
         model: SkillPrior,
@@ -30,28 +29,13 @@ class ChunkPolicy(ChunkingPolicy):
         chunk = model.autoencoder.chunk_size
         if not 1 <= action_horizon <= chunk:
             raise ValueError(f"action_horizon={action_horizon} must be in [1, chunk_size={chunk}]")
-        self.model = model.eval().to(device)
-        super().__init__(model.autoencoder.action_dim, action_horizon, model.frame_stack, device, seed,
-                         obs_keys=model.image_keys + model.lowdim_keys)
+        super().__init__(model.eval().to(device), model.autoencoder.action_dim, action_horizon, device, seed,
+                         cuda_graph)
         self.sampling = {"temperature": temperature, "top_k": top_k}
         self.set_deterministic(greedy)  # greedy: each token's most likely value
         self.amp = amp and self.device.type == "cuda"
         if record:
             self.start_recording()
-        # one CUDA graph per padded batch size: a decision is ~1,300 small kernels, launch-bound when eager
-        self.cuda_graph = cuda_graph and self.device.type == "cuda"
-        self.graphs: dict[int, GraphedCall] = {}
-
-    def set_deterministic(self, on: bool) -> None:
-        super().set_deterministic(on)
-        self.graphs = {}  # a captured decision has the choice baked in
-
-    def reset(self, n_envs: int) -> None:
-        super().reset(n_envs)
-        self.task_ids = [0] * n_envs
-
-    def start_task(self, i: int, task_name: str) -> None:
-        self.task_ids[i] = self.model.task_index(task_name)
 
     def _infer(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, noise: torch.Tensor | None = None):
         """Observations -> (context, tokens, log-probs, action chunks, values); no host synchronisation inside.
@@ -65,30 +49,6 @@ class ChunkPolicy(ChunkingPolicy):
         context = context.float()
         values = context.new_zeros(len(context)) if self.critic is None else self.critic(context)
         return context, tokens, log_probs, chunks[:, : self.action_horizon].float(), values.float()
-
-    def _inputs(self, envs: list[int]) -> tuple[dict, dict]:
-        """(host observations, device inputs) of these envs' frame stacks and tasks."""
-        host_obs = {
-            k: torch.from_numpy(np.stack([np.stack([f[k] for f in self.history[i]]) for i in envs]))
-            for k in self.obs_keys
-        }
-        return host_obs, {"obs": {k: v.to(self.device) for k, v in host_obs.items()},
-                          "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
-
-    @property
-    def fixed_layout(self) -> bool:
-        # a graph's batch has n rows anyway; eagerly, only RL's recorded decisions pay for the padding rows
-        return self.record or self.cuda_graph
-
-    def _layout(self, envs: list[int]) -> tuple[list[int], list[int]]:
-        """(the env each batch row reads, the rows holding ``envs``' results). With ``fixed_layout``, env i
-        always sits in row i of an n-row batch (the other rows repeat ``envs[0]``): a row's result then does
-        not depend on which envs were planned with it, which the batch's shape and an env's row otherwise
-        move in the last bits (RL's ratio uses the recorded log-probs as they are; resume must match)."""
-        if not self.fixed_layout:
-            return envs, list(range(len(envs)))
-        planned = set(envs)
-        return [i if i in planned else envs[0] for i in range(len(self.history))], envs
 
     def state_values(self, envs: list[int]) -> torch.Tensor:
         rows, picked = self._layout(envs)
@@ -104,11 +64,7 @@ class ChunkPolicy(ChunkingPolicy):
         if not self.deterministic:
             noise = self.env_draws(envs, lambda g: self.model.sampling_noise(1, self.device, g)[0])
             inputs["noise"] = noise[[envs.index(i) for i in rows]]  # every row reads one of envs
-        graphed = self._graph_for(len(self.history), inputs) if self.cuda_graph and not self.model.training else None
-        if graphed is not None:
-            outputs = graphed(inputs)
-        else:
-            outputs = self._infer(**inputs)
+        outputs = self._decide(inputs)
         picked_rows = torch.tensor(picked, device=self.device)  # one small copy for all five outputs
         context, tokens, log_probs, chunks, values = (x.index_select(0, picked_rows) for x in outputs)
         if self.record:
@@ -123,60 +79,3 @@ class ChunkPolicy(ChunkingPolicy):
                     record.update(obs={k: v[picked[j]].clone() for k, v in host_obs.items()}, task_id=self.task_ids[i])
                 self.records[i].append(record)
         return chunks.cpu().numpy()  # waits for the GPU
-
-    def _graph_for(self, batch: int, inputs: dict) -> GraphedCall | None:
-        if batch not in self.graphs:
-            try:
-                self.graphs[batch] = GraphedCall(self._infer, inputs, batch)
-            except RuntimeError as e:  # an op that cannot be captured: stay correct, just slower
-                log.warning("CUDA graph capture of the policy failed (%s); running it eagerly", e)
-                self.cuda_graph = False
-                return None
-        return self.graphs[batch]
-
-
-class GraphedCall:
-    """``fn(**inputs)`` captured in a CUDA graph for a fixed batch size ``batch``.
-
-    Calls with up to ``batch`` rows copy their inputs into static buffers (the other rows keep earlier,
-    valid data), replay the graph and return views of its first rows — valid until the next call. The
-    graph reads parameters in place, so in-place optimiser steps are seen; replacing parameter tensors is not.
-    """
-
-    def __init__(self, fn, inputs: dict, batch: int):
-        def padded(x: torch.Tensor) -> torch.Tensor:
-            reps = -(-batch // x.shape[0])
-            return x.repeat(reps, *[1] * (x.dim() - 1))[:batch].clone()
-
-        self.static = _map(padded, inputs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside capture: cuDNN/cuBLAS choose their kernels here
-            for _ in range(2):
-                fn(**self.static)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs = fn(**self.static)
-
-    def __call__(self, inputs: dict):
-        n = _first(inputs).shape[0]
-        _map2(lambda dst, src: dst[:n].copy_(src), self.static, inputs)
-        self.graph.replay()
-        return tuple(o[:n] for o in self.outputs)
-
-
-def _map(fn, tree):
-    return {k: _map(fn, v) for k, v in tree.items()} if isinstance(tree, dict) else fn(tree)
-
-
-def _map2(fn, dst, src):
-    if isinstance(dst, dict):
-        for k in dst:
-            _map2(fn, dst[k], src[k])
-    else:
-        fn(dst, src)
-
-
-def _first(tree):
-    return _first(next(iter(tree.values()))) if isinstance(tree, dict) else tree

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+import ript.policies.flow_family  # noqa: F401  (registers flow)
 import ript.policies.skill_prior_family  # noqa: F401  (registers skill_prior)
 import ript.policies.vla_family  # noqa: F401  (registers openvla_oft, openvla)
 from ript.errors import RiptError

@@ -8,7 +8,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ript.errors import RiptError
-from ript.evaluation.results import evaluation_dir, results_dir
+from ript.evaluation.results import checkpoint_results_dir
 from ript.evaluation.runner import evaluate_during_training
 from ript.model_loader import load_model
 from ript.policies.build import make_policy, sampling_settings, with_overrides
@@ -69,15 +69,4 @@ class SkillPriorFamily:
         return evaluate
 
     def eval_output(self, loaded: Loaded, cfg) -> tuple[Path, str]:
-        """``out_dir``, or ``<run_dir>/eval/step<N>`` for a checkpoint inside a run folder; never replaces an
-        earlier results.json unless ``overwrite=true``."""
-        ckpt = loaded.source["checkpoint"]
-        ckpt_dir = Path(ckpt["checkpoint_dir"])
-        if cfg.out_dir:
-            out_dir = Path(cfg.out_dir)
-        elif ckpt_dir.parent.name == "checkpoints":
-            out_dir = evaluation_dir(ckpt_dir.parent.parent, int(ckpt["step"]))
-        else:
-            raise RiptError(f"checkpoint {ckpt_dir} is not inside a run folder (<run_dir>/checkpoints/<step>); "
-                            f"pass out_dir=<folder> for the results")
-        return results_dir(out_dir, bool(cfg.overwrite)), f"{ckpt_dir.parent.parent.name} step {ckpt['step']}"
+        return checkpoint_results_dir(loaded.source["checkpoint"], cfg.out_dir, bool(cfg.overwrite))

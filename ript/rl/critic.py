@@ -39,6 +39,23 @@ class ContextValueHead(nn.Module):
             return self.mlp(x.float().mean(1)).squeeze(-1)
 
 
+CRITIC_POSITIONS = ("expert", "vlm")
+
+
+class FlowValueHead(ContextValueHead):
+    """A flow policy's critic at one of πRL's two places: after the action expert (``expert``: its hidden states
+    averaged over the chunk and the denoise steps) or after the prefix (``vlm``: the prefix tokens' mean)."""
+
+    def __init__(self, dim: int, hidden: int, detach_input: bool = True, position: str = "expert"):
+        if position not in CRITIC_POSITIONS:
+            raise RiptError(f"critic position {position!r}; choose one of {', '.join(CRITIC_POSITIONS)}")
+        super().__init__(dim, hidden, detach_input)
+        self.position = position
+
+    def forward(self, prefix: torch.Tensor, expert_hidden: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward(prefix if self.position == "vlm" else expert_hidden)
+
+
 class AttentionPoolValueHead(nn.Module):
     """V(s) from a VLA's hidden states (B, L, D) with a padding mask (B, L): one learned query attends over
     the states, then an MLP (the pooling of the OpenVLA-OFT actor-critic)."""

@@ -61,6 +61,11 @@ def stage1_overrides(data_dir: Path, run_dir: Path, stage0_run: Path) -> list[st
         "eval.max_episode_steps=16", "eval.n_videos=0"]
 
 
+def flow_overrides(data_dir: Path, run_dir: Path, steps: int) -> list[str]:
+    """A small flow policy trained for ``steps`` steps, replanning every 4 of its 8 actions."""
+    return [*(o for o in train_overrides(data_dir, run_dir, steps) if not o.startswith("algo=")), "algo=flow_small"]
+
+
 def rl_overrides(stage1_run, run_dir, iterations):
     return [f"checkpoint={stage1_run}", f"run_dir={run_dir}", f"rl.iterations={iterations}",
             "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",

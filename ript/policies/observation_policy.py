@@ -1,0 +1,120 @@
+"""What the policies over ript's own models share: each env's task, its frame stack batched into the model's
+inputs, a batch layout in which a row's result does not depend on the other rows, and each decision replayed as
+one CUDA graph per padded batch size (eagerly a decision is hundreds to thousands of small kernel launches)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ript.policies.base import ChunkingPolicy
+from ript.utils.logging import log
+
+
+class ObservationPolicy(ChunkingPolicy):
+    """A chunking policy on a model with ``task_index`` and observation keys; subclasses fill in ``plan`` and
+    ``_infer`` (one batched decision, no host synchronisation inside, so that it can be captured)."""
+
+    def __init__(self, model, action_dim: int, action_horizon: int, device, seed: int, cuda_graph: bool):
+        self.model = model
+        super().__init__(action_dim, action_horizon, model.frame_stack, device, seed,
+                         obs_keys=model.image_keys + model.lowdim_keys)
+        self.cuda_graph = cuda_graph and self.device.type == "cuda"
+        self.graphs: dict[int, GraphedCall] = {}
+
+    def set_deterministic(self, on: bool) -> None:
+        super().set_deterministic(on)
+        self.graphs = {}  # a captured decision has the choice baked in
+
+    def reset(self, n_envs: int) -> None:
+        super().reset(n_envs)
+        self.task_ids = [0] * n_envs
+
+    def start_task(self, i: int, task_name: str) -> None:
+        self.task_ids[i] = self.model.task_index(task_name)
+
+    def _inputs(self, envs: list[int]) -> tuple[dict, dict]:
+        """(host observations, device inputs) of these envs' frame stacks and tasks."""
+        host_obs = {
+            k: torch.from_numpy(np.stack([np.stack([f[k] for f in self.history[i]]) for i in envs]))
+            for k in self.obs_keys
+        }
+        return host_obs, {"obs": {k: v.to(self.device) for k, v in host_obs.items()},
+                          "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
+
+    @property
+    def fixed_layout(self) -> bool:
+        # a graph's batch has n rows anyway; eagerly, only RL's recorded decisions pay for the padding rows
+        return self.record or self.cuda_graph
+
+    def _layout(self, envs: list[int]) -> tuple[list[int], list[int]]:
+        """(the env each batch row reads, the rows holding ``envs``' results). With ``fixed_layout``, env i
+        always sits in row i of an n-row batch (the other rows repeat ``envs[0]``): a row's result then does
+        not depend on which envs were planned with it, which the batch's shape and an env's row otherwise
+        move in the last bits (RL's ratio uses the recorded log-probs as they are; resume must match)."""
+        if not self.fixed_layout:
+            return envs, list(range(len(envs)))
+        planned = set(envs)
+        return [i if i in planned else envs[0] for i in range(len(self.history))], envs
+
+    def _decide(self, inputs: dict):
+        """``_infer(**inputs)``, replayed from a CUDA graph where one can be captured."""
+        graphed = self._graph_for(len(self.history), inputs) if self.cuda_graph and not self.model.training else None
+        return graphed(inputs) if graphed is not None else self._infer(**inputs)
+
+    def _graph_for(self, batch: int, inputs: dict) -> GraphedCall | None:
+        if batch not in self.graphs:
+            try:
+                self.graphs[batch] = GraphedCall(self._infer, inputs, batch)
+            except RuntimeError as e:  # an op that cannot be captured: stay correct, just slower
+                log.warning("CUDA graph capture of the policy failed (%s); running it eagerly", e)
+                self.cuda_graph = False
+                return None
+        return self.graphs[batch]
+
+
+class GraphedCall:
+    """``fn(**inputs)`` captured in a CUDA graph for a fixed batch size ``batch``.
+
+    Calls with up to ``batch`` rows copy their inputs into static buffers (the other rows keep earlier,
+    valid data), replay the graph and return views of its first rows — valid until the next call. The
+    graph reads parameters in place, so in-place optimiser steps are seen; replacing parameter tensors is not.
+    """
+
+    def __init__(self, fn, inputs: dict, batch: int):
+        def padded(x: torch.Tensor) -> torch.Tensor:
+            reps = -(-batch // x.shape[0])
+            return x.repeat(reps, *[1] * (x.dim() - 1))[:batch].clone()
+
+        self.static = _map(padded, inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside capture: cuDNN/cuBLAS choose their kernels here
+            for _ in range(2):
+                fn(**self.static)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = fn(**self.static)
+
+    def __call__(self, inputs: dict):
+        n = _first(inputs).shape[0]
+        _map2(lambda dst, src: dst[:n].copy_(src), self.static, inputs)
+        self.graph.replay()
+        return tuple(o[:n] for o in self.outputs)
+
+
+def _map(fn, tree):
+    return {k: _map(fn, v) for k, v in tree.items()} if isinstance(tree, dict) else fn(tree)
+
+
+def _map2(fn, dst, src):
+    if isinstance(dst, dict):
+        for k in dst:
+            _map2(fn, dst[k], src[k])
+    else:
+        fn(dst, src)
+
+
+def _first(tree):
+    return _first(next(iter(tree.values()))) if isinstance(tree, dict) else tree

@@ -1,0 +1,72 @@
+"""RL of a flow policy (πRL): the recorded denoise chains rescored by the current action expert, Flow-Noise's
+joint log-prob of every step or Flow-SDE's of its stochastic step, per action element or summed per chunk; the
+value head after the expert or after the prefix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ript.errors import RiptError
+from ript.models.flow_denoise import Denoising, score_chain
+from ript.policies.flow_policy import FlowPolicy
+from ript.rl.critic import FlowValueHead
+from ript.rl.learners import Scored
+
+LOG_PROB_LEVELS = ("element", "chunk")
+
+
+class FlowLearner:
+    """``expert_only`` (πRL's setting): only the action expert and its noise head train, and the update reads the
+    recorded prefix; otherwise the prefix and observation encoders train too, recomputed from the observations."""
+
+    def __init__(self, model, denoising: Denoising, action_horizon: int, expert_only: bool, log_prob_level: str,
+                 critic_cfg=None, critic_position: str = "expert"):
+        if log_prob_level not in LOG_PROB_LEVELS:
+            raise RiptError(f"policy.log_prob_level={log_prob_level!r}; choose one of {', '.join(LOG_PROB_LEVELS)}")
+        self.model, self.denoising, self.horizon, self.level = model, denoising, action_horizon, log_prob_level
+        model.requires_grad_(False)
+        for p in (model.expert_parameters() if expert_only else model.parameters()):
+            p.requires_grad_(True)
+        model.action_normalizer.requires_grad_(False)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.weights = model
+        self.encodes = not expert_only
+        self.critic = None if critic_cfg is None else FlowValueHead(
+            model.dim, int(critic_cfg.hidden), bool(critic_cfg.detach_input), critic_position,
+        ).to(model.prefix_pos.device)
+
+    def attach(self, policy: FlowPolicy) -> None:
+        policy.attach_critic(self.critic)
+        policy.start_recording(observations=self.encodes)
+
+    def write_extra(self, folder: Path) -> None:
+        """Nothing beyond the weights: the checkpoint holds the whole flow policy."""
+
+    def _level(self, log_probs: torch.Tensor) -> torch.Tensor:
+        """Per-element log-probs (N, horizon * A) as the ratio reads them: each element, or the chunk's sum."""
+        return log_probs.sum(1, keepdim=True) if self.level == "chunk" else log_probs
+
+    def collate(self, decisions: list[dict], device: str) -> dict:
+        data = {"chain": torch.stack([d["chain"] for d in decisions]).to(device),
+                "stochastic": torch.stack([d["stochastic"] for d in decisions]).to(device),
+                "old_log_probs": self._level(torch.stack([d["log_probs"] for d in decisions]).float()).to(device)}
+        if self.encodes:
+            data["obs"] = {k: torch.stack([d["obs"][k] for d in decisions]).to(device) for k in decisions[0]["obs"]}
+            data["task_ids"] = torch.tensor([d["task_id"] for d in decisions], device=device)
+        else:
+            data["context"] = torch.stack([d["context"] for d in decisions]).to(device)
+        return data
+
+    def score(self, data: dict, idx: torch.Tensor) -> Scored:
+        model = self.model
+        if self.encodes:
+            prefix = model.prefix({k: v[idx] for k, v in data["obs"].items()}, data["task_ids"][idx])
+        else:
+            prefix = data["context"][idx]
+        every_step = self.critic is not None and self.critic.position == "expert"
+        log_prob, entropy, hidden = score_chain(model, model.prefix_cache(prefix), data["chain"][idx],
+                                                data["stochastic"][idx], self.denoising, every_step)
+        values = None if self.critic is None else self.critic(prefix.float(), hidden)
+        return Scored(self._level(log_prob[:, : self.horizon].flatten(1)), entropy, values)

@@ -1,0 +1,105 @@
+"""RL of the flow policy on MetaWorld: recorded log-probs and values equal what the update recomputes, one PPO
+iteration with each noise method resumes exactly, and its checkpoints evaluate through ``ript eval``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from ript.config import compose
+from ript.envs.runner import EnvRunner, RunnerOptions
+from ript.envs.worker_env import EpisodeSpec
+from ript.model_loader import load_model
+from ript.models.flow_denoise import Denoising
+from ript.policies.flow_policy import FlowPolicy
+from ript.rl.flow_learner import FlowLearner
+from ript.stages import rl
+from tests.helpers.cli import assert_one_line_error, ript
+
+CRITIC = OmegaConf.create({"hidden": 16, "detach_input": True})
+
+
+@pytest.mark.parametrize("method, position, level", [("flow_noise", "expert", "element"),
+                                                     ("flow_sde", "vlm", "chunk"), ("flow_sde", "expert", "element")])
+def test_recorded_log_probs_and_values_equal_the_recomputed_ones(flow_run, method, position, level):
+    model, ckpt = load_model(flow_run)
+    denoising = Denoising(steps=3, method=method)
+    policy = FlowPolicy(model, denoising, 4, "cpu", seed=0, deterministic=False)
+    learner = FlowLearner(model, denoising, 4, True, level, CRITIC, position)
+    torch.nn.init.normal_(learner.critic.mlp[-1].weight)  # a fresh critic predicts 0 everywhere: not a test
+    learner.attach(policy)
+    runner = EnvRunner(RunnerOptions("metaworld", model.task_names, ckpt["metadata"]["env_args"]["render"], 12, 1,
+                                     num_workers=1, envs_per_worker=2))
+    try:
+        out = runner.run(policy, specs=[EpisodeSpec("button-press-v3", 7, 0), EpisodeSpec("drawer-close-v3", 7, 1)])
+    finally:
+        runner.close()
+    decisions = [d for e in out["episodes"] for d in e["decisions"]]
+    assert len(decisions) == 2 * 3  # 12 steps, a new chunk every 4
+    data = learner.collate(decisions, "cpu")
+    with torch.no_grad():
+        scored = learner.score(data, torch.arange(len(decisions)))
+    values = torch.stack([d["value"] for d in decisions])
+    assert values.std() > 0
+    # all six in one batch: float32 rounding of another batch shape (measured: at most 7e-7)
+    torch.testing.assert_close(scored.log_probs, data["old_log_probs"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(scored.values, values, atol=1e-5, rtol=0)
+    for r in range(3):  # the two decisions planned together, rescored together: bit for bit
+        together = torch.tensor([r, 3 + r])
+        with torch.no_grad():
+            again = learner.score(data, together)
+        assert torch.equal(again.log_probs, data["old_log_probs"][together])
+        assert torch.equal(again.values, values[together])
+    assert data["old_log_probs"].shape == ((6, 4 * 4) if level == "element" else (6, 1))
+    stochastic = data["stochastic"].sum(1)
+    assert stochastic.tolist() == ([3] * 6 if method == "flow_noise" else [1] * 6)  # hybrid: one step per chunk
+
+
+def flow_rl_overrides(flow_run, run_dir, iterations: int, *extra: str) -> list[str]:
+    return [f"checkpoint={flow_run}", "policy=flow", f"run_dir={run_dir}", f"rl.iterations={iterations}",
+            "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",
+            "rl.max_episode_steps=24", "rl.num_workers=2", "rl.max_sampling_rounds=1", "rl.epochs=2",
+            "rl.minibatches=2", "rl.lr=1e-3", "eval.every=0", "rl.reward=dense", "rl.reward_scale=0.1", *extra]
+
+
+@pytest.mark.parametrize("extra", [
+    ("policy.noise_method=flow_noise", "rl.advantage=gae", "policy.critic_position=expert", "rl.entropy_coef=0.01"),
+    ("policy.noise_method=flow_sde", "rl.advantage=gae", "policy.critic_position=vlm", "policy.denoise_steps=2"),
+], ids=["flow_noise-gae-expert", "flow_sde-gae-vlm"])
+def test_an_rl_iteration_with_each_noise_method_resumes_exactly(flow_run, tmp_path, extra):
+    full, part = tmp_path / "full", tmp_path / "part"
+    rl.run(compose("rl", flow_rl_overrides(flow_run, full, 2, *extra)))
+    rl.run(compose("rl", flow_rl_overrides(flow_run, part, 1, *extra)))
+    rl.run(compose("rl", flow_rl_overrides(flow_run, part, 2, *extra, "resume=true")))
+    for name in ("model.safetensors", "critic.safetensors"):
+        a = load_file(str(full / "checkpoints" / "last" / name))
+        b = load_file(str(part / "checkpoints" / "last" / name))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    trained, _ = load_model(full, expect_stage="rl")
+    base, _ = load_model(flow_run)
+    assert not torch.equal(trained.velocity_out.weight, base.velocity_out.weight)  # the action expert learnt
+    assert torch.equal(trained.prefix_pos, base.prefix_pos)  # the prefix and encoders stay imitation's
+    assert torch.equal(trained.image_encoders["corner_rgb"].proj.weight, base.image_encoders["corner_rgb"].proj.weight)
+    if "policy.noise_method=flow_noise" in extra:
+        assert not torch.equal(trained.noise_head.weight, base.noise_head.weight)  # the entropy bonus reaches it
+    history = json.loads((full / "rl_history.json").read_text())
+    assert history == json.loads((part / "rl_history.json").read_text())
+
+
+def test_flow_checkpoints_evaluate_through_the_cli_and_token_settings_are_refused(flow_run, tmp_path):
+    code, _, err = ript("eval", f"checkpoint={flow_run}", "episodes_per_task=1", "num_workers=1",
+                        "max_episode_steps=8", f"out_dir={tmp_path / 'eval'}", "n_videos=0")
+    assert code == 0, err  # the checkpoint names its family: no policy= needed
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert results["sampling"] == {"action_horizon": 4, "denoise_steps": 4, "ode": True} and results["episodes"]
+    assert_one_line_error(ript("eval", f"checkpoint={flow_run}", "sampling.temperature=2.0",
+                               f"out_dir={tmp_path / 'e2'}"), "sampling.temperature=2.0", "samples no tokens")
+    assert_one_line_error(ript("rl", f"checkpoint={flow_run}", "policy=skill_prior", f"run_dir={tmp_path / 'r'}"),
+                          "flow policy family", "policy=flow")
+    assert_one_line_error(ript("rl", f"checkpoint={flow_run}", "policy.noise_method=flow_cps",
+                               f"run_dir={tmp_path / 'r'}"), "noise_method='flow_cps'")
+    assert not (tmp_path / "r").exists()
