@@ -59,6 +59,9 @@ class FlowFamily:
         names = list(cfg.task_names) if cfg.task_names else model.task_names
         for name in names:
             model.task_index(name)
+        if rl and not cfg.rl.train_prior_only:
+            raise RiptError("rl.train_prior_only=false is the skill prior's setting; a flow policy trains what "
+                            "policy.train_expert_only says (false: the prefix and encoders too)")
         settings, greedy = decoding(cfg, ckpt)
         ode = (not rl) if greedy is None else bool(greedy)
         policy = self._policy(model, cfg, settings, device, seed, deterministic=ode)

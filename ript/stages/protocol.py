@@ -26,10 +26,11 @@ from ript.utils.logging import log, setup_console_logging
 from ript.utils.processes import run_child
 from ript.utils.run_dir import RUN_CONTROL_KEYS, covered, flatten
 
-PHASES = ("collect", "stage0", "stage1", "finetune", "eval", "rl", "eval_rl")
-JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune": "finetune", "eval": "eval",
-        "rl": "rl", "eval_rl": "eval"}
-TRAINING = ("stage0", "stage1", "finetune", "rl")  # run under torchrun when several GPUs are used
+PHASES = ("collect", "stage0", "stage1", "finetune", "flow", "eval", "rl", "eval_rl")
+JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune": "finetune", "flow": "flow",
+        "eval": "eval", "rl": "rl", "eval_rl": "eval"}
+TRAINING = ("stage0", "stage1", "finetune", "flow", "rl")  # run under torchrun when several GPUs are used
+IMITATION = ("finetune", "flow", "stage1")  # the first of these a protocol runs is its imitation phase
 EVALUATIONS = {"eval": "imitation", "eval_rl": "after RL"}
 STATE_FILE = "protocol.json"
 PHASE_OF = "RIPT_PHASE_OF"  # set in a phase's environment: the job that runs it, which says how to continue
@@ -71,9 +72,13 @@ class Phase:
         return [*launcher, self.job, *self.overrides]
 
 
+def imitation_phase(cfg) -> str:
+    """The protocol's imitation phase: few-shot fine-tuning if it has one, else the flow policy's, else stage 1."""
+    return next((name for name in IMITATION if cfg.phases[name] is not None), "stage1")
+
+
 def imitation_dir(cfg) -> Path:
-    """The run folder of the protocol's imitation phase (few-shot fine-tuning if it has one, else stage 1)."""
-    return Path(cfg.run_root) / ("finetune" if cfg.phases.finetune is not None else "stage1")
+    return Path(cfg.run_root) / imitation_phase(cfg)
 
 
 def plan(cfg) -> list[Phase]:
@@ -81,6 +86,7 @@ def plan(cfg) -> list[Phase]:
     root = Path(cfg.run_root)
     task, algo = group_overrides("task", cfg.task), group_overrides("algo", cfg.algo)
     start = imitation_dir(cfg) / ("checkpoints/best" if cfg.evaluate == "best" else "")
+    family = ["policy=flow"] if imitation_phase(cfg) == "flow" else []  # the jobs that load its checkpoints
     wiring = {
         "collect": (task, None, None),
         "stage0": (task + algo + [override("run_dir", root / "stage0")], root / "stage0", None),
@@ -88,11 +94,12 @@ def plan(cfg) -> list[Phase]:
                                   override("stage0_checkpoint", root / "stage0")], root / "stage1", None),
         "finetune": (task + algo + [override("run_dir", root / "finetune"),
                                     override("checkpoint", cfg.base_checkpoint)], root / "finetune", None),
-        "eval": ([override("checkpoint", start), override("out_dir", root / "eval"), "overwrite=true"], None,
+        "flow": (task + algo + [override("run_dir", root / "flow")], root / "flow", None),
+        "eval": (family + [override("checkpoint", start), override("out_dir", root / "eval"), "overwrite=true"], None,
                  root / "eval"),
-        "rl": ([override("checkpoint", start), override("run_dir", root / "rl")], root / "rl", None),
-        "eval_rl": ([override("checkpoint", root / "rl"), override("out_dir", root / "eval_rl"), "overwrite=true"],
-                    None, root / "eval_rl"),
+        "rl": (family + [override("checkpoint", start), override("run_dir", root / "rl")], root / "rl", None),
+        "eval_rl": (family + [override("checkpoint", root / "rl"), override("out_dir", root / "eval_rl"),
+                              "overwrite=true"], None, root / "eval_rl"),
     }
     phases = []
     for name in PHASES:
@@ -121,7 +128,7 @@ def check(cfg, phases: list[Phase]) -> None:
             job_cfg = compose(phase.job, phase.overrides)
         except RiptError as e:
             raise RiptError(f"protocol {cfg.name}: phases.{phase.name}: {e}") from None
-        if phase.name in ("stage1", "finetune") and cfg.evaluate == "best" and int(job_cfg.eval.every) <= 0:
+        if phase.name in IMITATION and cfg.evaluate == "best" and int(job_cfg.eval.every) <= 0:
             raise RiptError(f"protocol {cfg.name}: evaluate=best needs phases.{phase.name}.eval.every > 0 "
                             f"(the training run evaluates and keeps its best step)")
         if phase.name == "rl":
@@ -229,6 +236,8 @@ def reached_step(run_dir: Path) -> int:
 def decoding(sampling: dict[str, Any]) -> str:
     """An evaluation's decoding in a table cell: greedy or temperature/top-k, and the actions run per decision (the
     same policy scores differently decoded otherwise)."""
+    if "denoise_steps" in sampling:  # a flow policy: the ODE or RL's noise, in K Euler steps
+        return f"{'ode' if sampling.get('ode') else 'noisy'} K{sampling['denoise_steps']} h{sampling['action_horizon']}"
     top_k = f" k{sampling['top_k']}" if sampling.get("top_k") else ""
     how = "greedy" if sampling.get("greedy") else f"T{float(sampling['temperature']):g}{top_k}"
     return f"{how} h{sampling['action_horizon']}"

@@ -147,3 +147,19 @@ def test_an_rl_phase_cut_by_its_time_limit_is_told_from_one_that_spent_its_env_s
     (tmp_path / "rl_history.json").write_text("{")
     with pytest.raises(RiptError, match="rl_history.json"):
         protocol.cut_short(rl, 3)
+
+
+def test_a_flow_protocol_trains_the_flow_policy_and_its_evaluations_and_rl_load_it(tiny_data, tmp_path):
+    root = tmp_path / "flow protocol"
+    overrides = [o for o in protocol_overrides(tiny_data, root) if not o.startswith(("algo=", "++phases.stage"))]
+    overrides += ["algo=flow_small", "phases.stage0=null", "phases.stage1=null", "+phases.rl.rl.advantage=grpo",
+                  f"++phases.flow={{progress: false, train: {{{TRAIN}}}, data: {{val_fraction: 0.34}}}}",
+                  "++phases.rl.policy={noise_method: flow_noise}", "phases.rl.rl.train_prior_only=true",
+                  "~phases.rl.sampling", "~phases.eval_rl.sampling"]
+    results = protocol.run(compose("protocol", overrides))
+    state = json.loads((root / "protocol.json").read_text())
+    assert list(state["phases"]) == ["collect", "flow", "eval", "rl", "eval_rl"]
+    assert results["evaluations"]["eval"]["checkpoint"].startswith(str(root / "flow"))
+    assert results["evaluations"]["eval_rl"]["sampling"] == {"action_horizon": 4, "denoise_steps": 4, "ode": True}
+    rl_config = json.loads((root / "rl" / "checkpoints" / "last" / "config.json").read_text())
+    assert rl_config["model_name"] == "flow" and rl_config["cfg"]["policy"]["noise_method"] == "flow_noise"
