@@ -12,6 +12,8 @@ imitation leaves untrained.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,14 @@ from ript.models.transformer import Transformer
 from ript.registry import MODELS
 
 TIME_SAMPLINGS = ("beta", "uniform")
+
+
+@dataclass
+class Prefix:
+    """What a flow model reads of a decision's inputs: the prefix's features (B, P, width), which a value head
+    after the prefix reads, and ``cache``, what the action expert attends to at every denoise step."""
+    features: torch.Tensor
+    cache: Any
 
 
 def time_embedding(tau: torch.Tensor, dim: int) -> torch.Tensor:
@@ -123,14 +133,26 @@ class FlowPolicyModel(ObservationConditioned):
         return [self.action_pos, *(p for part in parts for p in part.parameters())]
 
     # ----------------------------------------------------------------- the prefix
-    def prefix(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor) -> torch.Tensor:
-        """Task and observation tokens encoded together: (B, observation_tokens, dim)."""
-        h, _ = self.prefix_encoder(self.observation_context(obs, task_ids) + self.prefix_pos)
-        return h
+    # RL's update rebuilds the expert's cache from recorded prefix features (a few tokens per decision) instead
+    # of re-encoding the observations, when the prefix does not train
+    rescores_from_features = True
 
-    def prefix_cache(self, prefix: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    @property
+    def prefix_width(self) -> int:
+        return self.dim
+
+    @property
+    def expert_width(self) -> int:
+        return self.dim
+
+    def encode(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor) -> Prefix:
+        """Task and observation tokens encoded together (B, observation_tokens, dim), and the expert's cache."""
+        h, _ = self.prefix_encoder(self.observation_context(obs, task_ids) + self.prefix_pos)
+        return Prefix(h, self.cache_from(h))
+
+    def cache_from(self, features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every expert layer's keys and values of the prefix, computed once per decision."""
-        return [block.prefix_keys_values(prefix) for block in self.blocks]
+        return [block.prefix_keys_values(features) for block in self.blocks]
 
     # ----------------------------------------------------------------- the action expert
     def expert(self, x: torch.Tensor, tau: torch.Tensor, cache: list) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,7 +185,7 @@ class FlowPolicyModel(ObservationConditioned):
         the expert's velocity against ε − a, over the chunk's steps inside the episode (``mask`` (B, chunk))."""
         a = self.action_normalizer.normalize(actions)
         t = tau.to(a.dtype)[:, None, None]
-        velocity, _ = self.expert(t * noise + (1 - t) * a, tau, self.prefix_cache(self.prefix(obs, task_ids)))
+        velocity, _ = self.expert(t * noise + (1 - t) * a, tau, self.encode(obs, task_ids).cache)
         err = (velocity.float() - (noise - a).float()).pow(2).mean(-1)
         if mask is None:
             mse = err.mean()

@@ -27,18 +27,26 @@ class FlowPolicy(ObservationPolicy):
         self.amp = amp and self.device.type == "cuda"
         self.set_deterministic(deterministic)
 
+    def model_inputs(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What ``model.encode`` reads, from a batch of frame stacks and task ids (RL's update too)."""
+        return {"obs": obs, "task_ids": task_ids}
+
+    def env_actions(self, chunks: torch.Tensor) -> torch.Tensor:
+        """The executed part of normalised chunks (B, C, A) in the env's units."""
+        return self.model.action_normalizer.unnormalize(chunks[:, : self.action_horizon])
+
     def _infer(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, noise: torch.Tensor, picks: torch.Tensor):
-        """-> (prefix, chain, stochastic steps, per-element log-probs of the executed actions, actions, values)."""
+        """-> (prefix features, chain, stochastic steps, per-element log-probs of the executed actions, actions,
+        values)."""
         model, settings = self.model, self.denoising
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False):
-            prefix = model.prefix(obs, task_ids)
+            prefix = model.encode(**self.model_inputs(obs, task_ids))
             stochastic = stochastic_steps(settings, len(noise), picks, self.deterministic, noise.device)
-            chain, log_prob, hidden = denoise(model, model.prefix_cache(prefix), noise, settings, stochastic)
-        h = self.action_horizon
-        actions = model.action_normalizer.unnormalize(chain[:, -1, :h])
-        prefix = prefix.float()
-        values = prefix.new_zeros(len(prefix)) if self.critic is None else self.critic(prefix, hidden)
-        return prefix, chain, stochastic, log_prob[:, :h].flatten(1), actions.float(), values.float()
+            chain, log_prob, hidden = denoise(model, prefix.cache, noise, settings, stochastic)
+        features = prefix.features.float()
+        values = features.new_zeros(len(features)) if self.critic is None else self.critic(features, hidden)
+        log_probs = log_prob[:, : self.action_horizon, : self.action_dim].flatten(1)
+        return features, chain, stochastic, log_probs, self.env_actions(chain[:, -1]).float(), values.float()
 
     def _draws(self, envs: list[int], rows: list[int]) -> dict[str, torch.Tensor]:
         """Each env's initial noise, step noise and stochastic step, from its episode's stream, laid out by row."""
@@ -59,10 +67,10 @@ class FlowPolicy(ObservationPolicy):
         shape = (len(rows), self.denoising.steps + 1, self.model.chunk_size, self.model.action_dim)
         stochastic = torch.zeros(len(rows), self.denoising.steps, dtype=torch.bool, device=self.device)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-            prefix = self.model.prefix(inputs["obs"], inputs["task_ids"])
-            _, _, hidden = denoise(self.model, self.model.prefix_cache(prefix), torch.zeros(shape, device=self.device),
-                                   self.denoising, stochastic)
-        return self.critic(prefix.float(), hidden)[picked]
+            prefix = self.model.encode(**self.model_inputs(inputs["obs"], inputs["task_ids"]))
+            _, _, hidden = denoise(self.model, prefix.cache, torch.zeros(shape, device=self.device), self.denoising,
+                                   stochastic)
+        return self.critic(prefix.features.float(), hidden)[picked]
 
     @torch.no_grad()
     def plan(self, envs: list[int]) -> np.ndarray:
@@ -71,15 +79,18 @@ class FlowPolicy(ObservationPolicy):
         inputs.update(self._draws(envs, rows))
         outputs = self._decide(inputs)
         picked_rows = torch.tensor(picked, device=self.device)
-        prefix, chain, stochastic, log_probs, actions, values = (x.index_select(0, picked_rows) for x in outputs)
+        features, chain, stochastic, log_probs, actions, values = (x.index_select(0, picked_rows) for x in outputs)
         if self.record:
-            # what RL's update rescoring needs (cloned: a graph's outputs are overwritten by its next replay)
+            # what RL's update rescoring needs (cloned: a graph's outputs are overwritten by its next replay): the
+            # prefix features, or the observations the prefix is encoded from again
             for j, i in enumerate(envs):
-                record = {"context": prefix[j].clone(), "chain": chain[j].clone(),
-                          "stochastic": stochastic[j].clone(), "log_probs": log_probs[j].clone()}
+                record = {"chain": chain[j].clone(), "stochastic": stochastic[j].clone(),
+                          "log_probs": log_probs[j].clone()}
                 if self.critic is not None:
                     record["value"] = values[j].clone()
                 if self.record_observations:
                     record.update(obs={k: v[picked[j]].clone() for k, v in host_obs.items()}, task_id=self.task_ids[i])
+                else:
+                    record["context"] = features[j].clone()
                 self.records[i].append(record)
         return actions.cpu().numpy()  # waits for the GPU

@@ -29,15 +29,20 @@ class FlowLearner:
         model.requires_grad_(False)
         for p in (model.expert_parameters() if expert_only else model.parameters()):
             p.requires_grad_(True)
-        model.action_normalizer.requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.weights = model
-        self.encodes = not expert_only
+        self.expert_only = expert_only
+        # the update encodes the recorded observations again when the prefix trains, or when the expert's cache
+        # cannot be rebuilt from a few recorded features (π0's is every layer's keys and values)
+        self.encodes = not expert_only or not model.rescores_from_features
+        width = model.expert_width if critic_position == "expert" else model.prefix_width
         self.critic = None if critic_cfg is None else FlowValueHead(
-            model.dim, int(critic_cfg.hidden), bool(critic_cfg.detach_input), critic_position,
-        ).to(model.prefix_pos.device)
+            width, int(critic_cfg.hidden), bool(critic_cfg.detach_input), critic_position,
+        ).to(next(model.parameters()).device)
+        self.policy: FlowPolicy | None = None  # whose model_inputs turn recorded observations into the model's
 
     def attach(self, policy: FlowPolicy) -> None:
+        self.policy = policy
         policy.attach_critic(self.critic)
         policy.start_recording(observations=self.encodes)
 
@@ -59,14 +64,22 @@ class FlowLearner:
             data["context"] = torch.stack([d["context"] for d in decisions]).to(device)
         return data
 
-    def score(self, data: dict, idx: torch.Tensor) -> Scored:
+    def _prefix(self, data: dict, idx: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """(prefix features, the expert's cache) of the decisions ``idx``."""
         model = self.model
-        if self.encodes:
-            prefix = model.prefix({k: v[idx] for k, v in data["obs"].items()}, data["task_ids"][idx])
-        else:
-            prefix = data["context"][idx]
+        if not self.encodes:
+            features = data["context"][idx]
+            return features, model.cache_from(features)
+        inputs = self.policy.model_inputs({k: v[idx] for k, v in data["obs"].items()}, data["task_ids"][idx])
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.expert_only):
+            prefix = model.encode(**inputs)
+        return prefix.features, prefix.cache
+
+    def score(self, data: dict, idx: torch.Tensor) -> Scored:
+        features, cache = self._prefix(data, idx)
         every_step = self.critic is not None and self.critic.position == "expert"
-        log_prob, entropy, hidden = score_chain(model, model.prefix_cache(prefix), data["chain"][idx],
-                                                data["stochastic"][idx], self.denoising, every_step)
-        values = None if self.critic is None else self.critic(prefix.float(), hidden)
-        return Scored(self._level(log_prob[:, : self.horizon].flatten(1)), entropy, values)
+        log_prob, entropy, hidden = score_chain(self.model, cache, data["chain"][idx], data["stochastic"][idx],
+                                                self.denoising, every_step)
+        values = None if self.critic is None else self.critic(features.float(), hidden)
+        executed = log_prob[:, : self.horizon, : self.policy.action_dim].flatten(1)
+        return Scored(self._level(executed), entropy, values)

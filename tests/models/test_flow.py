@@ -63,8 +63,8 @@ def test_flow_times_follow_the_chosen_distribution():
 
 
 def _prefix_cache(model, b):
-    prefix = model.prefix(b["obs"], b["task_ids"])
-    return prefix, model.prefix_cache(prefix)
+    prefix = model.encode(b["obs"], b["task_ids"])
+    return prefix.features, prefix.cache
 
 
 @torch.no_grad()
