@@ -62,8 +62,16 @@ def load_model(
         model = MODELS.build(config["model_name"], device=str(device), **config["model_kwargs"])
         load_adapter(model, ckpt / "adapter", merge=True)  # merged: inference runs without peft
         return model, {**config, "checkpoint_dir": str(ckpt)}
+    if weights_format == "trainable":  # what RL trained, over the model its kwargs rebuild from an official folder
+        model = MODELS.build(config["model_name"], device=str(device), **config["model_kwargs"])
+        state = load_weights(ckpt)
+        extra = sorted(set(state) - set(model.state_dict()))
+        if extra:
+            raise RiptError(f"{ckpt / 'model.safetensors'}: key {extra[0]!r} is not one of the model's")
+        check_and_load(model, state, str(ckpt / "model.safetensors"), strict=False)
+        return model, {**config, "checkpoint_dir": str(ckpt)}
     if weights_format != "full":
-        raise RiptError(f"{ckpt}/config.json: unknown weights_format {weights_format!r} (full or adapter)")
+        raise RiptError(f"{ckpt}/config.json: unknown weights_format {weights_format!r} (full, adapter or trainable)")
     model = build_model(config)
     check_and_load(model, load_weights(ckpt), str(ckpt / "model.safetensors"))
     return model.to(device), {**config, "checkpoint_dir": str(ckpt)}

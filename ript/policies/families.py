@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 import ript.policies.flow_family  # noqa: F401  (registers flow)
+import ript.policies.pi0_family  # noqa: F401  (registers pi0)
 import ript.policies.skill_prior_family  # noqa: F401  (registers skill_prior)
 import ript.policies.vla_family  # noqa: F401  (registers openvla_oft, openvla)
 from ript.errors import RiptError
@@ -28,6 +29,8 @@ def checkpoint_model(path: str) -> str | None:
         return None
     if "model_name" in config:
         return config["model_name"]
+    if "paligemma_variant" in config:  # openpi's π0 folder
+        return "pi0"
     return model_family(Path(path)) if "n_action_bins" in config else None
 
 

@@ -17,12 +17,14 @@ EVAL_NOISE = ("sampled", "zero")
 
 class FlowPolicy(ObservationPolicy):
     def __init__(self, model: FlowPolicyModel, denoising: Denoising, action_horizon: int, device="cpu", seed: int = 0,
-                 amp: bool = False, cuda_graph: bool = True, deterministic: bool = True, eval_noise: str = "sampled"):
+                 amp: bool = False, cuda_graph: bool = True, deterministic: bool = True, eval_noise: str = "sampled",
+                 action_dim: int | None = None, frame_stack: int | None = None, obs_keys: list[str] | None = None):
         if not 1 <= action_horizon <= model.chunk_size:
             raise RiptError(f"action_horizon={action_horizon} must be in [1, chunk_size={model.chunk_size}]")
         if eval_noise not in EVAL_NOISE:
             raise RiptError(f"eval_noise={eval_noise!r}; choose one of {', '.join(EVAL_NOISE)}")
-        super().__init__(model.eval().to(device), model.action_dim, action_horizon, device, seed, cuda_graph)
+        super().__init__(model.eval().to(device), action_dim or model.action_dim, action_horizon, device, seed,
+                         cuda_graph, frame_stack, obs_keys)
         self.denoising, self.eval_noise = denoising, eval_noise
         self.amp = amp and self.device.type == "cuda"
         self.set_deterministic(deterministic)
@@ -31,22 +33,24 @@ class FlowPolicy(ObservationPolicy):
         """What ``model.encode`` reads, from a batch of frame stacks and task ids (RL's update too)."""
         return {"obs": obs, "task_ids": task_ids}
 
-    def env_actions(self, chunks: torch.Tensor) -> torch.Tensor:
-        """The executed part of normalised chunks (B, C, A) in the env's units."""
+    def env_actions(self, chunks: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The executed part of normalised chunks (B, C, A) in the env's units (``inputs``: the model's)."""
         return self.model.action_normalizer.unnormalize(chunks[:, : self.action_horizon])
 
     def _infer(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, noise: torch.Tensor, picks: torch.Tensor):
         """-> (prefix features, chain, stochastic steps, per-element log-probs of the executed actions, actions,
         values)."""
         model, settings = self.model, self.denoising
+        inputs = self.model_inputs(obs, task_ids)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False):
-            prefix = model.encode(**self.model_inputs(obs, task_ids))
+            prefix = model.encode(**inputs)
             stochastic = stochastic_steps(settings, len(noise), picks, self.deterministic, noise.device)
             chain, log_prob, hidden = denoise(model, prefix.cache, noise, settings, stochastic)
         features = prefix.features.float()
         values = features.new_zeros(len(features)) if self.critic is None else self.critic(features, hidden)
         log_probs = log_prob[:, : self.action_horizon, : self.action_dim].flatten(1)
-        return features, chain, stochastic, log_probs, self.env_actions(chain[:, -1]).float(), values.float()
+        actions = self.env_actions(chain[:, -1], inputs).float()
+        return features, chain, stochastic, log_probs, actions, values.float()
 
     def _draws(self, envs: list[int], rows: list[int]) -> dict[str, torch.Tensor]:
         """Each env's initial noise, step noise and stochastic step, from its episode's stream, laid out by row."""

@@ -15,10 +15,11 @@ class ObservationPolicy(ChunkingPolicy):
     """A chunking policy on a model with ``task_index`` and observation keys; subclasses fill in ``plan`` and
     ``_infer`` (one batched decision, no host synchronisation inside, so that it can be captured)."""
 
-    def __init__(self, model, action_dim: int, action_horizon: int, device, seed: int, cuda_graph: bool):
+    def __init__(self, model, action_dim: int, action_horizon: int, device, seed: int, cuda_graph: bool,
+                 frame_stack: int | None = None, obs_keys: list[str] | None = None):
         self.model = model
-        super().__init__(action_dim, action_horizon, model.frame_stack, device, seed,
-                         obs_keys=model.image_keys + model.lowdim_keys)
+        super().__init__(action_dim, action_horizon, frame_stack or model.frame_stack, device, seed,
+                         obs_keys=obs_keys or model.image_keys + model.lowdim_keys)
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
         self.graphs: dict[int, GraphedCall] = {}
 

@@ -12,7 +12,7 @@ from ript.errors import RiptError
 from ript.models.flow_denoise import Denoising, score_chain
 from ript.policies.flow_policy import FlowPolicy
 from ript.rl.critic import FlowValueHead
-from ript.rl.learners import Scored
+from ript.rl.learners import Scored, TrainableWeights
 
 LOG_PROB_LEVELS = ("element", "chunk")
 
@@ -22,7 +22,7 @@ class FlowLearner:
     recorded prefix; otherwise the prefix and observation encoders train too, recomputed from the observations."""
 
     def __init__(self, model, denoising: Denoising, action_horizon: int, expert_only: bool, log_prob_level: str,
-                 critic_cfg=None, critic_position: str = "expert"):
+                 critic_cfg=None, critic_position: str = "expert", trainable_only: bool = False):
         if log_prob_level not in LOG_PROB_LEVELS:
             raise RiptError(f"policy.log_prob_level={log_prob_level!r}; choose one of {', '.join(LOG_PROB_LEVELS)}")
         self.model, self.denoising, self.horizon, self.level = model, denoising, action_horizon, log_prob_level
@@ -30,7 +30,8 @@ class FlowLearner:
         for p in (model.expert_parameters() if expert_only else model.parameters()):
             p.requires_grad_(True)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.weights = model
+        # checkpoints hold the whole model, or (a big model over its official folder) only what RL trains
+        self.weights = TrainableWeights(model) if trainable_only else model
         self.expert_only = expert_only
         # the update encodes the recorded observations again when the prefix trains, or when the expert's cache
         # cannot be rebuilt from a few recorded features (π0's is every layer's keys and values)

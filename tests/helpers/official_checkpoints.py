@@ -193,3 +193,77 @@ TINY_VISION = {"vit_large_patch14_reg4_dinov2.lvd142m": {"embed_dim": 32, "depth
                "vit_so400m_patch14_siglip_224": {"embed_dim": 48, "depth": 3, "num_heads": 2, "mlp_dim": 80}}
 TINY_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 4, "vocab_size": 256}
+
+
+# openpi's π0 state-dict names (PI0Pytorch, saved with safetensors' save_model), per layer where N appears
+PI0 = "paligemma_with_expert."
+PI0_VISION = PI0 + "paligemma.model.vision_tower.vision_model."
+PI0_LAYER = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+             "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+             "post_attention_layernorm.weight")
+
+
+def pi0_official_shapes(vision=(32, 1, 64), lm=(64, 2, 128), expert=(32, 64), heads=(2, 1, 32), patch=14,
+                        image=28, vocab=64, action_dim=32) -> dict[str, tuple]:
+    """Every key of openpi's π0 ``model.safetensors`` with its shape, at the given (small) sizes."""
+    (vw, vd, vm), (lw, depth, lmlp), (ew, emlp), (h, kv, hd) = vision, lm, expert, heads
+    shapes = {PI0_VISION + "embeddings.patch_embedding.weight": (vw, 3, patch, patch),
+              PI0_VISION + "embeddings.patch_embedding.bias": (vw,),
+              PI0_VISION + "embeddings.position_embedding.weight": ((image // patch) ** 2, vw),
+              PI0_VISION + "post_layernorm.weight": (vw,), PI0_VISION + "post_layernorm.bias": (vw,),
+              PI0 + "paligemma.model.multi_modal_projector.linear.weight": (lw, vw),
+              PI0 + "paligemma.model.multi_modal_projector.linear.bias": (lw,),
+              PI0 + "paligemma.lm_head.weight": (vocab, lw),
+              PI0 + "paligemma.model.language_model.norm.weight": (lw,),
+              PI0 + "gemma_expert.model.norm.weight": (ew,), PI0 + "gemma_expert.lm_head.weight": (vocab, ew),
+              "action_in_proj.weight": (ew, action_dim), "action_in_proj.bias": (ew,),
+              "action_out_proj.weight": (action_dim, ew), "action_out_proj.bias": (action_dim,),
+              "state_proj.weight": (ew, action_dim), "state_proj.bias": (ew,),
+              "action_time_mlp_in.weight": (ew, 2 * ew), "action_time_mlp_in.bias": (ew,),
+              "action_time_mlp_out.weight": (ew, ew), "action_time_mlp_out.bias": (ew,)}
+    for n in range(vd):
+        b = PI0_VISION + f"encoder.layers.{n}."
+        for norm in ("layer_norm1", "layer_norm2"):
+            shapes.update({b + f"{norm}.weight": (vw,), b + f"{norm}.bias": (vw,)})
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            shapes.update({b + f"self_attn.{proj}.weight": (vw, vw), b + f"self_attn.{proj}.bias": (vw,)})
+        shapes.update({b + "mlp.fc1.weight": (vm, vw), b + "mlp.fc1.bias": (vm,), b + "mlp.fc2.weight": (vw, vm),
+                       b + "mlp.fc2.bias": (vw,)})
+    for prefix, width, mlp in ((PI0 + "paligemma.model.language_model.layers.", lw, lmlp),
+                               (PI0 + "gemma_expert.model.layers.", ew, emlp)):
+        own = {"self_attn.q_proj.weight": (h * hd, width), "self_attn.k_proj.weight": (kv * hd, width),
+               "self_attn.v_proj.weight": (kv * hd, width), "self_attn.o_proj.weight": (width, h * hd),
+               "mlp.gate_proj.weight": (mlp, width), "mlp.up_proj.weight": (mlp, width),
+               "mlp.down_proj.weight": (width, mlp), "input_layernorm.weight": (width,),
+               "post_attention_layernorm.weight": (width,)}
+        for n in range(depth):
+            shapes.update({f"{prefix}{n}.{k}": v for k, v in own.items()})
+    return shapes
+
+
+def write_pi0_checkpoint(folder: str | Path, state_dim: int, action_dim: int, words: list[str], seed: int = 0,
+                         asset_id: str = "physical-intelligence/libero") -> Path:
+    """A tiny π0 folder in openpi's PyTorch layout (random weights; config.json names the tiny test variants and
+    the tiny vocabulary) with a word-level tokenizer of ``words``."""
+    import json
+
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_tokenizer(folder, words)
+    vocab = len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])
+    gen = torch.Generator().manual_seed(seed)
+    shapes = pi0_official_shapes(vocab=vocab)
+    save_file({k: _random(k, s, gen, "cpu", torch.float32).contiguous() for k, s in shapes.items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "action_dim": 32, "action_horizon": 5, "paligemma_variant": "gemma_tiny",
+        "action_expert_variant": "gemma_tiny_expert", "precision": "float32", "vision_variant": "tiny",
+        "vocab_size": vocab}))
+    stats = folder / "assets" / asset_id
+    stats.mkdir(parents=True)
+    part = lambda n, std: {"mean": [0.0] * n, "std": [std] * n, "q01": [-1.0] * n, "q99": [1.0] * n}  # noqa: E731
+    (stats / "norm_stats.json").write_text(json.dumps({"norm_stats": {"state": part(state_dim, 0.5),
+                                                                      "actions": part(action_dim, 0.3)}}))
+    return folder

@@ -20,7 +20,6 @@ from transformers.models.gemma.modeling_gemma import GemmaDecoderLayer, GemmaRMS
 from transformers.models.gemma.modeling_gemma import apply_rotary_pos_emb as rotate
 
 from ript.models.flow import Prefix
-from ript.registry import MODELS
 
 # openpi's variants (width, depth, mlp width, heads, kv heads, head dim); the tiny ones serve tests
 GEMMA_VARIANTS = {"gemma_2b": (2048, 18, 16384, 8, 1, 256), "gemma_300m": (1024, 18, 4096, 8, 1, 256),
@@ -61,16 +60,14 @@ def layer_attention(layer: GemmaDecoderLayer, h: torch.Tensor, cos_sin, mask: to
     return h, (k, v)
 
 
-@MODELS.register("pi0")
 class Pi0Model(nn.Module):
     stage = "official"
     rescores_from_features = False  # the expert's cache is every prefix layer's keys and values: re-encode
 
     def __init__(self, paligemma_variant: str = "gemma_2b", action_expert_variant: str = "gemma_300m",
                  vision_variant: str = "so400m", action_dim: int = 32, action_horizon: int = 50,
-                 vocab_size: int = VOCAB, base_checkpoint: str | None = None):
+                 vocab_size: int = VOCAB):
         super().__init__()
-        self.base_checkpoint = base_checkpoint
         self.action_dim, self.chunk_size = action_dim, action_horizon
         width, depth, mlp, heads, patch, size = SIGLIP_VARIANTS[vision_variant]
         self.image_size = size
@@ -83,9 +80,10 @@ class Pi0Model(nn.Module):
         pw, ew = prefix_cfg.hidden_size, expert_cfg.hidden_size
         self.projector = nn.Linear(width, pw)
         self.embed_tokens = nn.Embedding(vocab_size, pw)
-        self.prefix_layers = nn.ModuleList(GemmaDecoderLayer(prefix_cfg, i) for i in range(prefix_cfg.num_hidden_layers))
+        depth = prefix_cfg.num_hidden_layers
+        self.prefix_layers = nn.ModuleList(GemmaDecoderLayer(prefix_cfg, i) for i in range(depth))
         self.prefix_norm = GemmaRMSNorm(pw, eps=1e-6)
-        self.expert_layers = nn.ModuleList(GemmaDecoderLayer(expert_cfg, i) for i in range(expert_cfg.num_hidden_layers))
+        self.expert_layers = nn.ModuleList(GemmaDecoderLayer(expert_cfg, i) for i in range(depth))
         self.expert_norm = GemmaRMSNorm(ew, eps=1e-6)
         self.rotary = GemmaRotaryEmbedding(prefix_cfg)
         self.state_proj = nn.Linear(action_dim, ew)

@@ -1,0 +1,163 @@
+"""π0 from a tiny folder in openpi's PyTorch layout: every weight loads under its official name, bad folders are
+one line, the expert's cached prefix equals one joint attention over prefix and suffix, and the policy evaluates,
+records and trains one RL iteration with each noise method on MetaWorld."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from ript.config import compose
+from ript.errors import RiptError
+from ript.model_loader import load_model
+from ript.models.pi0.model import time_embedding
+from ript.registry import MODELS
+from ript.stages import evaluate, rl
+from tests.helpers.official_checkpoints import PROMPT_WORDS, write_pi0_checkpoint
+
+WORDS = PROMPT_WORDS + ["press", "button", "drawer", "a", "the", "and", "it", "in"]
+
+
+@pytest.fixture(scope="module")
+def pi0_folder(tmp_path_factory):
+    return write_pi0_checkpoint(tmp_path_factory.mktemp("pi0") / "pi0_tiny", state_dim=4, action_dim=4, words=WORDS)
+
+
+def build(folder):
+    import ript.models  # noqa: F401  (registers pi0)
+
+    return MODELS.build("pi0", base_checkpoint=str(folder), dtype="bf16")
+
+
+def test_every_official_weight_loads_and_bad_folders_are_one_line(pi0_folder, tmp_path):
+    model = build(pi0_folder)
+    official = load_file(str(pi0_folder / "model.safetensors"))
+    assert torch.equal(model.embed_tokens.weight, official["paligemma_with_expert.paligemma.lm_head.weight"])
+    assert torch.equal(model.expert_layers[1].mlp.down_proj.weight,
+                       official["paligemma_with_expert.gemma_expert.model.layers.1.mlp.down_proj.weight"])
+    vision = [k for k in model.state_dict() if k.endswith("patch_embedding.weight")][0]
+    assert torch.equal(model.state_dict()[vision], official["paligemma_with_expert.paligemma.model.vision_tower."
+                                                           "vision_model.embeddings.patch_embedding.weight"])
+
+    def broken(change) -> str:
+        folder = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(pi0_folder, folder)
+        change(folder)
+        with pytest.raises(RiptError) as e:
+            build(folder)
+        return str(e.value)
+
+    def drop_key(folder):
+        state = load_file(str(folder / "model.safetensors"))
+        del state["state_proj.bias"]
+        save_file(state, str(folder / "model.safetensors"))
+
+    def edit(name, fn):
+        def change(folder):
+            path = next(folder.glob(f"**/{name}"))
+            path.write_text(json.dumps(fn(json.loads(path.read_text()))))
+        return change
+
+    assert "norm_stats.json: missing" in _norm_error(pi0_folder, tmp_path, lambda f: shutil.rmtree(f / "assets"))
+    assert "not openpi's norm_stats layout" in _norm_error(
+        pi0_folder, tmp_path, edit("norm_stats.json", lambda j: {"norm_stats": {"state": {"mean": [0.0]}}}))
+    assert "config.json: no 'action_horizon'" in broken(edit("config.json", lambda j: {
+        k: v for k, v in j.items() if k != "action_horizon"}))
+    assert "no weight for 'state_proj.bias'" in broken(drop_key)
+    assert "no model.safetensors" in broken(lambda f: (f / "model.safetensors").unlink())
+
+
+def _norm_error(pi0_folder, tmp_path, change) -> str:
+    from ript.models.pi0.official import norm_stats
+
+    folder = tmp_path / f"norm{len(list(tmp_path.iterdir()))}"
+    shutil.copytree(pi0_folder, folder)
+    change(folder)
+    with pytest.raises(RiptError) as e:
+        norm_stats(folder, None)
+    return str(e.value)
+
+
+@torch.no_grad()
+def test_the_cached_prefix_equals_one_joint_attention_over_prefix_and_suffix(pi0_folder):
+    """π0's layers attend jointly over [prefix; suffix] with a block mask; the prefix never sees the suffix, so the
+    expert reading the prefix's cached keys and values must give the joint computation's result."""
+    model = build(pi0_folder).float()
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(2, 1, 3, 28, 28, generator=g) * 2 - 1
+    tokens = torch.randint(1, 20, (2, 6), generator=g)
+    token_masks = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    state, x, tau = torch.randn(2, 32, generator=g), torch.randn(2, 5, 32, generator=g), torch.tensor([1.0, 0.3])
+    prefix = model.encode(images, torch.ones(2, 1, dtype=torch.bool), tokens, token_masks, state)
+    velocity, _ = model.expert(x, tau, prefix.cache)
+
+    # the reference: both streams through every layer at once, one attention over all tokens
+    hp = torch.cat([model.projector(model.vision(pixel_values=images.flatten(0, 1)).last_hidden_state),
+                    model.embed_tokens(tokens) * model.prefix_width ** 0.5], 1)
+    t = time_embedding(tau, model.expert_width)[:, None].expand(-1, 5, -1)
+    hs = torch.cat([model.state_proj(state)[:, None], model.action_time_mlp_out(F.silu(model.action_time_mlp_in(
+        torch.cat([model.action_in_proj(x), t], -1))))], 1)
+    pad = torch.cat([torch.ones(2, hp.shape[1] - 6, dtype=torch.bool), token_masks, torch.ones(2, 6, dtype=torch.bool)],
+                    1)
+    block = torch.tensor([0] * hp.shape[1] + [1] + [2] * 5)  # prefix 0, state 1, actions 2
+    mask = (block[None, :] <= block[:, None])[None] & pad[:, None, :] & pad[:, :, None]
+    positions = pad.long().cumsum(1) - 1
+    for pl, el in zip(model.prefix_layers, model.expert_layers, strict=True):
+        hp, hs = _joint_layer(model, pl, el, hp, hs, positions, mask)
+    reference = model.action_out_proj(model.expert_norm(hs)[:, 1:])
+    assert torch.allclose(velocity, reference, atol=1e-5), (velocity - reference).abs().max()
+
+
+def _joint_layer(model, pl, el, hp, hs, positions, mask):
+    from transformers.models.gemma.modeling_gemma import apply_rotary_pos_emb
+
+    n = hp.shape[1]
+    qkv = []
+    for layer, h in ((pl, hp), (el, hs)):
+        a, x = layer.self_attn, layer.input_layernorm(h)
+        qkv.append([p(x).view(len(h), h.shape[1], -1, a.head_dim).transpose(1, 2) for p in (a.q_proj, a.k_proj,
+                                                                                           a.v_proj)])
+    q, k, v = (torch.cat([qkv[0][i], qkv[1][i]], 2) for i in range(3))
+    cos, sin = model.rotary(q, positions)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True).transpose(1, 2)
+    out = out.reshape(out.shape[0], out.shape[1], -1)
+    new = []
+    for layer, h, o in ((pl, hp, out[:, :n]), (el, hs, out[:, n:])):
+        h = h + layer.self_attn.o_proj(o)
+        new.append(h + layer.mlp(layer.post_attention_layernorm(h)))
+    return new
+
+
+def pi0_rl_overrides(folder, run_dir, iterations: int, *extra: str) -> list[str]:
+    return [f"checkpoint={folder}", "policy=pi0", "task=metaworld_quick", "task.render.image_size=32",
+            "policy.image_keys=[corner_rgb]", "policy.state_keys=[robot_states]", "policy.delta_dims=0",
+            "policy.action_horizon=4", "policy.denoise_steps=2", f"run_dir={run_dir}", f"rl.iterations={iterations}",
+            "task_names=[drawer-close-v3]", "rl.groups_per_iteration=1", "rl.rollouts_per_group=2",
+            "rl.max_episode_steps=12", "rl.num_workers=1", "rl.max_sampling_rounds=1", "rl.epochs=1",
+            "rl.minibatches=1", "rl.lr=1e-3", "eval.every=0", "rl.reward=dense", "rl.reward_scale=0.1",
+            "rl.advantage=gae", *extra]
+
+
+@pytest.mark.parametrize("method", ["flow_noise", "flow_sde"])
+def test_pi0_trains_its_action_expert_one_rl_iteration_and_the_run_evaluates(pi0_folder, tmp_path, method):
+    run = tmp_path / "rl"
+    rl.run(compose("rl", pi0_rl_overrides(pi0_folder, run, 1, f"policy.noise_method={method}")))
+    saved = load_file(str(run / "checkpoints" / "last" / "model.safetensors"))
+    assert saved and all(k.startswith(("expert_", "state_proj", "action_", "noise_head")) for k in saved)
+    trained, _ = load_model(run, expect_stage="rl")
+    base = build(pi0_folder).float()
+    assert not torch.equal(trained.action_out_proj.weight, base.action_out_proj.weight)  # the expert learnt
+    assert torch.equal(trained.prefix_layers[0].mlp.up_proj.weight, base.prefix_layers[0].mlp.up_proj.weight)
+    results = evaluate.run(compose("eval", [f"checkpoint={run}", "policy=pi0", "task=metaworld_quick",
+                                            "task.render.image_size=32", "policy.image_keys=[corner_rgb]",
+                                            "policy.state_keys=[robot_states]", "policy.delta_dims=0",
+                                            "policy.action_horizon=4", "policy.denoise_steps=2",
+                                            "task_names=[drawer-close-v3]", "episodes_per_task=1", "num_workers=1",
+                                            "max_episode_steps=8", f"out_dir={tmp_path / 'eval'}", "n_videos=0"]))
+    assert results["sampling"] == {"action_horizon": 4, "denoise_steps": 2, "ode": True} and results["episodes"]
