@@ -103,3 +103,24 @@ def rl_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
         return _save(fig, path)
     finally:
         plt.close(fig)
+
+
+def compared_curves(histories: dict[str, list[dict[str, Any]]], path: Path, title: str = "") -> Path | None:
+    """Rollout success against environment steps, one line per labelled RL run (runs compared at equal steps)."""
+    plt = _pyplot()
+    if plt is None or not histories:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    try:
+        for label, history in histories.items():
+            ax.plot([h["env_steps"] for h in history], [100 * h["success_rate"] for h in history], marker=".",
+                    label=label)
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel("rollout success (%)")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title(title, fontsize=9)
+        return _save(fig, path)
+    finally:
+        plt.close(fig)
