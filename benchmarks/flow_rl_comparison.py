@@ -31,6 +31,8 @@ def main() -> None:
     times = json.loads((args.folder / "times.json").read_text()) if (args.folder / "times.json").is_file() else {}
     histories = {run: json.loads((args.folder / f"{run}.json").read_text()) for run in RUNS
                  if (args.folder / f"{run}.json").is_file()}
+    if not histories:
+        raise SystemExit(f"{args.folder}: none of {', '.join(r + '.json' for r in RUNS)} (the runs' rl_history.json)")
     common = min(h[-1]["env_steps"] for h in histories.values())  # compared up to the steps every run reached
     rows = []
     print(f"| run | iterations | env steps | rollout success, first | at {common} env steps | last | minutes |")
