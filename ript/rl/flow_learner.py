@@ -12,7 +12,7 @@ from ript.errors import RiptError
 from ript.models.flow_denoise import Denoising, score_chain
 from ript.policies.flow_policy import FlowPolicy
 from ript.rl.critic import FlowValueHead
-from ript.rl.learners import Scored, TrainableWeights
+from ript.rl.learners import Scored, TrainableWeights, collate_conditioning
 
 LOG_PROB_LEVELS = ("element", "chunk")
 
@@ -55,15 +55,10 @@ class FlowLearner:
         return log_probs.sum(1, keepdim=True) if self.level == "chunk" else log_probs
 
     def collate(self, decisions: list[dict], device: str) -> dict:
-        data = {"chain": torch.stack([d["chain"] for d in decisions]).to(device),
+        return {"chain": torch.stack([d["chain"] for d in decisions]).to(device),
                 "stochastic": torch.stack([d["stochastic"] for d in decisions]).to(device),
-                "old_log_probs": self._level(torch.stack([d["log_probs"] for d in decisions]).float()).to(device)}
-        if self.encodes:
-            data["obs"] = {k: torch.stack([d["obs"][k] for d in decisions]).to(device) for k in decisions[0]["obs"]}
-            data["task_ids"] = torch.tensor([d["task_id"] for d in decisions], device=device)
-        else:
-            data["context"] = torch.stack([d["context"] for d in decisions]).to(device)
-        return data
+                "old_log_probs": self._level(torch.stack([d["log_probs"] for d in decisions]).float()).to(device),
+                **collate_conditioning(decisions, device, self.encodes)}
 
     def _prefix(self, data: dict, idx: torch.Tensor) -> tuple[torch.Tensor, object]:
         """(prefix features, the expert's cache) of the decisions ``idx``."""

@@ -53,6 +53,15 @@ def trainable_parameters(model, prior_only: bool) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def collate_conditioning(decisions: list[dict], device: str, observations: bool) -> dict:
+    """What the update conditions on, stacked: the recorded observations and task ids (the encoders run again), or
+    the recorded context / prefix features."""
+    if observations:
+        return {"obs": {k: torch.stack([d["obs"][k] for d in decisions]).to(device) for k in decisions[0]["obs"]},
+                "task_ids": torch.tensor([d["task_id"] for d in decisions], device=device)}
+    return {"context": torch.stack([d["context"] for d in decisions]).to(device)}
+
+
 class ChunkLearner:
     """What the RL loop needs from a chunk policy: its trainable parameters, and token log-probs recomputed
     on what was cached at sampling time: the contexts when only the prior trains, else the observations
@@ -82,14 +91,9 @@ class ChunkLearner:
         """Nothing beyond the weights: a chunk-policy checkpoint is complete as it is."""
 
     def collate(self, decisions: list[dict], device: str) -> dict:
-        data = {"tokens": torch.stack([d["tokens"] for d in decisions]).to(device),
-                "old_log_probs": torch.stack([d["log_probs"] for d in decisions]).float().to(device)}
-        if self.encodes:
-            data["obs"] = {k: torch.stack([d["obs"][k] for d in decisions]).to(device) for k in decisions[0]["obs"]}
-            data["task_ids"] = torch.tensor([d["task_id"] for d in decisions], device=device)
-        else:
-            data["context"] = torch.stack([d["context"] for d in decisions]).to(device)
-        return data
+        return {"tokens": torch.stack([d["tokens"] for d in decisions]).to(device),
+                "old_log_probs": torch.stack([d["log_probs"] for d in decisions]).float().to(device),
+                **collate_conditioning(decisions, device, self.encodes)}
 
     def _score_rows(self, inputs: dict, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
         context = self.model.context(inputs["obs"], inputs["task_ids"]) if self.encodes else inputs["context"]
