@@ -68,7 +68,7 @@ def test_every_policy_family_composes_for_rl_and_eval_and_a_mismatch_is_one_line
     from ript.policies.families import family_for
     from ript.registry import POLICIES
 
-    assert POLICIES.names() == ["openvla", "openvla_oft", "skill_prior"]
+    assert POLICIES.names() == ["flow", "openvla", "openvla_oft", "pi0", "skill_prior"]
     for job in ("rl", "eval"):
         for name in POLICIES.names():
             cfg = compose(job, [f"policy={name}", "checkpoint=x", "task=libero_spatial"])

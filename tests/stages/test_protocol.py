@@ -149,17 +149,17 @@ def test_an_rl_phase_cut_by_its_time_limit_is_told_from_one_that_spent_its_env_s
         protocol.cut_short(rl, 3)
 
 
-def test_a_flow_protocol_trains_the_flow_policy_and_its_evaluations_and_rl_load_it(tiny_data, tmp_path):
+def test_a_flow_protocol_wires_its_evaluations_and_rl_to_the_flow_policy(tmp_path):
+    """A protocol with a flow phase instead of stages 0-1: eval, rl and eval_rl load the flow run as policy=flow (the
+    flow job's own run, RL from its checkpoint and the evaluations are tested on the simulator elsewhere)."""
     root = tmp_path / "flow protocol"
-    overrides = [o for o in protocol_overrides(tiny_data, root) if not o.startswith(("algo=", "++phases.stage"))]
-    overrides += ["algo=flow_small", "phases.stage0=null", "phases.stage1=null", "+phases.rl.rl.advantage=grpo",
-                  f"++phases.flow={{progress: false, train: {{{TRAIN}}}, data: {{val_fraction: 0.34}}}}",
-                  "++phases.rl.policy={noise_method: flow_noise}", "phases.rl.rl.train_prior_only=true",
-                  "~phases.rl.sampling", "~phases.eval_rl.sampling"]
-    results = protocol.run(compose("protocol", overrides))
-    state = json.loads((root / "protocol.json").read_text())
-    assert list(state["phases"]) == ["collect", "flow", "eval", "rl", "eval_rl"]
-    assert results["evaluations"]["eval"]["checkpoint"].startswith(str(root / "flow"))
-    assert results["evaluations"]["eval_rl"]["sampling"] == {"action_horizon": 4, "denoise_steps": 4, "ode": True}
-    rl_config = json.loads((root / "rl" / "checkpoints" / "last" / "config.json").read_text())
-    assert rl_config["model_name"] == "flow" and rl_config["cfg"]["policy"]["noise_method"] == "flow_noise"
+    cfg = compose("protocol", ["protocol=libero_object_flow_fewshot", override("run_root", root)])
+    phases = {phase.name: phase for phase in protocol.plan(cfg)}
+    assert list(phases) == ["collect", "flow", "eval", "rl", "eval_rl"] and protocol.imitation_dir(cfg) == root / "flow"
+    jobs = {name: compose(phase.job, phase.overrides) for name, phase in phases.items()}
+    assert jobs["flow"].algo.name == "flow" and jobs["flow"].data.demos_per_task == 5
+    for name in ("eval", "rl", "eval_rl"):
+        assert jobs[name].policy.name == "flow", name
+    assert jobs["rl"].checkpoint == str(root / "flow") and jobs["rl"].policy.noise_method == "flow_sde"
+    assert jobs["eval_rl"].checkpoint == str(root / "rl")
+    assert protocol.decoding({"action_horizon": 4, "denoise_steps": 4, "ode": True}) == "ode K4 h4"
