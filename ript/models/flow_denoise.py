@@ -75,14 +75,14 @@ def step_gaussian(model, x: torch.Tensor, k: torch.Tensor, cache: list, settings
     v = velocity.float()
     xf = x.float()
     t, d = tau[:, None, None], delta[:, None, None]
-    mean = xf - d * v
+    ode = xf - d * v  # the Euler step of the ODE: every step's mean but for Flow-SDE's correction
+    mean = ode
     if settings.method == "flow_noise":
         std = model.noise_std(hidden, *settings.noise_std_range)
     else:
         sigma = sde_sigma(times, k, settings.noise_level)[:, None, None]
         mean = mean - d * sigma.pow(2) / (2 * t) * (xf + (1 - t) * v)
         std = (sigma * d.sqrt()).expand_as(mean)
-    ode = xf - d * v
     on = stochastic[:, None, None]
     return torch.where(on, mean, ode), torch.where(on, std, torch.zeros_like(std)), hidden
 

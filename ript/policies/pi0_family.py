@@ -34,6 +34,7 @@ def load_pi0(cfg, device: str):
 @POLICIES.register("pi0")
 class Pi0Family(VLAFamily):
     configs = ("pi0",)
+    eval_dir, eval_title = "runs/pi0_eval", "pi0"
 
     def load(self, cfg, device: str, seed: int, rl: bool) -> Loaded:
         if cfg.get("task") is None:
@@ -67,8 +68,3 @@ class Pi0Family(VLAFamily):
     def rl_checkpoint(self, loaded: Loaded, cfg) -> dict:
         kwargs = model_kwargs(loaded.metadata["base_checkpoint"], cfg.policy)
         return checkpoint_config("rl", "pi0", kwargs, cfg, loaded.metadata, weights_format="trainable")
-
-    def eval_output(self, loaded: Loaded, cfg) -> tuple[Path, str]:
-        from ript.evaluation.results import results_dir
-
-        return results_dir(Path(cfg.out_dir or "runs/pi0_eval"), bool(cfg.overwrite)), "pi0"

@@ -87,7 +87,8 @@ def load_tokenizer(folder: Path):
 
 
 class VLAFamily(ABC):
-    """What OpenVLA-OFT and OpenVLA share; each subclass builds its own policy and learner."""
+    """What OpenVLA-OFT and OpenVLA (and π0) share; each subclass builds its own policy and learner."""
+    eval_dir, eval_title = DEFAULT_EVAL_DIR, "OpenVLA-OFT"  # an evaluation's results folder without out_dir
 
     def load(self, cfg, device: str, seed: int, rl: bool) -> Loaded:
         if OmegaConf.select(cfg, "task") is None:
@@ -133,7 +134,7 @@ class VLAFamily(ABC):
         return evaluate
 
     def eval_output(self, loaded: Loaded, cfg) -> tuple[Path, str]:
-        return results_dir(Path(cfg.out_dir or DEFAULT_EVAL_DIR), bool(cfg.overwrite)), "OpenVLA-OFT"
+        return results_dir(Path(cfg.out_dir or self.eval_dir), bool(cfg.overwrite)), self.eval_title
 
 
 @POLICIES.register("openvla_oft")
