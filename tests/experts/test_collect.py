@@ -1,3 +1,4 @@
+import os
 import shutil
 import signal
 import subprocess
@@ -232,7 +233,11 @@ def test_a_second_collect_into_a_folder_being_collected_ends_in_one_line_and_ctr
         while time.time() < deadline and not list(data.glob(".button-press-v3.shard*.hdf5")):
             assert first.poll() is None, first.communicate()
             time.sleep(0.05)
-        second = subprocess.run(_collect_cmd(data, *one_task), capture_output=True, text=True, timeout=300)
+        os.killpg(first.pid, signal.SIGSTOP)  # paused, it still holds the folder however slowly the second starts
+        try:
+            second = subprocess.run(_collect_cmd(data, *one_task), capture_output=True, text=True, timeout=300)
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
         errors = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
         assert second.returncode == 2 and len(errors) == 1, second.stderr
         assert f"{data} is being written by PID {first.pid}" in errors[0] and "ript collect" in errors[0], errors[0]
