@@ -170,6 +170,22 @@ def flow(overrides: list[str] | None = OVERRIDES) -> None:
     _run("flow", overrides, run)
 
 
+@app.command("world-model")
+def world_model(overrides: list[str] | None = OVERRIDES) -> None:
+    """Train a world model of the task's suite on its demos (RL then runs in it: rl.environment=world_model)."""
+    from ript.stages.world_model import run
+
+    _run("world_model", overrides, run)
+
+
+@app.command("world-model-eval")
+def world_model_eval(overrides: list[str] | None = OVERRIDES) -> None:
+    """Measure a world model on its held-out demos: frame fidelity, its success head, imagined steps/s, videos."""
+    from ript.stages.world_model_eval import run
+
+    _run("world_model_eval", overrides, run)
+
+
 @app.command()
 def finetune(overrides: list[str] | None = OVERRIDES) -> None:
     """Few-shot fine-tuning of a stage-1 checkpoint on new tasks (checkpoint=...)."""

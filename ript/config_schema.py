@@ -176,6 +176,20 @@ class FlowAlgo(Section):
     model: FlowModel
 
 
+class WorldModelNet(Section):
+    width: Count
+    stages: Count
+    cond_dim: Count
+    success_weight: Rate
+
+
+class WorldModelAlgo(Section):
+    chunk: Count
+    unroll: Count
+    frame_stack: Literal[1]
+    model: WorldModelNet
+
+
 class Critic(Section):
     hidden: Count
     detach_input: bool
@@ -185,6 +199,12 @@ class Critic(Section):
     loss: Literal["huber", "mse"]
     huber_delta: Rate
     warmup_iterations: Size
+
+
+class RLWorldModel(Section):
+    checkpoint: str | None
+    envs: Count
+    success_threshold: Annotated[float, Field(gt=0, lt=1)]
 
 
 class RL(Section):
@@ -224,6 +244,18 @@ class RL(Section):
     stop_after_minutes: Scale | None  # 0: stop after the first step
     max_env_steps: Count | None
     video_every: Size  # iterations between recorded rollouts (0: none)
+    environment: str
+    world_model: RLWorldModel
+
+    @field_validator("environment")
+    @classmethod
+    def known_environment(cls, name: str) -> str:
+        from ript.registry import ENVIRONMENTS
+        from ript.rl import environments  # noqa: F401  (registers them)
+
+        if name not in ENVIRONMENTS.names():
+            raise ValueError(f"expected one of {', '.join(ENVIRONMENTS.names())}")
+        return name
 
     @field_validator("advantage")
     @classmethod
@@ -293,6 +325,30 @@ class FlowJob(Stage1Job):
     algo: FlowAlgo
 
 
+class NoEval(Section):
+    every: Literal[0]
+
+
+class WorldModelJob(Stage0Job):
+    algo: WorldModelAlgo
+    eval: NoEval
+
+
+class WorldModelEvalJob(Section):
+    checkpoint: str
+    out_dir: str | None
+    overwrite: bool
+    device: str
+    seed: Seed
+    split: Literal["val", "train", "all"]
+    horizon_chunks: Count
+    starts_per_demo: Count
+    success_threshold: Annotated[float, Field(gt=0, lt=1)]
+    speed_envs: Count
+    speed_chunks: Count
+    n_videos: Size
+
+
 class RLEval(EvalEvery):
     sampling: Sampling    # the in-training evaluation's decoding; null keys: RL's own
 
@@ -350,7 +406,7 @@ class ProtocolJob(Section):
 
 SCHEMAS: dict[str, type[BaseModel]] = {
     "collect": CollectJob, "stage0": Stage0Job, "stage1": Stage1Job, "finetune": Stage1Job, "flow": FlowJob,
-    "rl": RLJob,
+    "world_model": WorldModelJob, "world_model_eval": WorldModelEvalJob, "rl": RLJob,
     "oft": OFTJob, "eval": EvalJob, "quickstart": QuickstartJob, "export": ExportJob, "import": ImportJob,
     "protocol": ProtocolJob,
 }

@@ -1,7 +1,9 @@
 """Windows of future actions and stacked observations over demonstration files, held in memory.
 
 Every demo frame ``t`` is one sample: observations ``t-frame_stack+1 .. t`` (repeating the first frame at
-an episode start) and actions ``t .. t+chunk-1`` (repeating the last action past the end, with a mask).
+an episode start) and actions ``t .. t+chunk-1`` (repeating the last action past the end, with a mask); for a
+world model, also the observations after every ``future_every`` of those actions (``future_obs``) and whether the
+demo's last action was among them (``future_done``).
 All demos are concatenated into tensors so a batch is a few vectorised gathers, on CPU or GPU.
 """
 
@@ -37,6 +39,8 @@ class DatasetSpec:
     flip_keys: tuple[str, ...] = ()
     load_workers: int | None = None  # processes reading the files (None: by size, see ript.data.loading)
     action_key: str = "actions"       # the per-demo dataset learnt as the actions (hdf5.EXPERT_ACTIONS: noise-free)
+    future_every: int = 0             # with future_count: the observation after every this many actions ...
+    future_count: int = 0             # ... this many times (a world model's targets; 0: none)
 
 
 class EmptySplitError(RiptError):
@@ -141,12 +145,19 @@ class ChunkDataset:
         obs_idx = torch.maximum(idx[:, None] - torch.arange(fs - 1, -1, -1, device=idx.device), start)
         act_pos = idx[:, None] + torch.arange(chunk, device=idx.device)
         act_idx = torch.minimum(act_pos, end - 1)
-        return {
+        batch = {
             "obs": {k: v[obs_idx] for k, v in self.obs.items()},
             "actions": self.actions[act_idx],
             "action_mask": act_pos < end,
             "task_ids": self.task_ids[idx],
         }
+        if self.spec.future_count:
+            # the frame after a run of actions; past the demo's end, its last frame (the chunk that finished it)
+            offsets = self.spec.future_every * torch.arange(1, self.spec.future_count + 1, device=idx.device)
+            future = idx[:, None] + offsets
+            batch["future_obs"] = {k: v[torch.minimum(future, end - 1)] for k, v in self.obs.items()}
+            batch["future_done"] = future >= end
+        return batch
 
     def obs_shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape[1:]) for k, v in self.obs.items()}

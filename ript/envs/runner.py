@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -44,6 +44,23 @@ class StopRule:
 
     def satisfied(self) -> bool:
         raise NotImplementedError
+
+
+class Runner(Protocol):
+    """What runs a policy's episodes: the simulator's env workers (``EnvRunner``) or a world model
+    (``ript.envs.imagination.ImaginedRunner``)."""
+
+    @property
+    def env_slots(self) -> int:
+        """Episodes that run at once."""
+        ...
+
+    def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,
+            stop: StopRule | None = None) -> dict[str, Any]:
+        """Every episode of ``specs`` (default: the evaluation protocol), or until ``stop`` is satisfied."""
+        ...
+
+    def close(self) -> None: ...
 
 
 def default_num_workers(requested: int | str | None, n_episodes: int, envs_per_worker: int = 1) -> int:
@@ -135,7 +152,7 @@ class EnvRunner:
             self.workers = None
 
 
-def _video_frame(obs: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
+def video_frame(obs: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
     return np.concatenate([obs[k] for k in keys], axis=1)
 
 
@@ -243,9 +260,9 @@ class Schedule:
             self.policy.reset_env(s, spec.task_name, spec.key)
             self.policy.observe(s, obs)
             if spec.record:
-                self.frames[s].append(_video_frame(obs, self.video_keys))
+                self.frames[s].append(video_frame(obs, self.video_keys))
             if spec.index == 0 and spec.task_name not in self.first_frames:
-                self.first_frames[spec.task_name] = _video_frame(obs, self.video_keys)
+                self.first_frames[spec.task_name] = video_frame(obs, self.video_keys)
 
     def plan(self, ws: list[int]) -> None:
         """One batched decision for every running env of these workers, then each worker's advance call: each
@@ -279,7 +296,7 @@ class Schedule:
                 if t >= len(self.chunks[s]) - self.keep or (done and not success):
                     self.policy.observe(s, obs)
                 if self.running[s].record:
-                    self.frames[s].append(_video_frame(obs, self.video_keys))
+                    self.frames[s].append(video_frame(obs, self.video_keys))
             if done:
                 ended.append((s, success))
         if self.policy.record:

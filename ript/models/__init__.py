@@ -1,2 +1,2 @@
 # Importing the model modules registers them in ript.registry.MODELS.
-from ript.models import action_autoencoder, flow, openvla, openvla_oft, pi0, prior  # noqa: F401
+from ript.models import action_autoencoder, flow, openvla, openvla_oft, pi0, prior, world_model  # noqa: F401

@@ -13,11 +13,12 @@ from ript.config import to_dict
 from ript.envs.seeds import rank_seed
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
-from ript.evaluation.runner import runner_from_metadata
 from ript.model_loader import check_and_load
 from ript.policies.base import ChunkingPolicy
+from ript.registry import ENVIRONMENTS
 from ript.rl.advantages import build_estimator
 from ript.rl.critic import load_critic, write_learner_files
+from ript.rl.environments import RolloutSetting
 from ript.rl.history import RolloutHistory
 from ript.rl.learners import Learner
 from ript.rl.rollout import GroupSampling, collect_groups
@@ -135,10 +136,9 @@ class RLIterations:
         # other ranks' workers keep the rest busy)
         share = info.cores_per_rank()
         workers = share if cfg.rl.num_workers == "auto" else int(cfg.rl.num_workers)
-        self.runner = runner_from_metadata(run.metadata, self.names, cfg.workers, episodes_per_task=1,
-                                           num_workers=workers, max_episode_steps=cfg.rl.max_episode_steps,
-                                           on_worker_failure="drop", driver_threads=max(1, share - workers),
-                                           episodes_at_once=self.sampling.most_episodes_per_round(info.world_size))
+        self.runner = ENVIRONMENTS.build(str(cfg.rl.environment), setting=RolloutSetting(
+            cfg, run.metadata, self.names, policy, run.device, workers, max(1, share - workers),
+            self.sampling.most_episodes_per_round(info.world_size)))
 
     def load_weights(self, ckpt: Path) -> None:
         check_and_load(self.learner.weights, load_weights(ckpt), str(ckpt))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ript.envs.runner import EnvRunner, StopRule
+from ript.envs.runner import Runner, StopRule
 from ript.envs.worker_env import EpisodeSpec
 from ript.policies.base import ChunkingPolicy
 from ript.registry import ADVANTAGES
@@ -100,7 +100,7 @@ class InformativePrefix(StopRule):
         return self.informative >= self.need
 
 
-def collect_groups(runner: EnvRunner, policy: ChunkingPolicy, sampler: InitialConditionSampler,
+def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialConditionSampler,
                    sampling: GroupSampling, info, video_dir: Path | None = None) -> dict:
     """Dynamic sampling: rounds of K rollouts per initial condition until B informative groups (over all ranks).
     Each round keeps its groups up to the one that completes the need, in draw order (the sampler learns from

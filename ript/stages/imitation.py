@@ -37,13 +37,15 @@ class Objective(Protocol):
     def policy(self, metadata: dict, device: str, seed: int, cuda_graph: bool) -> ChunkingPolicy: ...  # evaluation
 
 
-def datasets(cfg, chunk_size: int, device: str):
+def datasets(cfg, chunk_size: int, device: str, **spec):
+    """The train and validation splits of the task's demos; ``spec``: further ``DatasetSpec`` fields."""
     names = task_names(cfg.task)
     return load_datasets(
         dict(files=data_files(cfg.task, names), obs_keys=dict(cfg.task.obs_keys), chunk_size=chunk_size,
              frame_stack=int(cfg.algo.frame_stack), action_dim=int(cfg.task.action_dim),
              demos_per_task=cfg.data.demos_per_task, val_fraction=float(cfg.data.val_fraction),
-             seed=int(cfg.seed), flip_keys=tuple(cfg.task.flip_obs_keys), action_key=str(cfg.data.action_key)),
+             seed=int(cfg.seed), flip_keys=tuple(cfg.task.flip_obs_keys), action_key=str(cfg.data.action_key),
+             **spec),
         device, cfg.data.on_device)
 
 
@@ -90,7 +92,7 @@ def train_imitation(cfg, objective: Objective, model, model_kwargs: dict, train_
              len(train_set.task_names), len(train_set), train_set.num_demos,
              sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, info.world_size)
     evaluation = Evaluation(objective, metadata, train_set.task_names, cfg, run_dir, stage, device) \
-        if info.is_main else None
+        if info.is_main and int(cfg.eval.every) else None
     try:
         ImitationTraining(cfg, objective, model, train_set, val_set, stage, device, info).run(
             RunSettings(stage, run_dir, resume_from, cfg.train.keep_last, cfg.train.stop_after_minutes),
@@ -123,9 +125,8 @@ def validate(model, objective: Objective, dataset, cfg, device: str, info: ddist
     bs = int(cfg.train.batch_size)
     for start in range(info.rank * bs, len(dataset), bs * info.world_size):
         idx = torch.arange(start, min(start + bs, len(dataset)))
-        batch = dataset.get_batch(idx)
-        batch = {**batch, "obs": {k: v.to(device) for k, v in batch["obs"].items()},
-                 **{k: batch[k].to(device) for k in ("actions", "task_ids", "action_mask")}}
+        batch = {k: {n: t.to(device) for n, t in v.items()} if isinstance(v, dict) else v.to(device)
+                 for k, v in dataset.get_batch(idx).items()}
         with training.autocast(device, cfg.train.amp):
             out = objective.validation(batch)
         for k, v in out.items():

@@ -1,0 +1,175 @@
+"""How well a world model stands in for the simulator, measured on demonstrations it did not train on: the
+fidelity of its frames over an imagined horizon against the real ones for the same actions (PSNR, SSIM; beside
+"nothing moves", the floor any model must beat), its success head's precision and recall (on real frames, as
+trained, and on its own imagined ones), imagined env steps per second, and side-by-side videos."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ript.data.dataset import ChunkDataset, DatasetSpec
+from ript.models.world_model import WorldModel
+from ript.utils.video import write_mp4
+
+
+def demo_dataset(config: dict, horizon_chunks: int, split: str) -> ChunkDataset:
+    """The split of the world model's own data files (the same demos held out as in its training), each sample
+    with ``horizon_chunks`` chunks of actions and the real frames after each."""
+    cfg, kwargs = config["cfg"], config["model_kwargs"]
+    chunk = int(kwargs["chunk"])
+    spec = DatasetSpec(files=[Path(f) for f in config["metadata"]["files"]], obs_keys=dict(cfg["task"]["obs_keys"]),
+                       chunk_size=chunk * horizon_chunks, action_dim=int(kwargs["action_dim"]),
+                       demos_per_task=cfg["data"]["demos_per_task"], val_fraction=float(cfg["data"]["val_fraction"]),
+                       seed=int(cfg["seed"]), flip_keys=tuple(cfg["task"]["flip_obs_keys"]),
+                       action_key=str(cfg["data"]["action_key"]), future_every=chunk, future_count=horizon_chunks)
+    return ChunkDataset(spec, split)
+
+
+def segment_starts(dataset: ChunkDataset, per_demo: int) -> torch.Tensor:
+    """``per_demo`` evenly spaced start frames in each demo (its first frame first)."""
+    starts = dataset.episode_start.unique()
+    ends = dataset.episode_end[starts]
+    offsets = torch.linspace(0, 1, per_demo + 1)[:-1]
+    picked = (starts[:, None] + (offsets[None] * (ends - starts)[:, None]).long()).flatten()
+    return picked.unique()
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-image PSNR (dB) of uint8-range float images (B, C, H, W)."""
+    mse = (a - b).pow(2).mean(dim=(1, 2, 3)).clamp(min=1e-3)
+    return 10 * torch.log10(255.0**2 / mse)
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-image SSIM of uint8-range float images (B, C, H, W): an 11-pixel Gaussian window (sigma 1.5), the
+    constants of Wang et al. 2004, averaged over channels and positions."""
+    x = torch.arange(11, dtype=a.dtype, device=a.device) - 5
+    g = torch.exp(-x.pow(2) / (2 * 1.5**2))
+    g = g / g.sum()
+    window = (g[:, None] * g[None, :]).expand(a.shape[1], 1, 11, 11).contiguous()
+
+    def blur(t: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(t, window, padding=5, groups=a.shape[1])
+
+    mu_a, mu_b = blur(a), blur(b)
+    var_a, var_b, cov = blur(a * a) - mu_a**2, blur(b * b) - mu_b**2, blur(a * b) - mu_a * mu_b
+    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+    s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2))
+    return s.mean(dim=(1, 2, 3))
+
+
+def images_of(model: WorldModel, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A batch's cameras side by side as uint8-range floats (B, 3, H, cameras * W)."""
+    return torch.cat([obs[k].permute(0, 3, 1, 2).float() for k in model.image_keys], dim=3)
+
+
+class Counts:
+    """True/false positives and negatives of the success head."""
+
+    def __init__(self):
+        self.tp = self.fp = self.fn = self.tn = 0
+
+    def add(self, predicted: torch.Tensor, actual: torch.Tensor, counted: torch.Tensor) -> None:
+        p, a = predicted[counted], actual[counted]
+        self.tp += int((p & a).sum())
+        self.fp += int((p & ~a).sum())
+        self.fn += int((~p & a).sum())
+        self.tn += int((~p & ~a).sum())
+
+    def summary(self) -> dict[str, float]:
+        return {"precision": self.tp / max(1, self.tp + self.fp), "recall": self.tp / max(1, self.tp + self.fn),
+                "positives": self.tp + self.fn, "negatives": self.fp + self.tn, "true_positives": self.tp,
+                "false_positives": self.fp}
+
+
+@torch.no_grad()
+def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Tensor, threshold: float,
+                      device: str, batch_size: int = 64, n_videos: int = 0, video_dir: Path | None = None) -> dict:
+    """Open-loop imagination from real frames with the demos' own actions: PSNR/SSIM per chunk of horizon (and
+    for a model that predicts no change), and the success head on the imagined frames."""
+    horizon = dataset.spec.future_count
+    sums = {k: torch.zeros(horizon, dtype=torch.float64) for k in ("psnr", "ssim", "psnr_still", "ssim_still", "n")}
+    head, videos = Counts(), 0
+    for i in range(0, len(starts), batch_size):
+        batch = dataset.get_batch(starts[i:i + batch_size])
+        obs = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
+        first = images_of(model, obs)
+        live = torch.ones(len(first), dtype=torch.bool, device=device)
+        task_ids, actions = batch["task_ids"].to(device), batch["actions"].to(device)
+        frames: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for n in range(horizon):
+            obs, prob = model.step(obs, task_ids, actions[:, n * model.chunk:(n + 1) * model.chunk])
+            real = images_of(model, {k: v[:, n].to(device) for k, v in batch["future_obs"].items()})
+            imagined = images_of(model, obs)
+            done = batch["future_done"][:, n].to(device)
+            for name, value in (("psnr", psnr(imagined, real)), ("ssim", ssim(imagined, real)),
+                                ("psnr_still", psnr(first, real)), ("ssim_still", ssim(first, real))):
+                sums[name][n] += float(value[live].sum())
+            sums["n"][n] += float(live.sum())
+            head.add(prob >= threshold, done, live)
+            frames.append((real, imagined))
+            live = live & ~done
+        for j in range(min(len(first), n_videos - videos)):
+            side = [torch.cat([r[j], m[j]], dim=1).permute(1, 2, 0).byte().cpu().numpy() for r, m in frames]
+            write_mp4(video_dir / f"segment{videos:03d}_real_top_imagined_below.mp4", side)
+            videos += 1
+    n = sums.pop("n").clamp(min=1)
+    table = [{"chunks": h + 1, **{k: float(v[h] / n[h]) for k, v in sums.items()}, "segments": int(n[h])}
+             for h in range(horizon)]
+    return {"fidelity": table, "head_on_imagined": head.summary()}
+
+
+@torch.no_grad()
+def head_on_real(model: WorldModel, dataset: ChunkDataset, threshold: float, device: str,
+                 batch_size: int = 256) -> dict[str, float]:
+    """The success head on every real frame of the split with the chunk that followed it, as it was trained."""
+    counts = Counts()
+    for i in range(0, len(dataset), batch_size):
+        batch = dataset.get_batch(torch.arange(i, min(i + batch_size, len(dataset))))
+        obs = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
+        _, prob = model.step(obs, batch["task_ids"].to(device), batch["actions"][:, :model.chunk].to(device))
+        done = batch["future_done"][:, 0].to(device)
+        counts.add(prob >= threshold, done, torch.ones_like(done))
+    return counts.summary()
+
+
+@torch.no_grad()
+def imagined_steps_per_second(model: WorldModel, dataset: ChunkDataset, envs: int, chunks: int,
+                              device: str) -> dict[str, float]:
+    """Env steps per second of ``envs`` imagined envs stepping ``chunks`` chunks of the demos' actions (the
+    model alone: no policy), after one warm-up chunk."""
+    idx = torch.arange(envs) % len(dataset)
+    batch = dataset.get_batch(idx)
+    obs = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
+    task_ids, actions = batch["task_ids"].to(device), batch["actions"][:, :model.chunk].to(device)
+    model.step(obs, task_ids, actions)
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(chunks):
+        obs, _ = model.step(obs, task_ids, actions)
+    synchronize(device)
+    seconds = time.perf_counter() - t0
+    return {"envs": envs, "env_steps": envs * chunks * model.chunk, "seconds": seconds,
+            "env_steps_per_second": envs * chunks * model.chunk / max(seconds, 1e-9)}
+
+
+def synchronize(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def fidelity_table(results: dict) -> str:
+    rows = ["chunks  PSNR (dB)  still  SSIM   still  segments"]
+    rows += [f"{r['chunks']:>6}  {r['psnr']:>9.2f}  {r['psnr_still']:>5.2f}  {r['ssim']:.3f}  {r['ssim_still']:.3f}  "
+             f"{r['segments']:>8}" for r in results["fidelity"]]
+    return "\n".join(rows)
+
+
+def head_line(name: str, counts: dict) -> str:
+    return (f"success head on {name}: precision {100 * counts['precision']:.1f}%, recall {100 * counts['recall']:.1f}% "
+            f"({counts['positives']} finishing chunks, {counts['negatives']} others)")
+

@@ -1,0 +1,214 @@
+"""A world model that stands in for the simulator in RL: from the current observation (every camera at the
+policy's resolution and the robot state), the task and an executed run of ``chunk`` actions, the observation
+after those actions and whether they finished the task.
+
+Pixel space, one prediction per chunk: a U-Net over the cameras stacked as channels predicts each camera's
+change, FiLM-conditioned on the actions, the state and the task; the state's change and the success logit come
+from its pooled bottleneck. The simulator is deterministic given the actions, so the model is too: trained with
+L1 on pixels, MSE on the normalised state and a weighted cross-entropy on success, over an unroll of a few
+chunks in which each prediction is fed back as the next input (so training sees the errors imagination makes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ript.data.normalize import Normalizer
+from ript.errors import RiptError
+from ript.registry import MODELS
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(min(8, channels // 4) or 1, channels)
+
+
+class FiLMBlock(nn.Module):
+    """A residual conv block whose normalised features are scaled and shifted by the conditioning vector."""
+
+    def __init__(self, c_in: int, c_out: int, cond_dim: int):
+        super().__init__()
+        self.n1, self.conv1 = _norm(c_in), nn.Conv2d(c_in, c_out, 3, 1, 1)
+        self.n2, self.conv2 = _norm(c_out), nn.Conv2d(c_out, c_out, 3, 1, 1)
+        self.film = nn.Linear(cond_dim, 2 * c_out)
+        nn.init.zeros_(self.film.weight)
+        nn.init.zeros_(self.film.bias)
+        self.skip = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.n1(x)))
+        scale, shift = self.film(cond)[:, :, None, None].chunk(2, dim=1)
+        h = self.conv2(F.silu(self.n2(h) * (1 + scale) + shift))
+        return self.skip(x) + h
+
+
+class ConditionedUNet(nn.Module):
+    """(B, C, H, W) images and a (B, cond_dim) vector -> (the images' change, the pooled bottleneck (B, width*m))."""
+
+    def __init__(self, channels: int, width: int, stages: int, cond_dim: int):
+        super().__init__()
+        widths = [width * min(2**i, 4) for i in range(stages + 1)]
+        self.stem = nn.Conv2d(channels, widths[0], 3, 1, 1)
+        # each level keeps its width; the strided conv below it widens (the full-resolution convs stay narrow)
+        self.down = nn.ModuleList(FiLMBlock(widths[i], widths[i], cond_dim) for i in range(stages))
+        self.pool = nn.ModuleList(nn.Conv2d(widths[i], widths[i + 1], 3, 2, 1) for i in range(stages))
+        self.middle = nn.ModuleList([FiLMBlock(widths[-1], widths[-1], cond_dim) for _ in range(2)])
+        self.up = nn.ModuleList(FiLMBlock(widths[i + 1] + widths[i], widths[i], cond_dim)
+                                for i in reversed(range(stages)))
+        self.out_norm, self.out = _norm(widths[0]), nn.Conv2d(widths[0], channels, 3, 1, 1)
+        nn.init.zeros_(self.out.weight)  # starts as "nothing changes", the best guess before training
+        nn.init.zeros_(self.out.bias)
+        self.bottleneck_width = widths[-1]
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h, skips = self.stem(x), []
+        for block, pool in zip(self.down, self.pool):
+            h = block(h, cond)
+            skips.append(h)
+            h = pool(h)
+        for block in self.middle:
+            h = block(h, cond)
+        pooled = h.mean(dim=(2, 3))
+        for block in self.up:
+            skip = skips.pop()
+            h = block(torch.cat([F.interpolate(h, size=skip.shape[-2:], mode="nearest"), skip], dim=1), cond)
+        return self.out(F.silu(self.out_norm(h))), pooled
+
+
+@dataclass
+class Imagined:
+    """One predicted step: images in [-1, 1] (B, cameras*3, H, W), the normalised state (B, S), success logits (B,)."""
+    images: torch.Tensor
+    state: torch.Tensor
+    success_logit: torch.Tensor
+
+
+@MODELS.register("world_model")
+class WorldModel(nn.Module):
+    stage = "world_model"
+
+    def __init__(self, task_names: list[str], image_keys: list[str], lowdim_dims: dict[str, int], image_size: int,
+                 action_dim: int, chunk: int, lang_dim: int | None = 384, width: int = 64, stages: int = 3,
+                 cond_dim: int = 256, success_weight: float = 5.0):
+        super().__init__()
+        if not image_keys:
+            raise RiptError("world model: the data has no camera images to predict")
+        self.task_names, self.image_keys, self.lowdim_keys = list(task_names), list(image_keys), list(lowdim_dims)
+        self.lowdim_dims = dict(lowdim_dims)
+        self.image_size, self.action_dim, self.chunk = image_size, action_dim, chunk
+        self.success_weight = success_weight
+        state_dim = sum(lowdim_dims.values())
+        self.action_normalizer = Normalizer(action_dim, "minmax")
+        self.state_normalizer = Normalizer(max(state_dim, 1), "meanstd")
+        self.uses_language = bool(lang_dim)
+        if lang_dim:
+            self.register_buffer("task_embeddings", torch.zeros(len(task_names), lang_dim))
+            self.task_proj = nn.Linear(lang_dim, cond_dim)
+        else:
+            self.task_table = nn.Embedding(len(task_names), cond_dim)
+        self.cond = nn.Sequential(nn.Linear(chunk * action_dim + state_dim + cond_dim, cond_dim), nn.SiLU(),
+                                  nn.Linear(cond_dim, cond_dim), nn.SiLU())
+        self.unet = ConditionedUNet(3 * len(image_keys), width, stages, cond_dim)
+        pooled = self.unet.bottleneck_width + cond_dim
+        self.state_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, state_dim))
+        self.success_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, 1))
+
+    # ----------------------------------------------------------------- data in and out
+    def set_task_embeddings(self, embeddings: torch.Tensor | None) -> None:
+        if embeddings is not None:
+            self.task_embeddings.copy_(embeddings)
+
+    def fit_normalizers(self, obs: dict[str, torch.Tensor], actions: torch.Tensor) -> None:
+        self.action_normalizer.fit(actions)
+        if self.lowdim_keys:
+            self.state_normalizer.fit(torch.cat([obs[k].float() for k in self.lowdim_keys], dim=-1))
+
+    def task_index(self, name: str) -> int:
+        if name not in self.task_names:
+            raise RiptError(f"task {name!r} is not one this world model was trained on ({', '.join(self.task_names)})")
+        return self.task_names.index(name)
+
+    def encode_observation(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 images (B, H, W, 3) per camera and low-dim (B, d) per key -> (images (B, cameras*3, H, W) in
+        [-1, 1], the normalised state (B, S)); a missing key or a wrong shape is a RiptError."""
+        for k in self.image_keys:
+            shape = tuple(obs[k].shape[1:]) if k in obs else None
+            if shape != (self.image_size, self.image_size, 3):
+                raise RiptError(f"world model: observation {k} has shape {shape}, expected "
+                                f"({self.image_size}, {self.image_size}, 3) (the images it was trained on)")
+        for k, d in self.lowdim_dims.items():
+            shape = tuple(obs[k].shape[1:]) if k in obs else None
+            if shape != (d,):
+                raise RiptError(f"world model: observation {k} has shape {shape}, expected ({d},)")
+        images = torch.cat([obs[k].permute(0, 3, 1, 2) for k in self.image_keys], dim=1).float() / 127.5 - 1.0
+        return images, self.normalized_state(obs)
+
+    def normalized_state(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if not self.lowdim_keys:
+            return torch.zeros(len(next(iter(obs.values()))), 0, device=self.action_normalizer.scale.device)
+        return self.state_normalizer.normalize(torch.cat([obs[k].float() for k in self.lowdim_keys], dim=-1))
+
+    def decode_observation(self, step: Imagined) -> dict[str, torch.Tensor]:
+        """A prediction as the observation dict a policy reads: uint8 images (B, H, W, 3), float32 low-dim."""
+        pixels = ((step.images.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+        out = {k: pixels[:, 3 * i: 3 * i + 3].permute(0, 2, 3, 1).contiguous() for i, k in enumerate(self.image_keys)}
+        if self.lowdim_keys:
+            state = self.state_normalizer.unnormalize(step.state.float())
+            for k, part in zip(self.lowdim_keys, state.split(list(self.lowdim_dims.values()), dim=-1)):
+                out[k] = part.contiguous()
+        return out
+
+    # ----------------------------------------------------------------- one prediction
+    def predict(self, images: torch.Tensor, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor
+                ) -> Imagined:
+        """The observation after ``actions`` (B, chunk, A) from images in [-1, 1] and the normalised state."""
+        if actions.shape[1:] != (self.chunk, self.action_dim):
+            raise RiptError(f"world model: actions of shape {tuple(actions.shape[1:])}, expected ({self.chunk}, "
+                            f"{self.action_dim}): it steps {self.chunk} actions at a time")
+        task = self.task_proj(self.task_embeddings[task_ids]) if self.uses_language else self.task_table(task_ids)
+        a = self.action_normalizer.normalize(actions.float()).flatten(1)
+        cond = self.cond(torch.cat([a.to(task.dtype), state.to(task.dtype), task], dim=-1))
+        change, pooled = self.unet(images, cond)
+        head_in = torch.cat([pooled, cond], dim=-1)
+        return Imagined((images + change).clamp(-1.0, 1.0), state + self.state_head(head_in).to(state.dtype),
+                        self.success_head(head_in).squeeze(-1))
+
+    @torch.no_grad()
+    def step(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, actions: torch.Tensor
+             ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One imagined step of a batch: (the next observations as a policy reads them, success probabilities)."""
+        images, state = self.encode_observation(obs)
+        out = self.predict(images, state, task_ids, actions)
+        return self.decode_observation(out), torch.sigmoid(out.success_logit.float())
+
+    # ----------------------------------------------------------------- training
+    def loss(self, obs: dict[str, torch.Tensor], future_obs: dict[str, torch.Tensor], future_done: torch.Tensor,
+             actions: torch.Tensor, task_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The unrolled loss: obs (B, 1, ...) at t, the observations after each of R chunks (B, R, ...), whether each
+        chunk finished the demo (B, R) and the R chunks' actions (B, R*chunk, A). Chunks after the demo's end
+        teach nothing (masked)."""
+        images, state = self.encode_observation({k: v[:, 0] for k, v in obs.items()})
+        rollout = future_done.shape[1]
+        pixel = state_err = success = torch.zeros((), device=images.device)
+        counted = torch.zeros((), device=images.device)
+        live = torch.ones(len(images), dtype=torch.bool, device=images.device)
+        for r in range(rollout):
+            target_images, target_state = self.encode_observation({k: v[:, r] for k, v in future_obs.items()})
+            out = self.predict(images, state, task_ids, actions[:, r * self.chunk:(r + 1) * self.chunk])
+            m = live.float()
+            pixel = pixel + ((out.images.float() - target_images).abs().mean(dim=(1, 2, 3)) * m).sum()
+            if self.lowdim_keys:
+                state_err = state_err + ((out.state.float() - target_state).pow(2).mean(-1) * m).sum()
+            done = future_done[:, r].float()
+            weight = 1.0 + (self.success_weight - 1.0) * done
+            success = success + (F.binary_cross_entropy_with_logits(out.success_logit.float(), done, weight=weight,
+                                                                    reduction="none") * m).sum()
+            counted = counted + m.sum()
+            live = live & ~future_done[:, r]
+            images, state = out.images.detach(), out.state.detach()  # fed back: the next chunk starts from it
+        n = counted.clamp(min=1)
+        pixel, state_err, success = pixel / n, state_err / n, success / n
+        return {"loss": pixel + state_err + success, "l1": pixel, "state_mse": state_err, "success_bce": success}

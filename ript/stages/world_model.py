@@ -1,0 +1,67 @@
+"""``ript world-model``: a world model of the task's suite trained on its demonstrations (``ript.models.world_model``),
+on the shared imitation scaffold (checkpoints, exact resume, validation, torchrun). RL then runs in it instead of
+the simulator (``ript rl rl.environment=world_model rl.world_model.checkpoint=<this run>``).
+
+    ript world-model task=libero_object algo=world_model run_dir=runs/libero_object/world_model
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ript.errors import RiptError
+from ript.models.world_model import WorldModel
+from ript.stages.imitation import datasets, language, observation_kwargs, train_imitation
+from ript.utils import distributed as ddist
+from ript.utils import training
+from ript.utils.logging import setup_console_logging
+from ript.utils.run_dir import prepare_run_dir
+from ript.utils.seeding import seed_everything
+
+MODEL_KEYS = ("width", "stages", "cond_dim", "success_weight")
+
+
+def run(cfg) -> str:
+    setup_console_logging()
+    device, info = ddist.init_rank(cfg.device)  # first: under torchrun, this rank's GPU
+    prepare_run_dir(cfg, create=False)  # fail fast, before loading data
+    seed_everything(cfg.seed)
+    chunk, unroll = int(cfg.algo.chunk), int(cfg.algo.unroll)
+    train_set, val_set = datasets(cfg, chunk * unroll, device, future_every=chunk, future_count=unroll)
+    embeddings = language(cfg, train_set.instructions)
+    conditioning = observation_kwargs(train_set, embeddings, 1)
+    sizes = {train_set.obs_shapes()[k][0] for k in conditioning["image_keys"]}
+    if len(sizes) != 1:
+        raise RiptError(f"world model: the cameras {', '.join(conditioning['image_keys'])} have different image "
+                        f"sizes; it predicts them at one size")
+    kwargs = {**{k: conditioning[k] for k in ("task_names", "image_keys", "lowdim_dims", "lang_dim")},
+              "image_size": sizes.pop(), "action_dim": int(cfg.task.action_dim), "chunk": chunk,
+              **{k: cfg.algo.model[k] for k in MODEL_KEYS}}
+    model = WorldModel(**kwargs)
+    model.set_task_embeddings(embeddings)
+    model.fit_normalizers(train_set.obs, train_set.actions)
+    metadata = {**train_set.metadata(cfg.task), "world_model": {"chunk": chunk, "unroll": unroll}}
+    return train_imitation(cfg, WorldModelObjective(model, cfg, device), model, kwargs, train_set, val_set,
+                           "world_model", metadata, device, info)
+
+
+class WorldModelObjective:
+    """The unrolled prediction loss (pixels, state, success) on the demos' own frames; nothing is drawn."""
+    model_name = "world_model"
+    metrics = ("l1", "success_bce", "state_mse")
+
+    def __init__(self, model: WorldModel, cfg, device: str):
+        self.model = model
+        self.loss_fn = training.CompiledLoss(model.loss, cfg.train, device)
+
+    def loss(self, batch: dict, generator: torch.Generator, share: slice | None) -> dict:
+        return self.loss_fn(batch["obs"], batch["future_obs"], batch["future_done"], batch["actions"],
+                            batch["task_ids"])
+
+    def validation(self, batch: dict) -> dict[str, torch.Tensor]:
+        out = self.model.loss(batch["obs"], batch["future_obs"], batch["future_done"], batch["actions"],
+                              batch["task_ids"])
+        return {k: out[k] for k in self.metrics}
+
+    def policy(self, metadata: dict, device: str, seed: int, cuda_graph: bool):
+        raise RiptError("a world model has no policy to evaluate in the simulator (eval.every must stay 0)")

@@ -1,0 +1,83 @@
+"""The world model on small synthetic tensors: its loss falls on a fixed batch, chunks after a demo's end teach
+nothing, a step returns what a policy reads, and observations or actions of the wrong shape are one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ript.errors import RiptError
+from ript.models.world_model import WorldModel
+
+KEYS = ["corner_rgb", "gripperPOV_rgb"]
+
+
+def tiny_model(chunk: int = 2) -> WorldModel:
+    torch.manual_seed(0)
+    model = WorldModel(["a", "b"], KEYS, {"robot_states": 5}, 16, 4, chunk, lang_dim=None, width=8, stages=2,
+                       cond_dim=16)
+    return model
+
+
+def synthetic_batch(batch: int = 8, rollout: int = 2, chunk: int = 2):
+    """Frames whose next image is the current one shifted right by the first action's sign: learnable."""
+    g = torch.Generator().manual_seed(1)
+    obs = {k: torch.randint(0, 256, (batch, 1, 16, 16, 3), generator=g, dtype=torch.uint8) for k in KEYS}
+    obs["robot_states"] = torch.randn(batch, 1, 5, generator=g)
+    actions = torch.randn(batch, rollout * chunk, 4, generator=g)
+    future = {k: torch.stack([torch.roll(obs[k][:, 0], r + 1, dims=2) for r in range(rollout)], 1) for k in KEYS}
+    future["robot_states"] = obs["robot_states"] + actions[:, chunk - 1::chunk, :1].cumsum(1)
+    done = torch.zeros(batch, rollout, dtype=torch.bool)
+    done[0, 0] = True
+    return obs, future, done, actions, torch.arange(batch) % 2
+
+
+def test_the_loss_falls_on_a_fixed_batch():
+    model = tiny_model()
+    obs, future, done, actions, task_ids = synthetic_batch()
+    model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(60):
+        out = model.loss(obs, future, done, actions, task_ids)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        first = first if first is not None else {k: float(v.detach()) for k, v in out.items()}
+    last = {k: float(v) for k, v in model.loss(obs, future, done, actions, task_ids).items()}
+    assert last["loss"] < 0.6 * first["loss"], (first, last)
+    for name in ("l1", "state_mse", "success_bce"):
+        assert last[name] < first[name], name
+
+
+def test_chunks_after_a_demos_end_teach_nothing():
+    model = tiny_model()
+    obs, future, done, actions, task_ids = synthetic_batch(batch=2)
+    done[:] = False
+    done[:, 0] = True  # both demos end in their first chunk: the second chunk's targets are past the end
+    base = model.loss(obs, future, done, actions, task_ids)
+    future = {k: v.clone() for k, v in future.items()}
+    future["corner_rgb"][:, 1] = 0
+    future["robot_states"][:, 1] += 100.0
+    again = model.loss(obs, future, done, actions, task_ids)
+    assert torch.equal(base["loss"], again["loss"])
+
+
+def test_a_step_returns_the_observation_a_policy_reads_and_wrong_shapes_are_one_line():
+    model = tiny_model().eval()
+    obs, _, _, actions, task_ids = synthetic_batch(batch=3)
+    current = {k: v[:, 0] for k, v in obs.items()}
+    nxt, prob = model.step(current, task_ids, actions[:, :2])
+    assert {k: (v.shape, v.dtype) for k, v in nxt.items()} == {
+        "corner_rgb": ((3, 16, 16, 3), torch.uint8), "gripperPOV_rgb": ((3, 16, 16, 3), torch.uint8),
+        "robot_states": ((3, 5), torch.float32)}
+    assert prob.shape == (3,) and bool(((prob > 0) & (prob < 1)).all())
+    assert torch.equal(nxt["corner_rgb"], current["corner_rgb"])  # untrained: the output layer predicts no change
+    with pytest.raises(RiptError, match=r"observation corner_rgb has shape \(32, 32, 3\), expected \(16, 16, 3\)"):
+        model.step({**current, "corner_rgb": torch.zeros(3, 32, 32, 3, dtype=torch.uint8)}, task_ids, actions[:, :2])
+    with pytest.raises(RiptError, match=r"observation robot_states has shape None"):
+        model.step({k: v for k, v in current.items() if k != "robot_states"}, task_ids, actions[:, :2])
+    with pytest.raises(RiptError, match=r"actions of shape \(3, 4\), expected \(2, 4\)"):
+        model.step(current, task_ids, actions[:, :3])
+    with pytest.raises(RiptError, match="task 'c' is not one this world model was trained on"):
+        model.task_index("c")
