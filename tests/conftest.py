@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import flow_overrides, stage1_overrides, task_overrides, train_overrides
+from tests.helpers.cli import flow_overrides, stage1_overrides, task_overrides, train_overrides, world_model_overrides
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -54,3 +54,16 @@ def flow_run(tiny_data, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "flow"
     flow.run(compose("flow", flow_overrides(tiny_data, run_dir, 4)))
     return run_dir
+
+
+
+@pytest.fixture(scope="session")
+def world_model_run(tiny_data, tmp_path_factory) -> Path:
+    """A small world model trained for a few steps on the tiny dataset (``ript world-model``), two actions a step."""
+    from ript.config import compose
+    from ript.stages import world_model
+
+    run_dir = tmp_path_factory.mktemp("runs") / "world_model"
+    world_model.run(compose("world_model", world_model_overrides(tiny_data, run_dir, 20)))
+    return run_dir
+

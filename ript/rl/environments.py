@@ -12,6 +12,8 @@ from ript.evaluation.runner import runner_from_metadata
 from ript.model_loader import load_model
 from ript.policies.base import ChunkingPolicy
 from ript.registry import ENVIRONMENTS
+from ript.rl.rollout import GroupSampling
+from ript.utils import distributed as ddist
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,17 @@ class RolloutSetting:
     @property
     def max_episode_steps(self) -> int:
         return int(self.cfg.rl.max_episode_steps or self.metadata["env_args"]["max_episode_steps"])
+
+
+def rollout_environment(cfg, info: ddist.DistInfo, metadata: dict, task_names: list[str], policy: ChunkingPolicy,
+                        device: str):
+    """This rank's rollout runner (``rl.environment``), built and checked before the run folder is created. Its
+    share of the host: its env workers, and the cores they leave to the policy's host-side ops."""
+    share = info.cores_per_rank()
+    workers = share if cfg.rl.num_workers == "auto" else int(cfg.rl.num_workers)
+    at_once = GroupSampling.from_config(cfg.rl).most_episodes_per_round(info.world_size)
+    return ENVIRONMENTS.build(str(cfg.rl.environment), setting=RolloutSetting(
+        cfg, metadata, task_names, policy, device, workers, max(1, share - workers), at_once))
 
 
 @ENVIRONMENTS.register("simulator")

@@ -10,15 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from ript.config import to_dict
+from ript.envs.runner import Runner
 from ript.envs.seeds import rank_seed
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.model_loader import check_and_load
 from ript.policies.base import ChunkingPolicy
-from ript.registry import ENVIRONMENTS
 from ript.rl.advantages import build_estimator
 from ript.rl.critic import load_critic, write_learner_files
-from ript.rl.environments import RolloutSetting
 from ript.rl.history import RolloutHistory
 from ript.rl.learners import Learner
 from ript.rl.rollout import GroupSampling, collect_groups
@@ -70,6 +69,7 @@ class RLRun:
     run_dir: Path
     resume_from: Path | None
     evaluate: Callable[[int, MetricLogger], None]  # in-training evaluation at an iteration (rank 0; may do nothing)
+    runner: Runner          # where the rollouts run (``ript.rl.environments``); closed with the loop
 
 
 def train_loop(run: RLRun) -> str:
@@ -132,13 +132,7 @@ class RLIterations:
             self.env_steps = int(streams.get("env_steps", 0))
         self.logger = self.run.open_logger(to_dict(cfg))
         self.history = RolloutHistory(run.run_dir, self.run.start) if info.is_main else None
-        # this rank's share of the host: its workers, and the cores they leave to the policy's host-side ops (the
-        # other ranks' workers keep the rest busy)
-        share = info.cores_per_rank()
-        workers = share if cfg.rl.num_workers == "auto" else int(cfg.rl.num_workers)
-        self.runner = ENVIRONMENTS.build(str(cfg.rl.environment), setting=RolloutSetting(
-            cfg, run.metadata, self.names, policy, run.device, workers, max(1, share - workers),
-            self.sampling.most_episodes_per_round(info.world_size)))
+        self.runner = run.runner
 
     def load_weights(self, ckpt: Path) -> None:
         check_and_load(self.learner.weights, load_weights(ckpt), str(ckpt))

@@ -14,6 +14,7 @@ from ript.envs.seeds import rank_seed
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.rl.advantages import build_estimator
+from ript.rl.environments import rollout_environment
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 
 
@@ -21,6 +22,14 @@ def run(cfg) -> str:
     family = family_for(cfg)
     device, info = init_rank(cfg)  # first: the model is built on this rank's device
     loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
+    runner = rollout_environment(cfg, info, loaded.metadata, loaded.task_names, loaded.policy, device)
+    try:  # a run that cannot start leaves no run folder and no workers behind
+        return _train(cfg, family, loaded, info, device, runner)
+    finally:
+        runner.close()
+
+
+def _train(cfg, family, loaded, info, device: str, runner) -> str:
     run_dir, resume_from = prepare_run(cfg, info)
     critic_cfg = cfg.rl.critic if build_estimator(cfg.rl).uses_critic else None
     learner = family.learner(loaded, cfg, device, critic_cfg)
@@ -36,7 +45,7 @@ def run(cfg) -> str:
 
     try:
         return train_loop(RLRun(cfg, info, device, learner, loaded.policy, names, loaded.metadata, ckpt_config,
-                                run_dir, resume_from, maybe_evaluate))
+                                run_dir, resume_from, maybe_evaluate, runner))
     finally:
         if eval_runner is not None:
             eval_runner.close()

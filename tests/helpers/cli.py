@@ -66,6 +66,12 @@ def flow_overrides(data_dir: Path, run_dir: Path, steps: int) -> list[str]:
     return [*(o for o in train_overrides(data_dir, run_dir, steps) if not o.startswith("algo=")), "algo=flow_small"]
 
 
+def world_model_overrides(data_dir: Path, run_dir: Path, steps: int) -> list[str]:
+    """A small world model trained for ``steps`` steps, two actions per prediction."""
+    return [*(o for o in train_overrides(data_dir, run_dir, steps) if not o.startswith("algo=")),
+            "algo=world_model_small", "algo.chunk=2"]
+
+
 def rl_overrides(stage1_run, run_dir, iterations):
     return [f"checkpoint={stage1_run}", f"run_dir={run_dir}", f"rl.iterations={iterations}",
             "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",

@@ -1,0 +1,124 @@
+"""RL in a world model instead of the simulator: imagined episodes start from the simulator's real first frames,
+step whole chunks and end on the success head or at the horizon; an RL iteration in imagination resumes exactly;
+a missing, foreign or mismatched world model is one line; ``ript world-model-eval`` measures one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ript.config import compose
+from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
+from ript.envs.worker_env import EpisodeSpec
+from ript.model_loader import load_model
+from ript.policies.build import make_policy
+from ript.stages import rl
+from tests.helpers.cli import assert_one_line_error, ript, rl_overrides
+
+SPECS = [EpisodeSpec("drawer-close-v3", seed, j) for seed in (3, 4) for j in range(2)]
+
+
+@pytest.fixture(scope="module")
+def imagined(world_model_run, stage1_run):
+    """The world model, a sampling policy of the stage-1 run and the simulator's first frames of SPECS."""
+    model, _ = load_model(world_model_run)
+    policy_model, ckpt = load_model(stage1_run)
+    initial = InitialFrames("metaworld", ckpt["metadata"]["env_args"]["render"], 13, 2, 60.0, 1)
+    try:
+        initial.ensure([(s.task_name, s.seed) for s in SPECS])
+    finally:
+        initial.close()  # rendered: the frames are kept, the workers are not needed
+    yield model, lambda: make_policy(policy_model, {**ckpt["metadata"]["sampling"], "temperature": 3.0}, "cpu", 0,
+                                     False), initial
+
+
+@pytest.mark.parametrize("threshold, success, length", [(0.999, False, 13), (1e-3, True, 2)])
+def test_imagined_episodes_step_whole_chunks_and_end_on_the_head_or_the_horizon(imagined, threshold, success, length):
+    model, make, initial = imagined
+    runner = ImaginedRunner(model, ImaginationOptions(["drawer-close-v3"], 13, 3, threshold), initial, "cpu")
+    policy = make()
+    policy.start_recording()
+    out = runner.run(policy, specs=SPECS)
+    episodes = out["episodes"]
+    assert [(e["success"], e["length"]) for e in episodes] == [(success, length)] * 4
+    # a decision per planned chunk of 8 actions (4 world-model steps of 2), the horizon cutting the last one short
+    assert [len(e["decisions"]) for e in episodes] == [2 if length == 13 else 1] * 4
+    assert [e["chunk_rewards"] for e in episodes] == [[0.0, 0.0] if length == 13 else [1.0]] * 4
+    assert out["env_steps"] == 4 * length and out["cancelled"] == 0
+    again = runner.run(make(), specs=SPECS)["episodes"]
+    assert [(e["success"], e["length"]) for e in again] == [(e["success"], e["length"]) for e in episodes]
+
+
+def test_an_imagined_episode_starts_from_the_simulators_first_frame_and_moves(imagined):
+    model, make, initial = imagined
+    first = initial[("drawer-close-v3", 3)]
+    assert first["corner_rgb"].shape == (32, 32, 3) and first["corner_rgb"].std() > 10  # a rendered scene
+    obs = {k: torch.from_numpy(np.stack([first[k]])) for k in (*model.image_keys, *model.lowdim_keys)}
+    nxt, _ = model.step(obs, torch.tensor([model.task_index("drawer-close-v3")]), torch.ones(1, 2, 4))
+    assert not torch.equal(nxt["robot_states"], obs["robot_states"])  # the state moves with the actions
+
+
+def imagined_rl(stage1_run, world_model_run, run_dir, iterations: int, *extra: str) -> list[str]:
+    return [*rl_overrides(stage1_run, run_dir, iterations), "rl.environment=world_model",
+            f"rl.world_model.checkpoint={world_model_run}", "rl.world_model.envs=4", "rl.advantage=gae",
+            "rl.entropy_coef=0.01", *extra]
+
+
+def test_an_rl_iteration_in_the_world_model_resumes_exactly(stage1_run, world_model_run, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, full, 2)))
+    rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, part, 1)))
+    rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, part, 2, "resume=true")))
+    for name in ("model.safetensors", "critic.safetensors"):
+        a = load_file(str(full / "checkpoints" / "last" / name))
+        b = load_file(str(part / "checkpoints" / "last" / name))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    trained = load_file(str(full / "checkpoints" / "last" / "model.safetensors"))
+    base = load_file(str(stage1_run / "checkpoints" / "last" / "model.safetensors"))
+    # the update changed the policy (the entropy bonus moves it whatever the imagined outcomes)
+    assert any(not torch.equal(trained[k], base[k]) for k in base)
+    history = json.loads((full / "rl_history.json").read_text())
+    assert history == json.loads((part / "rl_history.json").read_text())
+
+
+def test_a_missing_foreign_or_mismatched_world_model_is_one_line(stage1_run, world_model_run, tmp_path):
+    base = [*rl_overrides(stage1_run, tmp_path / "r", 1), "rl.environment=world_model"]
+    assert_one_line_error(ript("rl", *base), "rl.environment=world_model needs rl.world_model.checkpoint")
+    assert_one_line_error(ript("rl", *base, f"rl.world_model.checkpoint={stage1_run}"),
+                          "checkpoint is from stage 'stage1'", "a world_model checkpoint is needed")
+    foreign = tmp_path / "libero_world_model"
+    shutil.copytree(world_model_run, foreign)
+    config_file = foreign / "checkpoints" / "last" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["metadata"]["suite"] = "libero_object"  # a world model of another suite
+    config_file.write_text(json.dumps(config))
+    assert_one_line_error(ript("rl", *base, f"rl.world_model.checkpoint={foreign}"),
+                          "models suite libero_object; the policy acts in metaworld")
+    assert_one_line_error(ript("rl", *base, f"rl.world_model.checkpoint={world_model_run}", "rl.reward=dense"),
+                          "a world model predicts success only")
+    assert_one_line_error(ript("rl", *base, f"rl.world_model.checkpoint={world_model_run}",
+                               "sampling.action_horizon=3"), "steps 2 actions at a time", "executes 3")
+    assert_one_line_error(ript("rl", *base, "rl.environment=dream"), "rl.environment='dream'", "world_model")
+    assert not (tmp_path / "r").exists()
+
+
+def test_world_model_eval_measures_fidelity_the_head_and_speed(world_model_run, tmp_path):
+    out = tmp_path / "measures"
+    args = ["world-model-eval", f"checkpoint={world_model_run}", f"out_dir={out}", "horizon_chunks=3",
+            "starts_per_demo=2", "speed_envs=4", "speed_chunks=2", "n_videos=1"]
+    code, stdout, err = ript(*args)
+    assert code == 0, err
+    results = json.loads((out / "results.json").read_text())
+    assert [r["chunks"] for r in results["fidelity"]] == [1, 2, 3]
+    first = results["fidelity"][0]
+    assert first["segments"] > 0 and 5 < first["psnr"] < 60 and 0 < first["ssim"] <= 1
+    assert results["head_on_real"]["positives"] > 0 and results["head_on_real"]["negatives"] > 0
+    assert results["speed"]["env_steps"] == 4 * 2 * 2 and results["speed"]["env_steps_per_second"] > 0
+    assert len(list((out / "videos").glob("*.mp4"))) == 1
+    assert "PSNR" in stdout and "success head on real frames" in stdout
+    assert_one_line_error(ript(*args), "results.json exists", "overwrite=true")
