@@ -179,9 +179,11 @@ class WorldModel(nn.Module):
     @torch.no_grad()
     def step(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, actions: torch.Tensor
              ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """One imagined step of a batch: (the next observations as a policy reads them, success probabilities)."""
+        """One imagined step of a batch: (the next observations as a policy reads them, success probabilities).
+        On a GPU the convolutions run in bf16 (the frame itself is added up in fp32)."""
         images, state = self.encode_observation(obs)
-        out = self.predict(images, state, task_ids, actions)
+        with torch.autocast("cuda", torch.bfloat16, enabled=images.is_cuda):
+            out = self.predict(images, state, task_ids, actions)
         return self.decode_observation(out), torch.sigmoid(out.success_logit.float())
 
     # ----------------------------------------------------------------- training

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from ript.errors import RiptError
-from tests.helpers.cli import assert_one_line_error, assert_round_trip, ript, task_overrides, train_overrides
+from tests.helpers.cli import (
+    assert_one_line_error,
+    assert_round_trip,
+    first_scalar,
+    ript,
+    task_overrides,
+    train_overrides,
+)
 
 pq = pytest.importorskip("pyarrow.parquet", reason="the lerobot extra: pip install -e .[lerobot]")
 
@@ -56,14 +63,6 @@ def test_export_and_import_refuse_bad_folders_in_one_line(tiny_data, tmp_path):
     (out / "meta" / "info.json").write_text(json.dumps({"codebase_version": "v2.1"}))
     assert_one_line_error(ript("import", f"src={out}", f"data_dir={tmp_path / 'd'}"), "v2.1", "v3.0")
     assert not (tmp_path / "d").exists()
-
-
-def first_scalar(run_dir, tag: str) -> float:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / "tb"))
-    events.Reload()
-    return events.Scalars(tag)[0].value
 
 
 def test_training_reads_a_lerobot_folder_as_it_reads_the_hdf5_files(tiny_data, stage0_run, tmp_path):

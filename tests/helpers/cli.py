@@ -107,3 +107,12 @@ def assert_round_trip(original: Path, back: Path, mean_image_error: float) -> No
             a[name].visititems(compare)
             assert "actions" in seen and any(p.startswith("obs/") for p in seen)
             assert {k: v for k, v in a[name].attrs.items()} == {k: v for k, v in b[name].attrs.items()}
+
+
+def first_scalar(run_dir: Path, tag: str) -> float:
+    """The first value a run logged to TensorBoard under ``tag``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    return events.Scalars(tag)[0].value

@@ -146,7 +146,7 @@ def test_recorded_values_equal_recomputed_ones_and_the_value_loss_falls_on_a_fix
 
 
 def test_ppo_gae_iteration_on_metaworld_with_dense_rewards_and_exact_resume(stage1_run, tmp_path):
-    from test_lerobot import first_scalar
+    from tests.helpers.cli import first_scalar
 
     gae_overrides = ["rl.advantage=gae", "rl.reward=dense", "rl.reward_scale=0.1", "rl.critic.lr=1e-3",
                      "rl.clip_ratio_c=3.0", "rl.entropy_coef=0.01", "rl.normalize_advantages=true"]
