@@ -172,7 +172,7 @@ def flow(overrides: list[str] | None = OVERRIDES) -> None:
 
 @app.command("world-model")
 def world_model(overrides: list[str] | None = OVERRIDES) -> None:
-    """Train a world model of the task's suite on its demos (RL then runs in it: rl.environment=world_model)."""
+    """Train a world model of the task's suite on its demos (RL then runs in it: environment=world_model)."""
     from ript.stages.world_model import run
 
     _run("world_model", overrides, run)

@@ -201,10 +201,22 @@ class Critic(Section):
     warmup_iterations: Size
 
 
-class RLWorldModel(Section):
-    checkpoint: str | None
-    envs: Count
-    success_threshold: Annotated[float, Field(gt=0, lt=1)]
+class Environment(Section):
+    """configs/environment/: where episodes run (RL's rollouts, ``ript eval``)."""
+    name: str
+    checkpoint: str | None = None
+    envs: Count = 64
+    success_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
+
+    @field_validator("name")
+    @classmethod
+    def registered(cls, name: str) -> str:
+        from ript.evaluation import environments  # noqa: F401  (registers them)
+        from ript.registry import ENVIRONMENTS
+
+        if name not in ENVIRONMENTS.names():
+            raise ValueError(f"expected one of {', '.join(ENVIRONMENTS.names())}")
+        return name
 
 
 class RL(Section):
@@ -244,18 +256,6 @@ class RL(Section):
     stop_after_minutes: Scale | None  # 0: stop after the first step
     max_env_steps: Count | None
     video_every: Size  # iterations between recorded rollouts (0: none)
-    environment: str
-    world_model: RLWorldModel
-
-    @field_validator("environment")
-    @classmethod
-    def known_environment(cls, name: str) -> str:
-        from ript.registry import ENVIRONMENTS
-        from ript.rl import environments  # noqa: F401  (registers them)
-
-        if name not in ENVIRONMENTS.names():
-            raise ValueError(f"expected one of {', '.join(ENVIRONMENTS.names())}")
-        return name
 
     @field_validator("advantage")
     @classmethod
@@ -355,6 +355,7 @@ class RLEval(EvalEvery):
 
 class RLJob(RunJob):
     policy: Policy
+    environment: Environment
     task_names: TaskList = None
     rl: RL
     eval: RLEval
@@ -371,6 +372,7 @@ class OFTJob(RLJob):
 
 class EvalJob(EvalProtocol):
     policy: Policy
+    environment: Environment
     task_names: TaskList = None
     checkpoint: str
     out_dir: str | None

@@ -96,6 +96,10 @@ class ImaginedRunner:
     def env_slots(self) -> int:
         return int(self.options.envs)
 
+    @property
+    def shaped_reward(self) -> str | None:
+        return "a world model (it predicts success only)"
+
     def specs(self) -> list[EpisodeSpec]:
         o = self.options
         return [EpisodeSpec(t, eval_layout_seed(o.seed, j), j) for j in range(o.episodes_per_task)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ript.envs.seeds import eval_layout_seed
+from ript.envs.suites import get_suite
 from ript.envs.worker_env import EpisodeSpec, WorkerSet
 from ript.envs.workers import Pending
 from ript.policies.base import ChunkingPolicy
@@ -53,6 +54,11 @@ class Runner(Protocol):
     @property
     def env_slots(self) -> int:
         """Episodes that run at once."""
+        ...
+
+    @property
+    def shaped_reward(self) -> str | None:
+        """What gives no shaped (dense) step reward, to say so (None: it has one)."""
         ...
 
     def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,
@@ -132,6 +138,11 @@ class EnvRunner:
     @property
     def env_slots(self) -> int:
         return self.num_workers * self.envs_per_worker
+
+    @property
+    def shaped_reward(self) -> str | None:
+        suite = self.options.suite
+        return None if get_suite(suite).shaped_reward else f"suite {suite}"
 
     def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,
             stop: StopRule | None = None) -> dict[str, Any]:

@@ -69,7 +69,7 @@ class RLRun:
     run_dir: Path
     resume_from: Path | None
     evaluate: Callable[[int, MetricLogger], None]  # in-training evaluation at an iteration (rank 0; may do nothing)
-    runner: Runner          # where the rollouts run (``ript.rl.environments``); closed with the loop
+    runner: Runner          # where the rollouts run (``rollout_environment``); closed with the loop
 
 
 def train_loop(run: RLRun) -> str:
@@ -115,8 +115,6 @@ class RLIterations:
         if self.estimator.uses_critic and learner.critic is None:
             raise RiptError(f"rl.advantage={cfg.rl.advantage} needs a critic, which {type(learner).__name__} does "
                             f"not have yet; use rloo or grpo")
-        if cfg.rl.reward == "dense" and not get_suite(suite).shaped_reward:
-            raise RiptError(f"rl.reward=dense: suite {suite} has no shaped reward; use rl.reward=sparse")
         self.opt, self.sched = make_optimizer(learner, cfg, run.device)
         self.sampling = GroupSampling.from_config(cfg.rl)
         self.sampler = make_sampler(cfg.rl, int(cfg.seed), self.names, suite, info, self.sampling.k)

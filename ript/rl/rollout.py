@@ -15,6 +15,8 @@ import torch
 
 from ript.envs.runner import Runner, StopRule
 from ript.envs.worker_env import EpisodeSpec
+from ript.errors import RiptError
+from ript.evaluation.environments import EnvironmentSetting, build_environment
 from ript.policies.base import ChunkingPolicy
 from ript.registry import ADVANTAGES
 from ript.rl.advantages import Estimator, Targets
@@ -181,3 +183,18 @@ def flatten_groups(kept: list[list[dict]], estimator: Estimator, reward: str = "
     rewards = [decision_rewards(e, reward, reward_scale) for g in kept for e in g]
     decisions = [d for g in kept for e in g for d in e["decisions"]]
     return decisions, estimator.targets(kept, rewards)
+
+
+def rollout_environment(cfg, info, metadata: dict, task_names: list[str], policy: ChunkingPolicy, device: str):
+    """This rank's rollout runner (``environment=``), built and checked before the run folder is created. Its
+    share of the host: its env workers, and the cores they leave to the policy's host-side ops."""
+    share = info.cores_per_rank()
+    workers = share if cfg.rl.num_workers == "auto" else int(cfg.rl.num_workers)
+    runner = build_environment(EnvironmentSetting(
+        cfg.environment, cfg.workers, metadata, task_names, policy, device, workers, cfg.rl.max_episode_steps,
+        episodes_per_task=1, on_worker_failure="drop", driver_threads=max(1, share - workers),
+        episodes_at_once=GroupSampling.from_config(cfg.rl).most_episodes_per_round(info.world_size)))
+    if cfg.rl.reward == "dense" and runner.shaped_reward is not None:
+        runner.close()
+        raise RiptError(f"rl.reward=dense: {runner.shaped_reward} has no shaped reward; use rl.reward=sparse")
+    return runner

@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
+from ript.config import to_dict
+from ript.errors import RiptError
+from ript.evaluation.environments import EnvironmentSetting, build_environment
 from ript.evaluation.results import success_table, summarize, write_evaluation
-from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.utils.device import resolve_device
 from ript.utils.locking import holding
@@ -27,16 +29,21 @@ def evaluate(cfg, protocol) -> dict[str, Any]:
     setup_console_logging()
     device = resolve_device(cfg.device)
     family = family_for(cfg)
+    if cfg.environment.name != "simulator" and not cfg.out_dir:  # the run's eval/ folders hold simulator results
+        raise RiptError(f"environment={cfg.environment.name}: pass out_dir=<folder> for its results")
     loaded = family.load(cfg, device, int(cfg.seed), rl=False)
     out_dir, title = family.eval_output(loaded, cfg)
     with holding(out_dir, "out_dir"):  # one writer, checked writable before the first episode
-        runner = make_runner(loaded.metadata, loaded.task_names, protocol, cfg.workers)
+        runner = build_environment(EnvironmentSetting(
+            cfg.environment, cfg.workers, loaded.metadata, loaded.task_names, loaded.policy, device,
+            protocol.num_workers, protocol.get("max_episode_steps"), protocol.episodes_per_task,
+            int(protocol.seed), int(protocol.n_videos)))
         try:
             torch.manual_seed(int(cfg.seed))
             results = summarize(runner.run(loaded.policy, video_dir=out_dir / "videos"))
         finally:
             runner.close()
-        results.update(loaded.results)
+        results.update(loaded.results, environment=to_dict(cfg.environment))
         write_evaluation(out_dir, results, title)
     print(success_table(results))
     log.info("eval: %d env steps in %.1f s (%.0f steps/s); results in %s", results["env_steps"], results["seconds"],

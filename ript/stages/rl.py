@@ -14,8 +14,8 @@ from ript.envs.seeds import rank_seed
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.rl.advantages import build_estimator
-from ript.rl.environments import rollout_environment
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
+from ript.rl.rollout import rollout_environment
 
 
 def run(cfg) -> str:

@@ -1,6 +1,6 @@
 """``ript world-model``: a world model of the task's suite trained on its demonstrations (``ript.models.world_model``),
 on the shared imitation scaffold (checkpoints, exact resume, validation, torchrun). RL then runs in it instead of
-the simulator (``ript rl rl.environment=world_model rl.world_model.checkpoint=<this run>``).
+the simulator (``ript rl environment=world_model environment.checkpoint=<this run>``).
 
     ript world-model task=libero_object algo=world_model run_dir=runs/libero_object/world_model
 """

@@ -64,8 +64,8 @@ def test_an_imagined_episode_starts_from_the_simulators_first_frame_and_moves(im
 
 
 def imagined_rl(stage1_run, world_model_run, run_dir, iterations: int, *extra: str) -> list[str]:
-    return [*rl_overrides(stage1_run, run_dir, iterations), "rl.environment=world_model",
-            f"rl.world_model.checkpoint={world_model_run}", "rl.world_model.envs=4", "rl.advantage=gae",
+    return [*rl_overrides(stage1_run, run_dir, iterations), "environment=world_model",
+            f"environment.checkpoint={world_model_run}", "environment.envs=4", "rl.advantage=gae",
             "rl.entropy_coef=0.01", *extra]
 
 
@@ -87,9 +87,9 @@ def test_an_rl_iteration_in_the_world_model_resumes_exactly(stage1_run, world_mo
 
 
 def test_a_missing_foreign_or_mismatched_world_model_is_one_line(stage1_run, world_model_run, tmp_path):
-    base = [*rl_overrides(stage1_run, tmp_path / "r", 1), "rl.environment=world_model"]
-    assert_one_line_error(ript("rl", *base), "rl.environment=world_model needs rl.world_model.checkpoint")
-    assert_one_line_error(ript("rl", *base, f"rl.world_model.checkpoint={stage1_run}"),
+    base = [*rl_overrides(stage1_run, tmp_path / "r", 1), "environment=world_model"]
+    assert_one_line_error(ript("rl", *base), "environment=world_model needs environment.checkpoint")
+    assert_one_line_error(ript("rl", *base, f"environment.checkpoint={stage1_run}"),
                           "checkpoint is from stage 'stage1'", "a world_model checkpoint is needed")
     foreign = tmp_path / "libero_world_model"
     shutil.copytree(world_model_run, foreign)
@@ -97,14 +97,28 @@ def test_a_missing_foreign_or_mismatched_world_model_is_one_line(stage1_run, wor
     config = json.loads(config_file.read_text())
     config["metadata"]["suite"] = "libero_object"  # a world model of another suite
     config_file.write_text(json.dumps(config))
-    assert_one_line_error(ript("rl", *base, f"rl.world_model.checkpoint={foreign}"),
+    assert_one_line_error(ript("rl", *base, f"environment.checkpoint={foreign}"),
                           "models suite libero_object; the policy acts in metaworld")
-    assert_one_line_error(ript("rl", *base, f"rl.world_model.checkpoint={world_model_run}", "rl.reward=dense"),
-                          "a world model predicts success only")
-    assert_one_line_error(ript("rl", *base, f"rl.world_model.checkpoint={world_model_run}",
+    assert_one_line_error(ript("rl", *base, f"environment.checkpoint={world_model_run}", "rl.reward=dense"),
+                          "a world model (it predicts success only) has no shaped reward")
+    assert_one_line_error(ript("rl", *base, f"environment.checkpoint={world_model_run}",
                                "sampling.action_horizon=3"), "steps 2 actions at a time", "executes 3")
-    assert_one_line_error(ript("rl", *base, "rl.environment=dream"), "rl.environment='dream'", "world_model")
+    assert_one_line_error(ript("rl", *base, "environment.name=dream"), "environment.name='dream'", "world_model")
     assert not (tmp_path / "r").exists()
+    imagined_eval = ["eval", f"checkpoint={stage1_run}", "environment=world_model",
+                     f"environment.checkpoint={world_model_run}"]
+    assert_one_line_error(ript(*imagined_eval), "environment=world_model: pass out_dir=")
+
+
+def test_eval_runs_a_checkpoint_in_the_world_model(stage1_run, world_model_run, tmp_path):
+    code, _, err = ript("eval", f"checkpoint={stage1_run}", "environment=world_model",
+                        f"environment.checkpoint={world_model_run}", "environment.envs=4", "episodes_per_task=2",
+                        "num_workers=1", "max_episode_steps=20", f"out_dir={tmp_path / 'imagined'}", "n_videos=0")
+    assert code == 0, err
+    results = json.loads((tmp_path / "imagined" / "results.json").read_text())
+    assert results["environment"]["name"] == "world_model" and len(results["episodes"]) == 4
+    assert sorted(results["per_task"]) == ["button-press-v3", "drawer-close-v3"]
+    assert all(e["length"] <= 20 for e in results["episodes"])
 
 
 def test_world_model_eval_measures_fidelity_the_head_and_speed(world_model_run, tmp_path):

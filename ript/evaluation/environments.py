@@ -1,0 +1,103 @@
+"""Where a policy's episodes run, chosen by ``environment=`` (``configs/environment/``): the simulator's env
+workers, or a world model trained on the suite (``ript world-model``) that starts each episode from the
+simulator's real first observation. RL's rollouts and ``ript eval`` build their runner here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
+from ript.envs.runner import Runner
+from ript.envs.suites import get_suite
+from ript.errors import RiptError
+from ript.evaluation.runner import runner_from_metadata
+from ript.model_loader import load_model
+from ript.policies.base import ChunkingPolicy
+from ript.registry import ENVIRONMENTS
+
+
+@dataclass(frozen=True)
+class EnvironmentSetting:
+    """What a runner is built from: the ``environment`` and ``workers`` config sections, the policy's checkpoint
+    metadata, its tasks and the policy, the device; worker processes; the episode horizon (None: the
+    checkpoint's); the evaluation protocol (episodes per task, None: the suite's standard; seed; videos) for
+    callers that pass no episodes of their own; what a lost worker's episodes become; the most episodes one run
+    holds; the driving process's torch threads."""
+    environment: Any
+    workers: Any
+    metadata: dict
+    task_names: list[str]
+    policy: ChunkingPolicy
+    device: str
+    num_workers: int | str
+    max_episode_steps: int | None = None
+    episodes_per_task: int | None = None
+    seed: int = 0
+    n_videos: int = 0
+    on_worker_failure: str = "rerun"
+    episodes_at_once: int | None = None
+    driver_threads: int | None = None
+
+    @property
+    def horizon(self) -> int:
+        return int(self.max_episode_steps or self.metadata["env_args"]["max_episode_steps"])
+
+
+def build_environment(setting: EnvironmentSetting) -> Runner:
+    """The runner ``setting.environment.name`` names, checked against the policy before any episode runs."""
+    return ENVIRONMENTS.build(str(setting.environment.name), setting=setting)
+
+
+@ENVIRONMENTS.register("simulator")
+def simulator(setting: EnvironmentSetting) -> Runner:
+    return runner_from_metadata(setting.metadata, setting.task_names, setting.workers,
+                                episodes_per_task=setting.episodes_per_task, num_workers=setting.num_workers,
+                                seed=setting.seed, n_videos=setting.n_videos,
+                                max_episode_steps=setting.max_episode_steps,
+                                on_worker_failure=setting.on_worker_failure, driver_threads=setting.driver_threads,
+                                episodes_at_once=setting.episodes_at_once)
+
+
+@ENVIRONMENTS.register("world_model")
+def world_model(setting: EnvironmentSetting) -> Runner:
+    env = setting.environment
+    if not env.checkpoint:
+        raise RiptError("environment=world_model needs environment.checkpoint=<a `ript world-model` run>")
+    model, config = load_model(env.checkpoint, expect_stage="world_model", device=setting.device)
+    check_world_model(str(env.checkpoint), config, setting)
+    suite = setting.metadata["suite"]
+    workers = setting.num_workers
+    workers = max(1, int(workers)) if workers not in (None, "auto") else 1
+    initial = InitialFrames(suite, setting.metadata["env_args"]["render"], setting.horizon, workers,
+                            float(setting.workers.timeout_s), int(setting.workers.max_restarts))
+    episodes = int(setting.episodes_per_task or get_suite(suite).standard_episodes)
+    options = ImaginationOptions(list(setting.task_names), setting.horizon, int(env.envs),
+                                 float(env.success_threshold), episodes, setting.seed)
+    return ImaginedRunner(model, options, initial, setting.device)
+
+
+def check_world_model(path: str, config: dict, setting: EnvironmentSetting) -> None:
+    """The world model predicts what the policy reads, in the policy's suite, for the policy's tasks."""
+    meta, kwargs = config.get("metadata") or {}, config["model_kwargs"]
+    suite, wanted = meta.get("suite"), setting.metadata.get("suite")
+    if suite != wanted:
+        raise RiptError(f"environment.checkpoint={path} models suite {suite}; the policy acts in {wanted}")
+    ours, theirs = setting.metadata["env_args"]["render"], (meta.get("env_args") or {}).get("render") or {}
+    if int(ours["image_size"]) != int(kwargs["image_size"]) or list(ours["cameras"]) != list(theirs.get("cameras", [])):
+        raise RiptError(f"environment.checkpoint={path} predicts {kwargs['image_size']}-pixel images of cameras "
+                        f"{list(theirs.get('cameras', []))}; the policy reads {ours['image_size']}-pixel images of "
+                        f"{list(ours['cameras'])}")
+    predicted = {*kwargs["image_keys"], *kwargs["lowdim_dims"]}
+    missing = [k for k in setting.policy.obs_keys or [] if k not in predicted]
+    if missing:
+        raise RiptError(f"environment.checkpoint={path} does not predict {missing[0]}, which the policy reads "
+                        f"(it predicts {', '.join(sorted(predicted))})")
+    unknown = [t for t in setting.task_names if t not in kwargs["task_names"]]
+    if unknown:
+        raise RiptError(f"environment.checkpoint={path} was not trained on task {unknown[0]} "
+                        f"(it knows {', '.join(kwargs['task_names'])})")
+    if setting.policy.action_horizon % int(kwargs["chunk"]):
+        raise RiptError(f"environment.checkpoint={path} steps {kwargs['chunk']} actions at a time; the policy "
+                        f"executes {setting.policy.action_horizon} per decision (sampling.action_horizon must be a "
+                        f"multiple)")
