@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -18,9 +18,22 @@ from ript.envs.runner import StopRule, video_frame
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.worker_env import EpisodeSpec, WorkerSet
 from ript.errors import RiptError
-from ript.models.world_model import WorldModel
 from ript.policies.base import ChunkingPolicy
 from ript.utils.video import write_mp4
+
+
+class WorldModel(Protocol):
+    """What the imagined env needs of a world model (``ript.models.world_model.WorldModel`` is one)."""
+    chunk: int                 # actions per step
+    image_keys: list[str]      # the cameras it predicts
+    lowdim_keys: list[str]     # the low-dim keys it predicts
+
+    def task_index(self, name: str) -> int: ...  # RiptError for a task it was not trained on
+
+    def step(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, actions: torch.Tensor
+             ) -> tuple[dict[str, torch.Tensor], torch.Tensor]: ...  # the next observations, success probabilities
+
+    def eval(self) -> WorldModel: ...
 
 
 class InitialFrames:
