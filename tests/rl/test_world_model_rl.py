@@ -5,6 +5,7 @@ a missing, foreign or mismatched world model is one line; ``ript world-model-eva
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -15,9 +16,11 @@ from safetensors.torch import load_file
 from ript.config import compose
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
 from ript.envs.worker_env import EpisodeSpec
+from ript.errors import RiptError
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
 from ript.stages import rl
+from ript.stages.evaluate import run as evaluate
 from tests.helpers.cli import assert_one_line_error, ript, rl_overrides
 
 SPECS = [EpisodeSpec("drawer-close-v3", seed, j) for seed in (3, 4) for j in range(2)]
@@ -89,25 +92,28 @@ def test_an_rl_iteration_in_the_world_model_resumes_exactly(stage1_run, world_mo
 def test_a_missing_foreign_or_mismatched_world_model_is_one_line(stage1_run, world_model_run, tmp_path):
     base = [*rl_overrides(stage1_run, tmp_path / "r", 1), "environment=world_model"]
     assert_one_line_error(ript("rl", *base), "environment=world_model needs environment.checkpoint")
-    assert_one_line_error(ript("rl", *base, f"environment.checkpoint={stage1_run}"),
-                          "checkpoint is from stage 'stage1'", "a world_model checkpoint is needed")
     foreign = tmp_path / "libero_world_model"
     shutil.copytree(world_model_run, foreign)
     config_file = foreign / "checkpoints" / "last" / "config.json"
     config = json.loads(config_file.read_text())
     config["metadata"]["suite"] = "libero_object"  # a world model of another suite
     config_file.write_text(json.dumps(config))
-    assert_one_line_error(ript("rl", *base, f"environment.checkpoint={foreign}"),
-                          "models suite libero_object; the policy acts in metaworld")
-    assert_one_line_error(ript("rl", *base, f"environment.checkpoint={world_model_run}", "rl.reward=dense"),
-                          "a world model (it predicts success only) has no shaped reward")
-    assert_one_line_error(ript("rl", *base, f"environment.checkpoint={world_model_run}",
-                               "sampling.action_horizon=3"), "steps 2 actions at a time", "executes 3")
-    assert_one_line_error(ript("rl", *base, "environment.name=dream"), "environment.name='dream'", "world_model")
+    for extra, message in [
+        ([f"environment.checkpoint={stage1_run}"], "checkpoint is from stage 'stage1'"),
+        ([f"environment.checkpoint={foreign}"], "models suite libero_object; the policy acts in metaworld"),
+        ([f"environment.checkpoint={world_model_run}", "rl.reward=dense"],
+         "a world model (it predicts success only) has no shaped reward"),
+        ([f"environment.checkpoint={world_model_run}", "sampling.action_horizon=3"],
+         "steps 2 actions at a time; the policy executes 3"),
+    ]:
+        with pytest.raises(RiptError, match=re.escape(message)):
+            rl.run(compose("rl", [*base, *extra]))
+    with pytest.raises(RiptError, match=r"environment.name='dream'.*world_model"):
+        compose("rl", [*base, "environment.name=dream"])
     assert not (tmp_path / "r").exists()
-    imagined_eval = ["eval", f"checkpoint={stage1_run}", "environment=world_model",
-                     f"environment.checkpoint={world_model_run}"]
-    assert_one_line_error(ript(*imagined_eval), "environment=world_model: pass out_dir=")
+    with pytest.raises(RiptError, match="environment=world_model: pass out_dir="):
+        evaluate(compose("eval", [f"checkpoint={stage1_run}", "environment=world_model",
+                                  f"environment.checkpoint={world_model_run}"]))
 
 
 def test_eval_runs_a_checkpoint_in_the_world_model(stage1_run, world_model_run, tmp_path):
