@@ -26,10 +26,10 @@ from ript.utils.logging import log, setup_console_logging
 from ript.utils.processes import run_child
 from ript.utils.run_dir import RUN_CONTROL_KEYS, covered, flatten
 
-PHASES = ("collect", "stage0", "stage1", "finetune", "flow", "eval", "rl", "eval_rl")
+PHASES = ("collect", "stage0", "stage1", "finetune", "flow", "eval", "world_model", "rl", "eval_rl")
 JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune": "finetune", "flow": "flow",
-        "eval": "eval", "rl": "rl", "eval_rl": "eval"}
-TRAINING = ("stage0", "stage1", "finetune", "flow", "rl")  # run under torchrun when several GPUs are used
+        "eval": "eval", "world_model": "world_model", "rl": "rl", "eval_rl": "eval"}
+TRAINING = ("stage0", "stage1", "finetune", "flow", "world_model", "rl")  # under torchrun when several GPUs are used
 IMITATION = ("finetune", "flow", "stage1")  # the first of these a protocol runs is its imitation phase
 EVALUATIONS = {"eval": "imitation", "eval_rl": "after RL"}
 STATE_FILE = "protocol.json"
@@ -87,6 +87,9 @@ def plan(cfg) -> list[Phase]:
     task, algo = group_overrides("task", cfg.task), group_overrides("algo", cfg.algo)
     start = imitation_dir(cfg) / ("checkpoints/best" if cfg.evaluate == "best" else "")
     family = ["policy=flow"] if imitation_phase(cfg) == "flow" else []  # the jobs that load its checkpoints
+    # with a world_model phase, RL's rollouts run in it (the evaluations stay in the simulator)
+    imagined = ["environment=world_model", override("environment.checkpoint", root / "world_model")] \
+        if cfg.phases.world_model is not None else []
     wiring = {
         "collect": (task, None, None),
         "stage0": (task + algo + [override("run_dir", root / "stage0")], root / "stage0", None),
@@ -97,7 +100,9 @@ def plan(cfg) -> list[Phase]:
         "flow": (task + algo + [override("run_dir", root / "flow")], root / "flow", None),
         "eval": (family + [override("checkpoint", start), override("out_dir", root / "eval"), "overwrite=true"], None,
                  root / "eval"),
-        "rl": (family + [override("checkpoint", start), override("run_dir", root / "rl")], root / "rl", None),
+        "world_model": (task + [override("run_dir", root / "world_model")], root / "world_model", None),
+        "rl": (family + imagined + [override("checkpoint", start), override("run_dir", root / "rl")], root / "rl",
+               None),
         "eval_rl": (family + [override("checkpoint", root / "rl"), override("out_dir", root / "eval_rl"),
                               "overwrite=true"], None, root / "eval_rl"),
     }

@@ -163,3 +163,23 @@ def test_a_flow_protocol_wires_its_evaluations_and_rl_to_the_flow_policy(tmp_pat
     assert jobs["rl"].checkpoint == str(root / "flow") and jobs["rl"].policy.noise_method == "flow_sde"
     assert jobs["eval_rl"].checkpoint == str(root / "rl")
     assert protocol.decoding({"action_horizon": 4, "denoise_steps": 4, "ode": True}) == "ode K4 h4"
+
+
+def test_a_world_model_protocol_runs_rl_in_its_world_model_and_evaluates_in_the_simulator(tmp_path):
+    """A world_model phase trains on every demo of the suite; RL's rollouts then run in it, both evaluations in the
+    simulator (the jobs themselves run on the simulator in their own tests)."""
+    root = tmp_path / "wm protocol"
+    cfg = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root)])
+    phases = {phase.name: phase for phase in protocol.plan(cfg)}
+    assert list(phases) == ["collect", "flow", "eval", "world_model", "rl", "eval_rl"]
+    jobs = {name: compose(phase.job, phase.overrides) for name, phase in phases.items()}
+    assert jobs["flow"].data.demos_per_task == 3 and jobs["world_model"].data.demos_per_task is None
+    assert jobs["world_model"].run_dir == str(root / "world_model") and jobs["world_model"].algo.name == "world_model"
+    assert jobs["world_model"].task.name == "libero_object"
+    assert jobs["world_model"].algo.chunk == 4 and jobs["flow"].algo.action_horizon % 4 == 0
+    assert jobs["rl"].environment.name == "world_model"
+    assert jobs["rl"].environment.checkpoint == str(root / "world_model")
+    assert jobs["eval"].environment.name == "simulator" and jobs["eval_rl"].environment.name == "simulator"
+    flow_only = compose("protocol", ["protocol=libero_object_flow_fewshot", override("run_root", root)])
+    rl_phase = next(p for p in protocol.plan(flow_only) if p.name == "rl")
+    assert compose("rl", rl_phase.overrides).environment.name == "simulator"
