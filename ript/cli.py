@@ -57,6 +57,8 @@ CONTINUE = {
     "stage1": "continue from the last checkpoint with the same command and resume=true",
     "finetune": "continue from the last checkpoint with the same command and resume=true",
     "flow": "continue from the last checkpoint with the same command and resume=true",
+    "world_model": "continue from the last checkpoint with the same command and resume=true",
+    "world_model_eval": "no results were written: run the same command again to measure",
     "rl": "continue from the last checkpoint with the same command and resume=true",
     "eval": "no results were written (an evaluation does not resume): run the same command again to evaluate",
     "protocol": "its finished phases are kept: the same command continues from the phase it stopped in",

@@ -74,6 +74,20 @@ def data_files(task_cfg: DictConfig, names: list[str] | None = None) -> list[Pat
     return files
 
 
+def extra_data_files(names: list[str], dirs: list[str]) -> list[Path]:
+    """The files of these tasks in each of ``dirs`` (``<task>.hdf5``: episodes ``ript eval record_episodes=true``
+    recorded); a folder that holds none of them is refused."""
+    files = []
+    for folder in map(Path, dirs):
+        found = [folder / f"{n}.hdf5" for n in names if (folder / f"{n}.hdf5").is_file()]
+        if not found:
+            raise RiptError(f"data.extra_dirs: {folder} holds no file of the tasks {', '.join(names)} "
+                            f"(<task>.hdf5, as `ript eval record_episodes=true` writes them)")
+        _check_recorded_tasks(found, [p.stem for p in found])
+        files += found
+    return files
+
+
 def _check_recorded_tasks(files: list[Path], names: list[str]) -> None:
     """Each file holds the task it is loaded for: a file replaced by another task's would train (and evaluate)
     the wrong task under this one's name. Files that record no task name (official LIBERO files) pass."""

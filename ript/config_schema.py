@@ -377,6 +377,7 @@ class EvalJob(EvalProtocol):
     checkpoint: str
     out_dir: str | None
     overwrite: bool
+    record_episodes: bool = False
     device: str
     sampling: Sampling
     workers: WorkerLimits

@@ -3,7 +3,7 @@
 Every demo frame ``t`` is one sample: observations ``t-frame_stack+1 .. t`` (repeating the first frame at
 an episode start) and actions ``t .. t+chunk-1`` (repeating the last action past the end, with a mask); for a
 world model, also the observations after every ``future_every`` of those actions (``future_obs``) and whether the
-demo's last action was among them (``future_done``).
+demo's last action was among them and finished it with success (``future_done``).
 All demos are concatenated into tensors so a batch is a few vectorised gathers, on CPU or GPU.
 """
 
@@ -52,27 +52,33 @@ class ChunkDataset:
         if split not in ("train", "val", "all"):
             raise ValueError(split)
         self.spec = spec
-        self.task_names: list[str] = []
+        self.task_names: list[str] = []   # each task once, in the order of its first file
         self.instructions: list[str] = []
         self.file_attrs: list[dict] = []
+        task_of_file = []                 # a task's demos may come from several files (demos, recorded episodes)
         for path in spec.files:
             attrs = read_file_attrs(path)
             self.file_attrs.append(attrs)
-            self.task_names.append(str(attrs.get("task_name", Path(path).stem)))
-            self.instructions.append(instruction_from_attrs(attrs, Path(path)))
+            name = str(attrs.get("task_name", Path(path).stem))
+            if name not in self.task_names:
+                self.task_names.append(name)
+                self.instructions.append(instruction_from_attrs(attrs, Path(path)))
+            task_of_file.append(self.task_names.index(name))
         picks = [functools.partial(self._split_indices, split=split, task_id=t) for t in range(len(spec.files))]
         arrays = load_split(list(spec.files), spec.obs_keys, spec.demos_per_task, spec.action_dim, spec.flip_keys,
                             picks, spec.load_workers, spec.action_key)
         lengths = [n for layout in arrays.layouts for n in layout.lengths]
         if not lengths:
             raise EmptySplitError(f"the {split} split is empty (files: {', '.join(map(str, spec.files))})")
-        task_of_demo = [t for t, layout in enumerate(arrays.layouts) for _ in layout.lengths]
+        task_of_demo = [task_of_file[t] for t, layout in enumerate(arrays.layouts) for _ in layout.lengths]
+        successes = [ok for layout in arrays.layouts for ok in layout.successes]
         ends = np.cumsum(lengths)
         self.actions = torch.from_numpy(arrays.actions)
         self.obs = {k: torch.from_numpy(v) for k, v in arrays.obs.items()}
         self.task_ids = torch.from_numpy(np.repeat(task_of_demo, lengths)).long()
         self.episode_start = torch.from_numpy(np.repeat(ends - lengths, lengths)).long()
         self.episode_end = torch.from_numpy(np.repeat(ends, lengths)).long()
+        self.episode_success = torch.from_numpy(np.repeat(successes, lengths)).bool()  # recorded episodes may fail
         self.num_demos = len(lengths)
         # what a resumed run compares: the same files with the same demos (a file re-collected with more demos,
         # or replaced, would silently change what the rest of the run trains on)
@@ -100,13 +106,13 @@ class ChunkDataset:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.actions, *self.obs.values(), self.task_ids,
-                                                         self.episode_start, self.episode_end))
+                                                         self.episode_start, self.episode_end, self.episode_success))
 
     def to(self, device: str | torch.device) -> ChunkDataset:
         """Move the whole dataset (and where batches are delivered) to ``device``."""
         self.actions = self.actions.to(device)
         self.obs = {k: v.to(device) for k, v in self.obs.items()}
-        for name in ("task_ids", "episode_start", "episode_end"):
+        for name in ("task_ids", "episode_start", "episode_end", "episode_success"):
             setattr(self, name, getattr(self, name).to(device))
         self._serve_device = None
         return self
@@ -156,7 +162,8 @@ class ChunkDataset:
             offsets = self.spec.future_every * torch.arange(1, self.spec.future_count + 1, device=idx.device)
             future = idx[:, None] + offsets
             batch["future_obs"] = {k: v[torch.minimum(future, end - 1)] for k, v in self.obs.items()}
-            batch["future_done"] = future >= end
+            # a failed episode ends at its time limit, which is no state to predict: never "done"
+            batch["future_done"] = (future >= end) & self.episode_success[idx, None]
         return batch
 
     def obs_shapes(self) -> dict[str, tuple[int, ...]]:

@@ -44,6 +44,10 @@ EXPERT_ACTIONS = "expert_actions"
 # File attribute of ript's collections: the settings the demos were collected with (JSON), compared by a rerun.
 COLLECTION_ATTR = "collection"
 
+# File attribute of episodes recorded from the env's observations: their images are upright, so the task's
+# ``flip_obs_keys`` (for files stored as robosuite renders) do not apply.
+UPRIGHT_ATTR = "upright"
+
 
 def _is_image_key(key: str) -> bool:
     return key.endswith("_rgb") or key.endswith("_image")
@@ -207,6 +211,7 @@ class DemoLayout:
     lengths: list[int]
     action_dim: int
     obs: dict[str, tuple[tuple[int, ...], np.dtype]]
+    successes: list[bool] = field(default_factory=list)  # each demo's ``success`` attribute (absent: a success)
 
 
 def demo_layout(path: Path, obs_keys: dict[str, str], max_demos: int | None = None,
@@ -215,15 +220,16 @@ def demo_layout(path: Path, obs_keys: dict[str, str], max_demos: int | None = No
     path = Path(path)
     with _demo_file(path) as f:
         names = _chosen_demos(f, path, max_demos, pick)
-        lengths, action_dim, obs = [], 0, {}
+        lengths, action_dim, obs, successes = [], 0, {}, []
         for name in names:
             (steps, action_dim), datasets = _checked_shapes(f["data"][name], f"{path}:data/{name}", obs_keys,
                                                             action_key)
             lengths.append(steps)
+            successes.append(bool(f["data"][name].attrs.get("success", True)))  # official demos all succeed
             for canonical, d in datasets.items():
                 dtype = np.dtype(np.uint8 if d.dtype == np.uint8 else np.float32)  # as iter_demos loads it
                 obs.setdefault(canonical, (tuple(d.shape[1:]), dtype))
-        return DemoLayout(path, names, lengths, action_dim, obs)
+        return DemoLayout(path, names, lengths, action_dim, obs, successes)
 
 
 def iter_demos(
@@ -245,6 +251,8 @@ def iter_demos(
     """
     path = Path(path)
     with _demo_file(path) as f:
+        if f["data"].attrs.get(UPRIGHT_ATTR, False):
+            flip_keys = ()  # recorded from the env's observations, which are upright already
         for name in _chosen_demos(f, path, max_demos, pick):
             g, where = f["data"][name], f"{path}:data/{name}"
             (steps, dim), datasets = _checked_shapes(g, where, obs_keys, action_key)

@@ -7,6 +7,7 @@ task is done or at the horizon. ``ImaginedRunner`` answers the same ``run(policy
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -119,10 +120,12 @@ class ImaginedRunner:
                 for t in o.task_names]
 
     def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,
-            stop: StopRule | None = None) -> dict[str, Any]:
+            stop: StopRule | None = None, sink: Callable[[dict], None] | None = None) -> dict[str, Any]:
         """Every episode of ``specs`` (default: the evaluation protocol) in the world model, or until ``stop`` is
         satisfied; the same results as ``EnvRunner.run`` (the episodes, env steps, timings)."""
         specs = self.specs() if specs is None else list(specs)
+        if sink is not None or any(spec.keep for spec in specs):
+            raise RiptError("episodes are kept as demonstration files from the simulator only (environment=simulator)")
         if policy.action_horizon % self.model.chunk:
             raise RiptError(f"the policy executes {policy.action_horizon} actions per decision; the world model "
                             f"steps {self.model.chunk} at a time (set the decoding's action_horizon to a multiple)")

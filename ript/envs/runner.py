@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -61,9 +62,14 @@ class Runner(Protocol):
         """What gives no shaped (dense) step reward, to say so (None: it has one)."""
         ...
 
+    def specs(self) -> list[EpisodeSpec]:
+        """The evaluation protocol's episodes."""
+        ...
+
     def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,
-            stop: StopRule | None = None) -> dict[str, Any]:
-        """Every episode of ``specs`` (default: the evaluation protocol), or until ``stop`` is satisfied."""
+            stop: StopRule | None = None, sink: Callable[[dict], None] | None = None) -> dict[str, Any]:
+        """Every episode of ``specs`` (default: the evaluation protocol), or until ``stop`` is satisfied; ``sink``
+        takes each finished episode whose spec keeps its steps, with them under ``steps``."""
         ...
 
     def close(self) -> None: ...
@@ -145,16 +151,17 @@ class EnvRunner:
         return None if get_suite(suite).shaped_reward else f"suite {suite}"
 
     def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,
-            stop: StopRule | None = None) -> dict[str, Any]:
+            stop: StopRule | None = None, sink: Callable[[dict], None] | None = None) -> dict[str, Any]:
         """Run every episode of ``specs`` (default: the evaluation protocol), or until ``stop`` is satisfied
         (the rest are then cancelled and counted): the episodes, the env steps and where the time went
         (``ript.evaluation.results.summarize`` adds the success rates). With a recording policy, each episode dict
-        also carries its ``decisions``."""
+        also carries its ``decisions``. An episode whose spec ``keep``s its steps renders every step and goes to
+        ``sink`` with ``steps``: its observations before each action and the actions."""
         workers = self._ensure_workers(policy.frame_stack)
         with driver_threads(len(workers.pool), self.options.driver_threads):
             schedule = Schedule(policy, workers, self.slot_tasks, self.specs() if specs is None else list(specs),
                                 video_dir, stop, [f"{c}_rgb" for c in self.options.render["cameras"]],
-                                self.options.on_worker_failure == "rerun")
+                                self.options.on_worker_failure == "rerun", sink)
             return schedule.run()
 
     def close(self) -> None:
@@ -176,7 +183,8 @@ class Schedule:
     episodes ended, so the schedule changes no result."""
 
     def __init__(self, policy: ChunkingPolicy, workers: WorkerSet, built: list[list[str]], specs: list[EpisodeSpec],
-                 video_dir: Path | None, stop: StopRule | None, video_keys: list[str], rerun_failed: bool):
+                 video_dir: Path | None, stop: StopRule | None, video_keys: list[str], rerun_failed: bool,
+                 sink: Callable[[dict], None] | None = None):
         self.policy, self.pool, self.shared, self.per = policy, workers.pool, workers.frames, workers.envs_per_worker
         self.built, self.video_dir, self.stop, self.video_keys = built, video_dir, stop, video_keys
         self.rerun_failed, self.keep = rerun_failed, policy.frame_stack
@@ -189,6 +197,7 @@ class Schedule:
         self.chunks: list = [None] * n
         self.rewards: list[list[float]] = [[] for _ in range(n)]  # each decision's chunk reward (the suite's own)
         self.frames: list[list] = [[] for _ in range(n)]
+        self.sink, self.kept = sink, [None] * n  # kept: an episode's observations and actions, for the sink
         self.episodes: list[dict] = []
         self.first_frames: dict[str, np.ndarray] = {}  # task -> the cameras' first view of its episode 0 (a picture)
         self.in_flight: dict[int, Pending] = {}  # worker -> its call not yet answered (at most one each)
@@ -272,6 +281,7 @@ class Schedule:
             self.policy.observe(s, obs)
             if spec.record:
                 self.frames[s].append(video_frame(obs, self.video_keys))
+            self.kept[s] = ([obs], []) if spec.keep else None
             if spec.index == 0 and spec.task_name not in self.first_frames:
                 self.first_frames[spec.task_name] = video_frame(obs, self.video_keys)
 
@@ -289,7 +299,8 @@ class Schedule:
         planned = self.policy.act_chunk(active)  # the same whichever envs share the batch (ChunkingPolicy)
         self.decisions += sum(active)
         for w in ws:
-            items = {s: (planned[s], self.keep, self.running[s].record) for s in self.slots(w) if active[s]}
+            items = {s: (planned[s], self.keep, self.running[s].record or self.running[s].keep)
+                     for s in self.slots(w) if active[s]}
             for s in items:
                 self.chunks[s] = planned[s]
             self.send(w, "advance", items)
@@ -308,6 +319,10 @@ class Schedule:
                     self.policy.observe(s, obs)
                 if self.running[s].record:
                     self.frames[s].append(video_frame(obs, self.video_keys))
+                if self.kept[s] is not None:
+                    self.kept[s][0].append(obs)
+            if self.kept[s] is not None:
+                self.kept[s][1].extend(self.chunks[s][:taken])
             if done:
                 ended.append((s, success))
         if self.policy.record:
@@ -326,7 +341,13 @@ class Schedule:
         if spec.record and self.video_dir is not None:
             tag = "success" if success else "failure"
             write_mp4(Path(self.video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", self.frames[s])
-        self.running[s] = None
+        if self.kept[s] is not None and self.sink is not None:
+            observations, actions = self.kept[s]
+            # the observation before each action (the one after the last is not part of a demonstration)
+            steps = {"obs": {k: np.stack([o[k] for o in observations[:len(actions)]]) for k in observations[0]},
+                     "actions": np.stack(actions).astype(np.float32)}
+            self.sink({**episode, "steps": steps})
+        self.running[s], self.kept[s] = None, None
         if self.stop is not None:
             self.stop.finished(episode)
 
@@ -355,7 +376,7 @@ class Schedule:
     def abandon(self, s: int) -> None:
         if self.policy.record:
             self.policy.take_record(s)
-        self.running[s], self.frames[s] = None, []
+        self.running[s], self.frames[s], self.kept[s] = None, [], None
 
     def summary(self, restarts_before: int, busy_before: float, inference_before: float, calls_before: int
                 ) -> dict[str, Any]:

@@ -29,7 +29,8 @@ class EpisodeSpec:
     task_name: str
     seed: int
     index: int  # episode number within its task (RL: within the round, so K rollouts of one layout differ)
-    record: bool = False
+    record: bool = False  # a video of it is kept
+    keep: bool = False    # every step's observation and action are kept (the episode as a demonstration file)
 
     @property
     def key(self) -> int:

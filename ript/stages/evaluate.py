@@ -5,13 +5,16 @@ run of one, with ``task=<suite>``, decoded deterministically."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from ript.config import to_dict
+from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.evaluation.environments import EnvironmentSetting, build_environment
+from ript.evaluation.recording import EpisodeFiles
 from ript.evaluation.results import success_table, summarize, write_evaluation
 from ript.policies.families import family_for
 from ript.utils.device import resolve_device
@@ -38,11 +41,18 @@ def evaluate(cfg, protocol) -> dict[str, Any]:
             cfg.environment, cfg.workers, loaded.metadata, loaded.task_names, loaded.policy, device,
             protocol.num_workers, protocol.get("max_episode_steps"), protocol.episodes_per_task,
             int(protocol.seed), int(protocol.n_videos)))
+        specs, sink = None, None
+        if cfg.get("record_episodes"):  # every step kept: the episodes as demonstration files of the tasks
+            specs = [dataclasses.replace(spec, keep=True) for spec in runner.specs()]
+            sink = EpisodeFiles(out_dir / "episodes", loaded.metadata,
+                                get_suite(loaded.metadata["suite"]).instructions(loaded.task_names))
         try:
             torch.manual_seed(int(cfg.seed))
-            results = summarize(runner.run(loaded.policy, video_dir=out_dir / "videos"))
+            results = summarize(runner.run(loaded.policy, video_dir=out_dir / "videos", specs=specs, sink=sink))
         finally:
             runner.close()
+        if sink is not None:
+            results["episode_files"] = [str(p) for p in sink.finish()]
         results.update(loaded.results, environment=to_dict(cfg.environment))
         write_evaluation(out_dir, results, title)
     print(success_table(results))

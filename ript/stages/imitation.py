@@ -37,11 +37,13 @@ class Objective(Protocol):
     def policy(self, metadata: dict, device: str, seed: int, cuda_graph: bool) -> ChunkingPolicy: ...  # evaluation
 
 
-def datasets(cfg, chunk_size: int, device: str, **spec):
-    """The train and validation splits of the task's demos; ``spec``: further ``DatasetSpec`` fields."""
+def datasets(cfg, chunk_size: int, device: str, extra_files: list[Path] = (), **spec):
+    """The train and validation splits of the task's demos (and of ``extra_files``: more episodes of its tasks);
+    ``spec``: further ``DatasetSpec`` fields."""
     names = task_names(cfg.task)
     return load_datasets(
-        dict(files=data_files(cfg.task, names), obs_keys=dict(cfg.task.obs_keys), chunk_size=chunk_size,
+        dict(files=[*data_files(cfg.task, names), *extra_files], obs_keys=dict(cfg.task.obs_keys),
+             chunk_size=chunk_size,
              frame_stack=int(cfg.algo.frame_stack), action_dim=int(cfg.task.action_dim),
              demos_per_task=cfg.data.demos_per_task, val_fraction=float(cfg.data.val_fraction),
              seed=int(cfg.seed), flip_keys=tuple(cfg.task.flip_obs_keys), action_key=str(cfg.data.action_key),

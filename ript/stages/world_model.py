@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ript.config import extra_data_files, task_names
 from ript.errors import RiptError
 from ript.models.world_model import WorldModel
 from ript.stages.imitation import datasets, language, observation_kwargs, train_imitation
@@ -27,7 +28,8 @@ def run(cfg) -> str:
     prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
     chunk, unroll = int(cfg.algo.chunk), int(cfg.algo.unroll)
-    train_set, val_set = datasets(cfg, chunk * unroll, device, future_every=chunk, future_count=unroll)
+    extra = extra_data_files(task_names(cfg.task), list(cfg.data.extra_dirs))  # a policy's recorded episodes
+    train_set, val_set = datasets(cfg, chunk * unroll, device, extra, future_every=chunk, future_count=unroll)
     embeddings = language(cfg, train_set.instructions)
     conditioning = observation_kwargs(train_set, embeddings, 1)
     sizes = {train_set.obs_shapes()[k][0] for k in conditioning["image_keys"]}

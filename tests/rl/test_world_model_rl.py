@@ -14,14 +14,16 @@ import torch
 from safetensors.torch import load_file
 
 from ript.config import compose
+from ript.data.dataset import ChunkDataset, DatasetSpec
+from ript.data.hdf5 import read_demos
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
 from ript.envs.worker_env import EpisodeSpec
 from ript.errors import RiptError
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
-from ript.stages import rl
+from ript.stages import rl, world_model
 from ript.stages.evaluate import run as evaluate
-from tests.helpers.cli import assert_one_line_error, ript, rl_overrides
+from tests.helpers.cli import assert_one_line_error, ript, rl_overrides, world_model_overrides
 
 SPECS = [EpisodeSpec("drawer-close-v3", seed, j) for seed in (3, 4) for j in range(2)]
 
@@ -142,3 +144,40 @@ def test_world_model_eval_measures_fidelity_the_head_and_speed(world_model_run, 
     assert len(list((out / "videos").glob("*.mp4"))) == 1
     assert "PSNR" in stdout and "success head on real frames" in stdout
     assert_one_line_error(ript(*args), "results.json exists", "overwrite=true")
+
+
+def test_recorded_episodes_become_demonstration_files_a_world_model_trains_on(stage1_run, tiny_data, tmp_path):
+    out = tmp_path / "recorded"
+    results = evaluate(compose("eval", [f"checkpoint={stage1_run}", f"out_dir={out}", "record_episodes=true",
+                                        "episodes_per_task=2", "num_workers=1", "max_episode_steps=20",
+                                        "n_videos=0"]))
+    folder = out / "episodes"
+    assert sorted(p.name for p in folder.iterdir()) == ["button-press-v3.hdf5", "drawer-close-v3.hdf5"]
+    for task in ("button-press-v3", "drawer-close-v3"):
+        episodes = sorted((e for e in results["episodes"] if e["task"] == task),
+                          key=lambda e: (e["seed"], e["episode"]))
+        demos = read_demos(folder / f"{task}.hdf5", {"corner_rgb": "corner_rgb", "gripperPOV_rgb": "gripperPOV_rgb",
+                                                     "robot_states": "robot_states"}, flip_keys=("corner_rgb",))
+        assert [len(d.actions) for d in demos] == [e["length"] for e in episodes]
+        assert [bool(d.attrs["success"]) for d in demos] == [e["success"] for e in episodes]
+        first = np.concatenate([demos[0].obs["corner_rgb"][0], demos[0].obs["gripperPOV_rgb"][0]], axis=1)
+        assert np.array_equal(first, results["first_frames"][task])  # upright as the env gave it (no flip)
+        assert demos[0].actions.shape[1] == 4 and demos[0].obs["robot_states"].shape[0] == len(demos[0].actions)
+    # beside the demos: a failed episode's last chunk is no success to predict
+    spec = DatasetSpec(files=[tiny_data / "drawer-close-v3.hdf5", folder / "drawer-close-v3.hdf5"],
+                       obs_keys={"corner_rgb": "corner_rgb", "robot_states": "robot_states"}, chunk_size=2,
+                       val_fraction=0.0, future_every=2, future_count=1)
+    data = ChunkDataset(spec, "all")
+    assert data.task_names == ["drawer-close-v3"] and int(data.task_ids.max()) == 0
+    done = data.get_batch(torch.arange(len(data)))["future_done"][:, 0]
+    failed = ~data.episode_success
+    assert bool(failed.any()) and not bool(done[failed].any()) and bool(done[~failed].any())
+    run = tmp_path / "world_model"
+    world_model.run(compose("world_model", [*world_model_overrides(tiny_data, run, 2),
+                                            f"data.extra_dirs=[{folder}]"]))
+    recorded = json.loads((run / "checkpoints" / "last" / "config.json").read_text())["metadata"]["files"]
+    assert str(folder / "drawer-close-v3.hdf5") in recorded and len(recorded) == 4
+    with pytest.raises(RiptError, match="holds no file of the tasks"):
+        world_model.run(compose("world_model", [*world_model_overrides(tiny_data, tmp_path / "w2", 2),
+                                                f"data.extra_dirs=[{tmp_path}]"]))
+    assert not (tmp_path / "w2").exists()
