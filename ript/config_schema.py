@@ -207,6 +207,9 @@ class Environment(Section):
     checkpoint: str | None = None
     envs: Count = 64
     success_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    refresh_every: Size = 0
+    refresh_episodes: Count = 4
+    refresh_steps: Count = 500
 
     @field_validator("name")
     @classmethod
@@ -332,6 +335,7 @@ class NoEval(Section):
 class WorldModelJob(Stage0Job):
     algo: WorldModelAlgo
     eval: NoEval
+    init_checkpoint: str | None = None
 
 
 class WorldModelEvalJob(Section):

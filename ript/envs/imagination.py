@@ -106,6 +106,12 @@ class ImaginedRunner:
         self.task_ids = {name: model.task_index(name) for name in options.task_names}
         self.keys = [*model.image_keys, *model.lowdim_keys]  # what it predicts, and all a policy then reads
 
+    def use_model(self, model: WorldModel) -> None:
+        """Go on in another world model of the same tasks (a refreshed one)."""
+        for name in self.options.task_names:
+            model.task_index(name)
+        self.model = model.eval()
+
     @property
     def env_slots(self) -> int:
         return int(self.options.envs)

@@ -20,6 +20,7 @@ from ript.rl.advantages import build_estimator
 from ript.rl.critic import load_critic, write_learner_files
 from ript.rl.history import RolloutHistory
 from ript.rl.learners import Learner
+from ript.rl.refresh import WorldModelRefresh
 from ript.rl.rollout import GroupSampling, collect_groups
 from ript.rl.sampler import InitialConditionSampler
 from ript.rl.update import make_optimizer, metric_names, ppo_update, update_batch
@@ -70,6 +71,7 @@ class RLRun:
     resume_from: Path | None
     evaluate: Callable[[int, MetricLogger], None]  # in-training evaluation at an iteration (rank 0; may do nothing)
     runner: Runner          # where the rollouts run (``rollout_environment``); closed with the loop
+    refresh: WorldModelRefresh | None = None  # a world model refreshed on real episodes (environment.refresh_every)
 
 
 def train_loop(run: RLRun) -> str:
@@ -82,6 +84,9 @@ def train_loop(run: RLRun) -> str:
             rl.evaluate(0)
         for it in range(rl.run.start, rl.iterations):
             timer = Timer()
+            if rl.refresh is not None and rl.refresh.due(it):
+                with timer("refresh"):  # real episodes join the world model's data; it trains on
+                    rl.refresh.refresh(it, rl.policy, rl.runner)
             with timer("rollout"):
                 batch, videos = rl.rollouts(it)
             with timer("train"):  # collating (and rescoring) the decisions too
@@ -131,6 +136,9 @@ class RLIterations:
         self.logger = self.run.open_logger(to_dict(cfg))
         self.history = RolloutHistory(run.run_dir, self.run.start) if info.is_main else None
         self.runner = run.runner
+        self.refresh = run.refresh
+        if self.refresh is not None:  # the world model the run had got to
+            self.refresh.resume(self.run.start, self.runner, int((streams or {}).get("real_env_steps", 0)))
 
     def load_weights(self, ckpt: Path) -> None:
         check_and_load(self.learner.weights, load_weights(ckpt), str(ckpt))
@@ -189,6 +197,11 @@ class RLIterations:
             metrics[f"rollout/success/{task}"] = wins / episodes
         self.env_steps += int(totals["counted_env_steps"])
         metrics["rollout/env_steps_total"] = self.env_steps
+        if self.refresh is not None:  # the simulator's share of every env step taken (the rest were imagined)
+            real = self.refresh.real_env_steps
+            metrics["rollout/real_env_steps_total"] = real
+            metrics["rollout/real_env_step_share"] = real / max(1, real + self.env_steps)
+            metrics["time/refresh"] = timer.seconds.get("refresh", 0.0)
         return metrics
 
     def log(self, iteration: int, metrics: dict, stats: dict, totals: dict[str, float], videos: Path | None) -> None:
@@ -214,6 +227,8 @@ class RLIterations:
     def checkpoint(self, iteration: int) -> None:
         streams = {"sampler": self.sampler.state_dict(), "policy_rng": self.policy.generator.get_state(),
                    "env_steps": self.env_steps}
+        if self.refresh is not None:
+            streams["real_env_steps"] = self.refresh.real_env_steps
         self.run.save(iteration, self.learner.weights, self.setup.ckpt_config, streams,
                       write_extra=lambda folder: write_learner_files(self.learner, folder))
 
@@ -239,6 +254,8 @@ class RLIterations:
 
     def close(self) -> None:
         self.runner.close()
+        if self.refresh is not None:
+            self.refresh.close()
         self.run.close()
 
 

@@ -15,7 +15,9 @@ from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.rl.advantages import build_estimator
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
+from ript.rl.refresh import WorldModelRefresh
 from ript.rl.rollout import rollout_environment
+from ript.stages import world_model
 
 
 def run(cfg) -> str:
@@ -43,9 +45,11 @@ def _train(cfg, family, loaded, info, device: str, runner) -> str:
         if evaluate is not None:  # rank 0 alone evaluates
             evaluate(iteration, logger)
 
+    refresh = WorldModelRefresh(cfg, run_dir, loaded.metadata, names, device, info.world_size, world_model.run) \
+        if cfg.environment.get("refresh_every") else None
     try:
         return train_loop(RLRun(cfg, info, device, learner, loaded.policy, names, loaded.metadata, ckpt_config,
-                                run_dir, resume_from, maybe_evaluate, runner))
+                                run_dir, resume_from, maybe_evaluate, runner, refresh))
     finally:
         if eval_runner is not None:
             eval_runner.close()

@@ -181,3 +181,29 @@ def test_recorded_episodes_become_demonstration_files_a_world_model_trains_on(st
         world_model.run(compose("world_model", [*world_model_overrides(tiny_data, tmp_path / "w2", 2),
                                                 f"data.extra_dirs=[{tmp_path}]"]))
     assert not (tmp_path / "w2").exists()
+
+
+def test_a_world_model_refreshed_on_real_episodes_mid_run_resumes_exactly(stage1_run, world_model_run, tmp_path):
+    refresh = ["environment.refresh_every=1", "environment.refresh_episodes=1", "environment.refresh_steps=2"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, full, 2, *refresh)))
+    rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, part, 1, *refresh)))
+    assert not (part / "world_model_refresh").exists()  # the first refresh comes before the second iteration
+    rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, part, 2, *refresh, "resume=true")))
+    for folder in (full, part):
+        made = folder / "world_model_refresh" / "iter00001"
+        assert json.loads((made / "refresh.json").read_text())["real_env_steps"] > 0
+        assert sorted(p.name for p in (made / "episodes").iterdir()) == ["drawer-close-v3.hdf5"]
+        recorded = json.loads((made / "world_model" / "checkpoints" / "last" / "config.json").read_text())
+        assert recorded["cfg"]["init_checkpoint"] == str(world_model_run)
+        assert str(made / "episodes" / "drawer-close-v3.hdf5") in recorded["metadata"]["files"]
+    for name in ("model.safetensors", "critic.safetensors"):
+        a = load_file(str(full / "checkpoints" / "last" / name))
+        b = load_file(str(part / "checkpoints" / "last" / name))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    refreshed = [load_file(str(f / "world_model_refresh" / "iter00001" / "world_model" / "checkpoints" / "last" /
+                               "model.safetensors")) for f in (full, part)]
+    assert all(torch.equal(refreshed[0][k], refreshed[1][k]) for k in refreshed[0])
+    base = load_file(str(world_model_run / "checkpoints" / "last" / "model.safetensors"))
+    assert any(not torch.equal(base[k], refreshed[0][k]) for k in base)  # it trained on
+    assert json.loads((full / "rl_history.json").read_text()) == json.loads((part / "rl_history.json").read_text())
