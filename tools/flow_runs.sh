@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Flow-policy protocols on a GPU host, as a detached job (tools/detached_job.sh): each argument is a protocol
-# (configs/protocol/*flow*.yaml) run with FLOW_EXTRA's overrides; its results.json and protocol.json are copied to
+# with a flow phase (configs/protocol/*flow*.yaml, *world_model.yaml) run with FLOW_EXTRA's overrides; its results.json and protocol.json are copied to
 # $RESULTS (runs/protocol_results). Protocols of one suite share its demos (a second collect skips them).
 #   bash tools/detached_job.sh start .libero/preamble.sh tools/flow_runs.sh libero_object_flow libero_object_flow_fewshot
 #   bash tools/detached_job.sh poll 560 runs/protocols/libero_object_flow runs/protocol_results
@@ -9,7 +9,9 @@ R=${RESULTS:-runs/protocol_results}
 mkdir -p "$R"
 for p in "$@"; do
   echo "== $p at ${SECONDS}s"
-  python3 -m ript.cli protocol "$p" "+phases.collect.num_workers=$(nproc)" +phases.flow.progress=false \
+  quiet=(+phases.flow.progress=false)
+  [[ $p == *world_model* ]] && quiet+=(+phases.world_model.progress=false)
+  python3 -m ript.cli protocol "$p" "+phases.collect.num_workers=$(nproc)" "${quiet[@]}" \
     ${FLOW_EXTRA:-} 2>&1 | stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'
   cp "runs/protocols/$p/results.json" "$R/$p.json" 2>/dev/null
   cp "runs/protocols/$p/protocol.json" "$R/$p.protocol.json" 2>/dev/null
