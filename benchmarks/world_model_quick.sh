@@ -6,11 +6,11 @@
 # Settings through the environment: WM_MINUTES (training time, 2), WM_EXTRA (world-model overrides), RL_ITERS (3),
 # RL_EXTRA, EPISODES (evaluation episodes per task, 20), WORKERS (auto), ROOT (runs/world_model_quick).
 set -euo pipefail
-policy=$1 out=$2
+policy=$1 results=$2
 root=${ROOT:-runs/world_model_quick}
 workers=${WORKERS:-auto}
 episodes=${EPISODES:-20}
-mkdir -p "$out" "$root"
+mkdir -p "$results" "$root"
 step() { echo "== $1 at ${SECONDS}s"; }
 
 step collect
@@ -22,20 +22,20 @@ ript world-model run_dir="$root/world_model" algo.model.width=32 algo.unroll=3 t
   train.val_every=1000 train.save_every=1000 progress=false ${WM_EXTRA:-} 2>&1 | grep -v Loading | tail -8
 
 step world-model-eval
-ript world-model-eval checkpoint="$root/world_model" out_dir="$out/world_model_eval" n_videos=4 2>&1 | tail -14
+ript world-model-eval checkpoint="$root/world_model" out_dir="$results/world_model_eval" n_videos=4 2>&1 | tail -14
 
 imagined=(environment=world_model environment.checkpoint="$root/world_model")
 step rl
 ript rl checkpoint="$policy" run_dir="$root/rl" "${imagined[@]}" rl.iterations="${RL_ITERS:-3}" eval.every=0 \
   rl.compile=false rl.num_workers="$workers" ${RL_EXTRA:-} 2>&1 | grep "rl iteration" | tail -20
-cp "$root/rl/rl_history.json" "$out/rl_history.json"
+cp "$root/rl/rl_history.json" "$results/rl_history.json"
 
 for ckpt in "$policy:before" "$root/rl:after"; do
   path=${ckpt%:*} tag=${ckpt##*:}
   step "eval $tag"
-  ript eval checkpoint="$path" out_dir="$out/eval_real_$tag" episodes_per_task="$episodes" num_workers="$workers" \
+  ript eval checkpoint="$path" out_dir="$results/eval_real_$tag" episodes_per_task="$episodes" num_workers="$workers" \
     n_videos=0 2>&1 | grep -A4 "^task"
-  ript eval checkpoint="$path" out_dir="$out/eval_imagined_$tag" episodes_per_task="$episodes" \
+  ript eval checkpoint="$path" out_dir="$results/eval_imagined_$tag" episodes_per_task="$episodes" \
     num_workers="$workers" n_videos=2 "${imagined[@]}" 2>&1 | grep -A4 "^task"
 done
 step done
