@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ript.evaluation.imagination import synchronize, timed_steps
 from ript.models.world_model import WorldModel
 
 LIBERO_STATE = {"ee_states": 6, "gripper_states": 2, "joint_states": 7}
@@ -36,26 +37,12 @@ def observations(n: int, size: int, device: str, frames: int | None = None) -> d
     return obs
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def imagined_rate(model: WorldModel, envs: int, chunks: int, device: str) -> dict[str, float]:
     model.eval()
     obs = observations(envs, model.image_size, device)
     task_ids = torch.arange(envs, device=device) % 10
     actions = torch.rand(envs, model.chunk, 7, device=device) * 2 - 1
-    for _ in range(3):  # warm-up (cuDNN picks its algorithms)
-        model.step(obs, task_ids, actions)
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(chunks):
-        obs, _ = model.step(obs, task_ids, actions)
-    sync(device)
-    seconds = time.perf_counter() - t0
-    return {"envs": envs, "env_steps_per_second": envs * chunks * model.chunk / seconds,
-            "ms_per_step_of_all_envs": 1000 * seconds / chunks}
+    return timed_steps(model, obs, task_ids, actions, chunks, device, warmup=3)
 
 
 def training_rate(model: WorldModel, batch: int, unroll: int, steps: int, device: str) -> dict[str, float]:
@@ -76,11 +63,11 @@ def training_rate(model: WorldModel, batch: int, unroll: int, steps: int, device
 
     for _ in range(3):
         step()
-    sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
-    sync(device)
+    synchronize(device)
     seconds = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
     return {"batch": batch, "unroll": unroll, "samples_per_second": batch * steps / seconds,

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ript.envs.runner import StopRule, video_frame
+from ript.envs.episodes import StopRule, finished_episode, video_frame
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.worker_env import EpisodeSpec, WorkerSet
 from ript.errors import RiptError
@@ -243,11 +243,7 @@ class Episodes:
 
     def finish(self, s: int, success: bool) -> None:
         spec = self.running[s]
-        episode = {"task": spec.task_name, "episode": spec.index, "seed": spec.seed, "success": bool(success),
-                   "length": self.steps[s]}
-        if self.policy.record:
-            episode["decisions"] = self.policy.take_record(s)
-            episode["chunk_rewards"] = self.rewards[s]
+        episode = finished_episode(spec, success, self.steps[s], self.policy, s, self.rewards[s])
         if spec.record and self.video_dir is not None:
             tag = "success" if success else "failure"
             write_mp4(Path(self.video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}_imagined.mp4", self.frames[s])

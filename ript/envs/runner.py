@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from ript.envs.episodes import StopRule, finished_episode, video_frame
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.suites import get_suite
 from ript.envs.worker_env import EpisodeSpec, WorkerSet
@@ -30,49 +31,6 @@ from ript.envs.workers import Pending
 from ript.policies.base import ChunkingPolicy
 from ript.utils.processes import driver_threads
 from ript.utils.video import write_mp4
-
-
-class StopRule:
-    """Ends a run as soon as the episodes seen so far settle what the caller needs (RL's dynamic sampling:
-    enough informative groups, in draw order); the episodes still running or waiting are then cancelled. A
-    rule must decide from which episodes have ended, never from when, so the result does not depend on timing."""
-
-    def finished(self, episode: dict) -> None:
-        raise NotImplementedError
-
-    def dropped(self, spec: EpisodeSpec) -> None:
-        """An episode lost with its worker (``on_worker_failure="drop"``)."""
-        raise NotImplementedError
-
-    def satisfied(self) -> bool:
-        raise NotImplementedError
-
-
-class Runner(Protocol):
-    """What runs a policy's episodes: the simulator's env workers (``EnvRunner``) or a world model
-    (``ript.envs.imagination.ImaginedRunner``)."""
-
-    @property
-    def env_slots(self) -> int:
-        """Episodes that run at once."""
-        ...
-
-    @property
-    def shaped_reward(self) -> str | None:
-        """What gives no shaped (dense) step reward, to say so (None: it has one)."""
-        ...
-
-    def specs(self) -> list[EpisodeSpec]:
-        """The evaluation protocol's episodes."""
-        ...
-
-    def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,
-            stop: StopRule | None = None, sink: Callable[[dict], None] | None = None) -> dict[str, Any]:
-        """Every episode of ``specs`` (default: the evaluation protocol), or until ``stop`` is satisfied; ``sink``
-        takes each finished episode whose spec keeps its steps, with them under ``steps``."""
-        ...
-
-    def close(self) -> None: ...
 
 
 def default_num_workers(requested: int | str | None, n_episodes: int, envs_per_worker: int = 1) -> int:
@@ -168,10 +126,6 @@ class EnvRunner:
         if self.workers is not None:
             self.workers.close()
             self.workers = None
-
-
-def video_frame(obs: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
-    return np.concatenate([obs[k] for k in keys], axis=1)
 
 
 class Schedule:
@@ -332,12 +286,8 @@ class Schedule:
 
     def finish(self, s: int, success: bool) -> None:
         spec = self.running[s]
-        episode = {"task": spec.task_name, "episode": spec.index, "seed": spec.seed, "success": bool(success),
-                   "length": self.steps[s]}
+        episode = finished_episode(spec, success, self.steps[s], self.policy, s, self.rewards[s])
         self.episodes.append(episode)
-        if self.policy.record:
-            episode["decisions"] = self.policy.take_record(s)
-            episode["chunk_rewards"] = self.rewards[s]
         if spec.record and self.video_dir is not None:
             tag = "success" if success else "failure"
             write_mp4(Path(self.video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", self.frames[s])

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ript.envs.episodes import Runner
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
-from ript.envs.runner import Runner
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.evaluation.runner import runner_from_metadata

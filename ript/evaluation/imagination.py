@@ -141,20 +141,29 @@ def head_on_real(model: WorldModel, dataset: ChunkDataset, threshold: float, dev
 def imagined_steps_per_second(model: WorldModel, dataset: ChunkDataset, envs: int, chunks: int,
                               device: str) -> dict[str, float]:
     """Env steps per second of ``envs`` imagined envs stepping ``chunks`` chunks of the demos' actions (the
-    model alone: no policy), after one warm-up chunk."""
-    idx = torch.arange(envs) % len(dataset)
-    batch = dataset.get_batch(idx)
+    model alone: no policy)."""
+    batch = dataset.get_batch(torch.arange(envs) % len(dataset))
     obs = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
-    task_ids, actions = batch["task_ids"].to(device), batch["actions"][:, :model.chunk].to(device)
-    model.step(obs, task_ids, actions)
+    return timed_steps(model, obs, batch["task_ids"].to(device), batch["actions"][:, :model.chunk].to(device),
+                       chunks, device)
+
+
+@torch.no_grad()
+def timed_steps(model: WorldModel, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, actions: torch.Tensor,
+                chunks: int, device: str, warmup: int = 1) -> dict[str, float]:
+    """``chunks`` steps of a batch of envs, timed after ``warmup`` untimed ones (a GPU picks its kernels)."""
+    for _ in range(warmup):
+        model.step(obs, task_ids, actions)
     synchronize(device)
     t0 = time.perf_counter()
     for _ in range(chunks):
         obs, _ = model.step(obs, task_ids, actions)
     synchronize(device)
     seconds = time.perf_counter() - t0
+    envs = len(task_ids)
     return {"envs": envs, "env_steps": envs * chunks * model.chunk, "seconds": seconds,
-            "env_steps_per_second": envs * chunks * model.chunk / max(seconds, 1e-9)}
+            "env_steps_per_second": envs * chunks * model.chunk / max(seconds, 1e-9),
+            "ms_per_step_of_all_envs": 1000 * seconds / chunks}
 
 
 def synchronize(device: str) -> None:

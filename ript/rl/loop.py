@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ript.config import to_dict
-from ript.envs.runner import Runner
+from ript.envs.episodes import Runner
 from ript.envs.seeds import rank_seed
 from ript.envs.suites import get_suite
 from ript.errors import RiptError

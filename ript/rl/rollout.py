@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ript.envs.runner import Runner, StopRule
+from ript.envs.episodes import Runner, StopRule
 from ript.envs.worker_env import EpisodeSpec
 from ript.errors import RiptError
 from ript.evaluation.environments import EnvironmentSetting, build_environment
