@@ -44,7 +44,7 @@ def test_the_loss_falls_on_a_fixed_batch():
         out["loss"].backward()
         opt.step()
         first = first if first is not None else {k: float(v.detach()) for k, v in out.items()}
-    last = {k: float(v) for k, v in model.loss(obs, future, done, actions, task_ids).items()}
+    last = {k: float(v.detach()) for k, v in model.loss(obs, future, done, actions, task_ids).items()}
     assert last["loss"] < 0.6 * first["loss"], (first, last)
     for name in ("l1", "state_mse", "success_bce"):
         assert last[name] < first[name], name

@@ -141,7 +141,7 @@ def test_a_third_policy_runs_an_rl_iteration(tmp_path):
     from ript.config import compose
     from ript.rl.advantages import build_estimator
     from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
-    from ript.rl.rollout import flatten_groups, group_episodes
+    from ript.rl.rollout import flatten_groups, group_episodes, rollout_environment
     from ript.rl.update import ppo_update, rescore
     from ript.utils.checkpoint import load_weights
 
@@ -152,9 +152,10 @@ def test_a_third_policy_runs_an_rl_iteration(tmp_path):
     model = gaussian_model()
     learner, policy = GaussianLearner(model, 0.3), GaussianHold(model, seed=1)
     device, info = init_rank(cfg)
+    rollouts = rollout_environment(cfg, info, metadata, TASKS, policy, device)
     run_dir, resume_from = prepare_run(cfg, info)
     train_loop(RLRun(cfg, info, device, learner, policy, TASKS, metadata, {"stage": "rl", "model_name": "gaussian"},
-                     run_dir, resume_from, lambda iteration, logger: None))
+                     run_dir, resume_from, lambda iteration, logger: None, rollouts))
     ckpt = run_dir / "checkpoints" / "last"
     assert (ckpt / "gaussian.txt").is_file() and set(load_weights(ckpt)) == {"mean"}
 
