@@ -100,9 +100,17 @@ def test_a_missing_foreign_or_mismatched_world_model_is_one_line(stage1_run, wor
     config = json.loads(config_file.read_text())
     config["metadata"]["suite"] = "libero_object"  # a world model of another suite
     config_file.write_text(json.dumps(config))
+    larger = tmp_path / "larger_world_model"
+    shutil.copytree(world_model_run, larger)
+    config_file = larger / "checkpoints" / "last" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["model_kwargs"]["image_size"] = 64  # one of the policy's suite at another image size
+    config_file.write_text(json.dumps(config))
     for extra, message in [
         ([f"environment.checkpoint={stage1_run}"], "checkpoint is from stage 'stage1'"),
         ([f"environment.checkpoint={foreign}"], "models suite libero_object; the policy acts in metaworld"),
+        ([f"environment.checkpoint={larger}"], "predicts 64-pixel images of cameras ['corner', 'gripperPOV']; "
+                                               "the policy reads 32-pixel images"),
         ([f"environment.checkpoint={world_model_run}", "rl.reward=dense"],
          "a world model (it predicts success only) has no shaped reward"),
         ([f"environment.checkpoint={world_model_run}", "sampling.action_horizon=3"],
