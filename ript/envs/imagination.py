@@ -47,7 +47,6 @@ class InitialFrames:
         self.num_workers, self.timeout_s, self.max_restarts = num_workers, timeout_s, max_restarts
         self.frames: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self.workers: WorkerSet | None = None
-        self.render_seconds = 0.0
 
     def __getitem__(self, key: tuple[str, int]) -> dict[str, np.ndarray]:
         return self.frames[key]
@@ -57,7 +56,6 @@ class InitialFrames:
         queue = sorted(set(keys) - set(self.frames), reverse=True)  # popped from the end, task by task
         if not queue:
             return
-        t0 = time.perf_counter()
         if self.workers is None:
             self.workers = WorkerSet(*self.settings, self.num_workers, 1, 1, self.timeout_s, self.max_restarts)
         pool, in_flight = self.workers.pool, {}
@@ -78,7 +76,6 @@ class InitialFrames:
                     self.frames[key] = self.workers.frames[w].get(results[w][0][1])
                 if queue:
                     send(w)
-        self.render_seconds += time.perf_counter() - t0
 
     def close(self) -> None:
         if self.workers is not None:
@@ -101,15 +98,14 @@ class ImaginationOptions:
 class ImaginedRunner:
     def __init__(self, model: WorldModel, options: ImaginationOptions, initial: InitialFrames, device: str):
         self.model, self.options, self.initial, self.device = model.eval(), options, initial, torch.device(device)
-        for name in options.task_names:
-            model.task_index(name)  # a task the model was not trained on: one line, before any episode
+        # a task the model was not trained on: one line, before any episode
         self.task_ids = {name: model.task_index(name) for name in options.task_names}
         self.keys = [*model.image_keys, *model.lowdim_keys]  # what it predicts, and all a policy then reads
 
     def use_model(self, model: WorldModel) -> None:
-        """Go on in another world model of the same tasks (a refreshed one)."""
-        for name in self.options.task_names:
-            model.task_index(name)
+        """Go on in another world model of the same tasks, in the same order (a refreshed one)."""
+        if {name: model.task_index(name) for name in self.options.task_names} != self.task_ids:
+            raise RiptError("the refreshed world model numbers its tasks otherwise than the one it replaces")
         self.model = model.eval()
 
     @property

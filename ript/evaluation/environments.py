@@ -9,6 +9,7 @@ from typing import Any
 
 from ript.envs.episodes import Runner
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
+from ript.envs.runner import default_num_workers
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.evaluation.runner import runner_from_metadata
@@ -67,11 +68,11 @@ def world_model(setting: EnvironmentSetting) -> Runner:
     model, config = load_model(env.checkpoint, expect_stage="world_model", device=setting.device)
     check_world_model(str(env.checkpoint), config, setting)
     suite = setting.metadata["suite"]
-    workers = setting.num_workers
-    workers = max(1, int(workers)) if workers not in (None, "auto") else 1
+    episodes = int(setting.episodes_per_task or get_suite(suite).standard_episodes)
+    # the workers that render the first frames: as many as asked ("auto": a core each), no more than the frames
+    workers = default_num_workers(setting.num_workers, episodes * len(setting.task_names))
     initial = InitialFrames(suite, setting.metadata["env_args"]["render"], setting.horizon, workers,
                             float(setting.workers.timeout_s), int(setting.workers.max_restarts))
-    episodes = int(setting.episodes_per_task or get_suite(suite).standard_episodes)
     options = ImaginationOptions(list(setting.task_names), setting.horizon, int(env.envs),
                                  float(env.success_threshold), episodes, setting.seed)
     return ImaginedRunner(model, options, initial, setting.device)

@@ -10,6 +10,8 @@ sparse success rewards (RIPT) with dynamic sampling, or PPO with a learned criti
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ript.envs.seeds import rank_seed
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
@@ -24,14 +26,16 @@ def run(cfg) -> str:
     family = family_for(cfg)
     device, info = init_rank(cfg)  # first: the model is built on this rank's device
     loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
+    refresh = WorldModelRefresh(cfg, Path(cfg.run_dir), loaded.metadata, loaded.task_names, device,
+                                info.world_size, world_model.run) if cfg.environment.get("refresh_every") else None
     runner = rollout_environment(cfg, info, loaded.metadata, loaded.task_names, loaded.policy, device)
     try:  # a run that cannot start leaves no run folder and no workers behind
-        return _train(cfg, family, loaded, info, device, runner)
+        return _train(cfg, family, loaded, info, device, runner, refresh)
     finally:
         runner.close()
 
 
-def _train(cfg, family, loaded, info, device: str, runner) -> str:
+def _train(cfg, family, loaded, info, device: str, runner, refresh: WorldModelRefresh | None) -> str:
     run_dir, resume_from = prepare_run(cfg, info)
     critic_cfg = cfg.rl.critic if build_estimator(cfg.rl).uses_critic else None
     learner = family.learner(loaded, cfg, device, critic_cfg)
@@ -45,8 +49,6 @@ def _train(cfg, family, loaded, info, device: str, runner) -> str:
         if evaluate is not None:  # rank 0 alone evaluates
             evaluate(iteration, logger)
 
-    refresh = WorldModelRefresh(cfg, run_dir, loaded.metadata, names, device, info.world_size, world_model.run) \
-        if cfg.environment.get("refresh_every") else None
     try:
         return train_loop(RLRun(cfg, info, device, learner, loaded.policy, names, loaded.metadata, ckpt_config,
                                 run_dir, resume_from, maybe_evaluate, runner, refresh))

@@ -42,9 +42,10 @@ def run(cfg) -> str:
               **{k: cfg.algo.model[k] for k in MODEL_KEYS}}
     model = WorldModel(**kwargs)
     model.set_task_embeddings(embeddings)
-    model.fit_normalizers(train_set.obs, train_set.actions)
     if cfg.init_checkpoint:  # go on from a world model (its normalisation too: what it has learnt is in its units)
         start_from(model, kwargs, str(cfg.init_checkpoint))
+    else:
+        model.fit_normalizers(train_set.obs, train_set.actions)
     metadata = {**train_set.metadata(cfg.task), "world_model": {"chunk": chunk, "unroll": unroll}}
     return train_imitation(cfg, WorldModelObjective(model, cfg, device), model, kwargs, train_set, val_set,
                            "world_model", metadata, device, info)
