@@ -16,5 +16,8 @@ for p in "$@"; do
   cp "runs/protocols/$p/results.json" "$R/$p.json" 2>/dev/null
   cp "runs/protocols/$p/protocol.json" "$R/$p.protocol.json" 2>/dev/null
   cp "runs/protocols/$p/rl/rl_history.json" "$R/$p.rl_history.json" 2>/dev/null
+  # a world model's own measures (fidelity, its success head, side-by-side videos) beside the protocol's tables
+  [[ $p == *world_model* ]] && python3 -m ript.cli world-model-eval checkpoint="runs/protocols/$p/world_model" \
+    out_dir="$R/$p.world_model_eval" overwrite=true ${WM_EVAL_EXTRA:-} 2>&1 | grep -v -E 'robosuite WARNING' | tail -20
 done
 echo "== done at ${SECONDS}s"
