@@ -7,17 +7,26 @@
 set -uo pipefail
 R=${RESULTS:-runs/protocol_results}
 mkdir -p "$R"
+protocol() {  # protocol $1 with FLOW_EXTRA's and the further overrides given
+  local p=$1; shift
+  python3 -m ript.cli protocol "$p" "+phases.collect.num_workers=$(nproc)" "${quiet[@]}" ${FLOW_EXTRA:-} "$@" 2>&1 \
+    | stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'
+}
 for p in "$@"; do
   echo "== $p at ${SECONDS}s"
   quiet=(+phases.flow.progress=false)
-  [[ $p == *world_model* ]] && quiet+=(+phases.world_model.progress=false)
-  python3 -m ript.cli protocol "$p" "+phases.collect.num_workers=$(nproc)" "${quiet[@]}" \
-    ${FLOW_EXTRA:-} 2>&1 | stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'
+  if [[ $p == *world_model* ]]; then
+    # the world model is measured (fidelity, its success head, side-by-side videos) as soon as it is trained, so
+    # that its figures exist even if the host is lost during RL; the same protocol then goes on to RL
+    quiet+=(+phases.world_model.progress=false)
+    protocol "$p" phases.rl=null phases.eval_rl=null
+    echo "== world-model-eval at ${SECONDS}s"
+    python3 -m ript.cli world-model-eval checkpoint="runs/protocols/$p/world_model" out_dir="$R/$p.world_model_eval" \
+      overwrite=true ${WM_EVAL_EXTRA:-} 2>&1 | grep -v -E 'robosuite WARNING' | tail -20
+  fi
+  protocol "$p"
   cp "runs/protocols/$p/results.json" "$R/$p.json" 2>/dev/null
   cp "runs/protocols/$p/protocol.json" "$R/$p.protocol.json" 2>/dev/null
   cp "runs/protocols/$p/rl/rl_history.json" "$R/$p.rl_history.json" 2>/dev/null
-  # a world model's own measures (fidelity, its success head, side-by-side videos) beside the protocol's tables
-  [[ $p == *world_model* ]] && python3 -m ript.cli world-model-eval checkpoint="runs/protocols/$p/world_model" \
-    out_dir="$R/$p.world_model_eval" overwrite=true ${WM_EVAL_EXTRA:-} 2>&1 | grep -v -E 'robosuite WARNING' | tail -20
 done
 echo "== done at ${SECONDS}s"

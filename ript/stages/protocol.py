@@ -69,7 +69,12 @@ class Phase:
         if self.name in TRAINING and gpus > 1:
             launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
                         "-m", "ript.cli"]
-        return [*launcher, self.job, *self.overrides]
+        return [*launcher, self.cli_name, *self.overrides]
+
+    @property
+    def cli_name(self) -> str:
+        """The job's command (its config file's name with dashes: world_model -> world-model)."""
+        return self.job.replace("_", "-")
 
 
 def imitation_phase(cfg) -> str:
@@ -216,7 +221,7 @@ def run_phase(phase: Phase, gpus: int) -> None:
                  "from this phase", phase.name)
         raise
     if code != 0:
-        raise RiptError(f"phase {phase.name} (`ript {phase.job}`) failed with exit code {code}; its error is "
+        raise RiptError(f"phase {phase.name} (`ript {phase.cli_name}`) failed with exit code {code}; its error is "
                         f"above; the same command continues from this phase")
 
 
