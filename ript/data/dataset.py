@@ -87,11 +87,12 @@ class ChunkDataset:
         self._serve_device: torch.device | None = None  # batches delivered elsewhere than the storage (serve_to)
 
     def _split_indices(self, n: int, split: str, task_id: int) -> list[int]:
-        """Split by demo, the same way every time for a given seed."""
-        if split == "all" or self.spec.val_fraction <= 0 or n < 2:
+        """Split by demo, the same way every time for a given seed. A task with so few demos that its share
+        rounds to none holds none out: a few-shot run trains on every demo it was given."""
+        n_val = int(round(self.spec.val_fraction * n))
+        if split == "all" or n_val == 0 or n < 2:
             return [] if split == "val" else list(range(n))
         perm = np.random.default_rng([self.spec.seed, task_id]).permutation(n)
-        n_val = max(1, int(round(self.spec.val_fraction * n)))
         chosen = perm[:n_val] if split == "val" else perm[n_val:]
         return sorted(int(i) for i in chosen)
 

@@ -33,7 +33,7 @@ def segment_starts(dataset: ChunkDataset, per_demo: int) -> torch.Tensor:
     """``per_demo`` evenly spaced start frames in each demo (its first frame first)."""
     starts = dataset.episode_start.unique()
     ends = dataset.episode_end[starts]
-    offsets = torch.linspace(0, 1, per_demo + 1)[:-1]
+    offsets = torch.linspace(0, 1, per_demo + 1, device=starts.device)[:-1]
     picked = (starts[:, None] + (offsets[None] * (ends - starts)[:, None]).long()).flatten()
     return picked.unique()
 
@@ -129,7 +129,7 @@ def head_on_real(model: WorldModel, dataset: ChunkDataset, threshold: float, dev
     """The success head on every real frame of the split with the chunk that followed it, as it was trained."""
     counts = Counts()
     for i in range(0, len(dataset), batch_size):
-        batch = dataset.get_batch(torch.arange(i, min(i + batch_size, len(dataset))))
+        batch = dataset.get_batch(torch.arange(i, min(i + batch_size, len(dataset)), device=dataset.device))
         obs = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
         _, prob = model.step(obs, batch["task_ids"].to(device), batch["actions"][:, :model.chunk].to(device))
         done = batch["future_done"][:, 0].to(device)
@@ -142,7 +142,7 @@ def imagined_steps_per_second(model: WorldModel, dataset: ChunkDataset, envs: in
                               device: str) -> dict[str, float]:
     """Env steps per second of ``envs`` imagined envs stepping ``chunks`` chunks of the demos' actions (the
     model alone: no policy)."""
-    batch = dataset.get_batch(torch.arange(envs) % len(dataset))
+    batch = dataset.get_batch(torch.arange(envs, device=dataset.device) % len(dataset))
     obs = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
     return timed_steps(model, obs, batch["task_ids"].to(device), batch["actions"][:, :model.chunk].to(device),
                        chunks, device)

@@ -39,6 +39,14 @@ def test_windows_padding_and_frame_stack(tmp_path):
     assert b["obs"]["cam_rgb"][1, :, 0, 0, 0].tolist() == [2, 3]
 
 
+def test_a_task_whose_validation_share_rounds_to_none_trains_on_every_demo(tmp_path):
+    path = write_synthetic(tmp_path / "few.hdf5", lengths=(3, 4, 5))
+    assert ChunkDataset(spec([path], val_fraction=0.1), "train").num_demos == 3
+    with pytest.raises(RiptError):  # nothing held out: the val split is empty, and says so
+        ChunkDataset(spec([path], val_fraction=0.1), "val")
+    assert ChunkDataset(spec([path], val_fraction=0.34), "val").num_demos == 1
+
+
 def test_flip_and_instruction_from_libero_problem_info(tmp_path):
     path = write_synthetic(tmp_path / "b.hdf5", attrs={"problem_info": {"language_instruction": "pick it"}})
     ds = ChunkDataset(spec([path], flip_keys=("cam_rgb",)), "all")
