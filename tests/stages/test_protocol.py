@@ -7,7 +7,9 @@ import json
 import shutil
 
 import pytest
+import typer
 
+from ript import cli
 from ript.config import compose, override
 from ript.errors import RiptError
 from ript.stages import protocol
@@ -112,6 +114,7 @@ def test_protocol_settings_are_checked_before_any_phase_runs(tmp_path):
 
 
 def test_every_protocol_composes_with_its_task_and_phases():
+    commands = set(typer.main.get_command(cli.app).commands)
     for name in protocol.protocol_names():
         cfg = compose("protocol", [f"protocol={name}"])
         assert cfg.name == name
@@ -119,6 +122,11 @@ def test_every_protocol_composes_with_its_task_and_phases():
         assert [p.name for p in phases][-1] == "eval_rl"
         for phase in phases:
             compose(phase.job, phase.overrides)
+            assert phase.command(1)[3] in commands, (name, phase.command(1))  # a command `ript` has
+    for suite in ("libero_10", "libero_90"):
+        jobs = {p.name: compose(p.job, p.overrides) for p in protocol.plan(compose("protocol", [f"protocol={suite}"]))}
+        assert jobs["collect"].task.name == jobs["stage1"].task.name == suite
+        assert jobs["rl"].rl.max_env_steps > 0  # capped for the suite's horizon
     spatial = compose("protocol", ["protocol=libero_spatial"])
     assert spatial.task.name == "libero_spatial"
     # its RL policy is evaluated by its mode (greedy 99.2%, sampled 96.0%); RL itself samples

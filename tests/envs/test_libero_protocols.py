@@ -1,0 +1,41 @@
+"""The LIBERO-90 protocol end to end on the real simulator, shrunk to one task: the scripted expert's demo, stages
+0-1, the evaluation, an RL iteration and the evaluation after it, each phase its own job. (LIBERO-10's protocol
+differs only in its suite and RL budget, checked where every protocol is composed; a two-step LIBERO-10 task makes
+the same run ten seconds longer.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ript.config import compose, override
+from ript.stages import protocol
+
+EVAL = "{episodes_per_task: 1, num_workers: 1, max_episode_steps: 12, n_videos: 0}"
+TRAIN = "steps: 2, batch_size: 8, warmup_steps: 1, val_every: 2, save_every: 2, log_every: 1"
+TASKS = {"libero_90": "KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet"}
+
+
+@pytest.mark.parametrize("suite", sorted(TASKS))
+def test_a_libero_protocol_runs_every_phase_on_one_task(suite, tmp_path):
+    root = tmp_path / suite
+    overrides = [
+        f"protocol={suite}", "algo=quest_small", override("run_root", root), "gpus=1",
+        f"task.task_names=[{TASKS[suite]}]", override("task.data_dir", tmp_path / "data"), "task.demos_per_task=1",
+        "task.render.image_size=32",
+        "++phases.collect={episodes_per_job: 1, num_workers: 1}",
+        f"++phases.stage0={{progress: false, train: {{{TRAIN}}}, data: {{val_fraction: 0}}}}",
+        f"++phases.stage1={{progress: false, train: {{{TRAIN}}}, data: {{val_fraction: 0}}}}",
+        f"++phases.eval={EVAL}",
+        "++phases.rl={rl: {iterations: 1, groups_per_iteration: 1, rollouts_per_group: 2, max_episode_steps: 12, "
+        "num_workers: 1, max_sampling_rounds: 1, epochs: 1, minibatches: 1, micro_batch: 8}}",
+        f"++phases.eval_rl={EVAL}",
+    ]
+    results = protocol.run(compose("protocol", overrides))
+    state = json.loads((root / "protocol.json").read_text())
+    assert list(state["phases"]) == ["collect", "stage0", "stage1", "eval", "rl", "eval_rl"]
+    for name in ("eval", "eval_rl"):
+        evaluation = results["evaluations"][name]
+        assert evaluation["episodes"] == 1 and list(evaluation["per_task"]) == [TASKS[suite]]
+    assert (tmp_path / "data" / f"{TASKS[suite]}_demo.hdf5").is_file()
