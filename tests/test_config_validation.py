@@ -19,6 +19,8 @@ from tests.helpers.cli import assert_one_line_error, ript, task_overrides, train
     ("stage0", "train.lr=nan", "train.lr=nan"),
     ("stage0", "data.val_fraction=1.5", "data.val_fraction=1.5"),
     ("stage1", "train.amp=maybe", "train.amp='maybe'"),
+    ("stage1", "train.lr_scaling=cubic", "train.lr_scaling='cubic'"),
+    ("stage1", "train.lr_reference_batch=0", "train.lr_reference_batch=0"),
     ("collect", "episodes_per_job=0", "episodes_per_job=0"),
     ("collect", "num_workers=0", "num_workers=0"),
     ("collect", "task.demos_per_task=0", "task.demos_per_task=0"),

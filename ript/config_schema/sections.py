@@ -86,6 +86,8 @@ class Train(Section):
     steps: Count
     batch_size: Count
     lr: Rate
+    lr_scaling: Literal["none", "sqrt", "linear"] = "none"  # lr is the peak rate at lr_reference_batch
+    lr_reference_batch: Count = 256
     weight_decay: Scale
     warmup_steps: Size
     grad_clip: Rate

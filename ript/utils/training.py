@@ -16,9 +16,24 @@ from ript.utils.distributed import DistInfo, average_gradients
 from ript.utils.logging import log
 
 
+LR_SCALING = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}  # the exponent of batch_size / lr_reference_batch
+
+
+def peak_lr(train_cfg) -> float:
+    """``train.lr`` scaled from ``train.lr_reference_batch`` samples to ``train.batch_size`` by the rule of
+    ``train.lr_scaling`` (a larger batch averages away noise, so the same step can be taken larger)."""
+    exponent = LR_SCALING[str(train_cfg.get("lr_scaling", "none"))]
+    ratio = int(train_cfg.batch_size) / int(train_cfg.get("lr_reference_batch", train_cfg.batch_size))
+    return float(train_cfg.lr) * ratio ** exponent
+
+
 def make_optimizer(params, train_cfg, total_steps: int, device: str):
     params = [p for p in params if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, betas=(0.9, 0.95),
+    lr = peak_lr(train_cfg)
+    if lr != float(train_cfg.lr):
+        log.info("train: peak lr %.3g (train.lr %.3g at %d samples, %s scaling to %d)", lr, float(train_cfg.lr),
+                 int(train_cfg.lr_reference_batch), train_cfg.lr_scaling, int(train_cfg.batch_size))
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=train_cfg.weight_decay, betas=(0.9, 0.95),
                             fused=device.startswith("cuda"))
     warmup = max(0, int(train_cfg.warmup_steps))
 

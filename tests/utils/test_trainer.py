@@ -80,3 +80,21 @@ def test_the_time_limit(tmp_path):
     assert make_run(tmp_path, model, minutes=0).out_of_time()
     assert not make_run(tmp_path, model, minutes=None).out_of_time()
     assert not make_run(tmp_path, model, minutes=60).out_of_time()
+
+
+def test_the_peak_learning_rate_follows_the_batch_by_the_chosen_rule():
+    from omegaconf import OmegaConf
+
+    from ript.utils.training import make_optimizer, peak_lr
+
+    def train(rule, batch):
+        return OmegaConf.create({"lr": 3e-4, "lr_scaling": rule, "lr_reference_batch": 256, "batch_size": batch,
+                                 "weight_decay": 0.0, "warmup_steps": 0})
+
+    assert peak_lr(train("none", 1024)) == pytest.approx(3e-4)
+    assert peak_lr(train("sqrt", 1024)) == pytest.approx(6e-4)
+    assert peak_lr(train("linear", 1024)) == pytest.approx(12e-4)
+    assert peak_lr(train("linear", 64)) == pytest.approx(0.75e-4)
+    assert peak_lr(train("sqrt", 256)) == pytest.approx(3e-4)  # the reference batch keeps train.lr
+    opt, _ = make_optimizer([torch.nn.Parameter(torch.zeros(2))], train("sqrt", 1024), 10, "cpu")
+    assert opt.param_groups[0]["lr"] == pytest.approx(6e-4)  # the optimiser starts at the scaled peak
