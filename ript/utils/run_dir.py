@@ -33,6 +33,12 @@ RUN_CONTROL_KEYS = (
 )
 
 
+# Settings added after runs were made without them, each with the value that computes what those runs computed:
+# a run whose stored config lacks the key resumes when the key has this value.
+ADDED_SETTINGS = {"train.lr_scaling": "none"}
+ADDED_ALONG = {"train.lr_reference_batch": "train.lr_scaling"}  # meaningless without the setting it goes with
+
+
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(d, dict):
         return {prefix: d}
@@ -54,6 +60,10 @@ def changed_keys(stored: dict, new: dict, allowed: tuple[str, ...]) -> list[tupl
     out = []
     for key in sorted(set(old) | set(cur)):
         a, b = old.get(key, missing), cur.get(key, missing)
+        partner = ADDED_ALONG.get(key, key)
+        if a is missing and partner in ADDED_SETTINGS and partner not in old \
+                and cur.get(partner) == ADDED_SETTINGS[partner]:
+            continue  # a setting the stored run predates, at the value that reproduces it
         if a != b and not covered(key, allowed):
             out.append((key, None if a is missing else a, None if b is missing else b))
     return out

@@ -98,3 +98,15 @@ def test_the_peak_learning_rate_follows_the_batch_by_the_chosen_rule():
     assert peak_lr(train("sqrt", 256)) == pytest.approx(3e-4)  # the reference batch keeps train.lr
     opt, _ = make_optimizer([torch.nn.Parameter(torch.zeros(2))], train("sqrt", 1024), 10, "cpu")
     assert opt.param_groups[0]["lr"] == pytest.approx(6e-4)  # the optimiser starts at the scaled peak
+
+
+def test_a_run_made_before_a_setting_existed_resumes_at_the_value_that_reproduces_it():
+    from ript.utils.run_dir import changed_keys
+
+    before = {"train": {"lr": 1e-3, "batch_size": 64}}
+    now = {"train": {"lr": 1e-3, "batch_size": 64, "lr_scaling": "none", "lr_reference_batch": 256}}
+    assert changed_keys(before, now, ()) == []
+    scaled = {"train": {**now["train"], "lr_scaling": "linear"}}
+    assert [k for k, _, _ in changed_keys(before, scaled, ())] == ["train.lr_reference_batch", "train.lr_scaling"]
+    stored_with_it = {"train": {**now["train"], "lr_reference_batch": 64}}  # a run that has the setting: compared
+    assert [k for k, _, _ in changed_keys(stored_with_it, now, ())] == ["train.lr_reference_batch"]
