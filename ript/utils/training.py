@@ -15,7 +15,6 @@ from ript.errors import RiptError
 from ript.utils.distributed import DistInfo, average_gradients
 from ript.utils.logging import log
 
-
 LR_SCALING = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}  # the exponent of batch_size / lr_reference_batch
 
 
