@@ -1,0 +1,97 @@
+"""A model's weights from one process to others over a torch.distributed group (NCCL between GPUs, gloo on CPUs):
+the trainer's weights to the processes that roll out with them, when they are not the same processes.
+
+Before any tensor moves, every rank's signature (each parameter's and buffer's name, shape and dtype, in
+``state_dict`` order) is gathered, and a rank whose model differs from the sender's makes every rank raise the
+same one-line error: no rank is left waiting in a broadcast its peers will never join. The tensors then travel
+as one flat buffer per dtype and device, and, with ``verify``, each rank checks that the sums of what it received
+equal the sender's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ript.errors import RiptError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def signature(module: torch.nn.Module) -> list[TensorSpec]:
+    """Each tensor of the module's state (parameters and buffers), as it would travel."""
+    return [TensorSpec(name, tuple(t.shape), str(t.dtype)) for name, t in module.state_dict(keep_vars=True).items()]
+
+
+def first_difference(sent: list[TensorSpec], held: list[TensorSpec]) -> str | None:
+    """How a receiver's signature differs from the sender's (the first difference, said in one line), or None."""
+    held_by_name = {s.name: s for s in held}
+    for spec in sent:
+        mine = held_by_name.get(spec.name)
+        if mine is None:
+            return f"has no tensor {spec.name} ({spec.dtype} {list(spec.shape)})"
+        if mine.shape != spec.shape or mine.dtype != spec.dtype:
+            return (f"holds {spec.name} as {mine.dtype} {list(mine.shape)}, the sender as {spec.dtype} "
+                    f"{list(spec.shape)}")
+    extra = [s.name for s in held if s.name not in {x.name for x in sent}]
+    if extra:
+        return f"has tensors the sender does not: {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}"
+    if [s.name for s in held] != [s.name for s in sent]:
+        return "holds the same tensors in another order"
+    return None
+
+
+def check_signatures(module: torch.nn.Module, src: int, group=None) -> None:
+    """Gather every rank's signature; raise the same RiptError on every rank if any differs from rank ``src``'s."""
+    signatures: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(signatures, signature(module), group=group)
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(signatures)))
+    sent = signatures[ranks.index(src)]
+    for rank, held in zip(ranks, signatures):
+        problem = first_difference(sent, held)
+        if problem is not None:
+            raise RiptError(f"weight sync: rank {rank} {problem} (rank {src} sends); both sides must build the "
+                            f"same model")
+
+
+def sync_weights(module: torch.nn.Module, src: int, group=None, verify: bool = False) -> int:
+    """Every rank of ``group`` calls this: rank ``src``'s weights are copied into the other ranks' ``module`` in
+    place. Returns the bytes sent (per receiver)."""
+    check_signatures(module, src, group)
+    tensors = list(module.state_dict(keep_vars=True).values())
+    buckets: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        buckets.setdefault((t.dtype, t.device), []).append(t)
+    sent = 0
+    with torch.no_grad():
+        for (dtype, _device), members in buckets.items():
+            flat = torch.cat([t.detach().reshape(-1) for t in members])
+            dist.broadcast(flat, src, group=group)
+            if dist.get_rank() != src:
+                for t, part in zip(members, flat.split([t.numel() for t in members])):
+                    t.detach().copy_(part.view_as(t))
+            if verify:
+                _check_sum(flat, src, group, dtype)
+            sent += flat.numel() * flat.element_size()
+    return sent
+
+
+def _check_sum(flat: torch.Tensor, src: int, group, dtype: torch.dtype) -> None:
+    """Does what every rank holds now sum to what the sender sent? Every rank sees every rank's sum, so all of them
+    raise the same error or none does."""
+    total = float(flat.double().sum()) if flat.is_floating_point() else float(flat.long().sum())
+    totals: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(totals, (dist.get_rank(), total), group=group)
+    reference = next(t for r, t in totals if r == src)
+    wrong = [(r, t) for r, t in totals if t != reference]
+    if wrong:
+        rank, got = wrong[0]
+        raise RiptError(f"weight sync: the {dtype} weights rank {rank} received sum to {got!r}, rank {src} sent "
+                        f"{reference!r}")
