@@ -41,7 +41,7 @@ def one_k(checkpoint: str, k: int, episodes: int, batch: int, overrides: list[st
     task_name = loaded.task_names[0]
     ms = isolated_plan_ms(loaded.policy, task_name, first_frame(loaded.metadata, task_name), batch)
     return {"denoise_steps": k, "success_rate": results["success_rate"], "per_task": results["per_task"],
-            "episodes": results["episodes"], "decision_ms": ms, "batch": batch}
+            "episodes": len(results["episodes"]), "decision_ms": ms, "batch": batch}
 
 
 def main() -> None:
