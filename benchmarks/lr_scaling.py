@@ -66,7 +66,10 @@ def main() -> None:
             print(f"batch {batch:>5} {rule:>6}: {r['steps']} steps, validation {r['validation']}, "
                   f"success {100 * r['success_rate']:.1f}%", flush=True)
     text = json.dumps({"settings": vars(args), "rows": rows}, indent=1)
-    Path(args.out).write_text(text) if args.out else print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

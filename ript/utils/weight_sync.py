@@ -32,7 +32,7 @@ def signature(module: torch.nn.Module) -> list[TensorSpec]:
 
 def first_difference(sent: list[TensorSpec], held: list[TensorSpec]) -> str | None:
     """How a receiver's signature differs from the sender's (the first difference, said in one line), or None."""
-    held_by_name = {s.name: s for s in held}
+    held_by_name, sent_names = {s.name: s for s in held}, {s.name for s in sent}
     for spec in sent:
         mine = held_by_name.get(spec.name)
         if mine is None:
@@ -40,7 +40,7 @@ def first_difference(sent: list[TensorSpec], held: list[TensorSpec]) -> str | No
         if mine.shape != spec.shape or mine.dtype != spec.dtype:
             return (f"holds {spec.name} as {mine.dtype} {list(mine.shape)}, the sender as {spec.dtype} "
                     f"{list(spec.shape)}")
-    extra = [s.name for s in held if s.name not in {x.name for x in sent}]
+    extra = [s.name for s in held if s.name not in sent_names]
     if extra:
         return f"has tensors the sender does not: {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}"
     if [s.name for s in held] != [s.name for s in sent]:
