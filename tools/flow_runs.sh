@@ -4,6 +4,10 @@
 # $RESULTS (runs/protocol_results). Protocols of one suite share its demos (a second collect skips them).
 #   bash tools/detached_job.sh start .libero/preamble.sh tools/flow_runs.sh libero_object_flow libero_object_flow_fewshot
 #   bash tools/detached_job.sh poll 560 runs/protocols/libero_object_flow runs/protocol_results
+# A world-model protocol's state after its world model is measured (protocol.json, the evaluation, the flow
+# policy's and the world model's checkpoints) is written in 15 MiB pieces to $RESULTS/state, so that another machine
+# can run its RL and last evaluation: carried there in .resume1, .resume2, ... (tools/detached_job.sh carry), the
+# same command with RESUME=1 unpacks them and goes straight to RL.
 set -uo pipefail
 R=${RESULTS:-runs/protocol_results}
 mkdir -p "$R"
@@ -15,7 +19,9 @@ protocol() {  # protocol $1 with FLOW_EXTRA's and the further overrides given
 for p in "$@"; do
   echo "== $p at ${SECONDS}s"
   quiet=(+phases.flow.progress=false)
-  if [[ $p == *world_model* ]]; then
+  if [[ -n ${RESUME:-} ]]; then
+    bash tools/protocol_runs.sh resume || exit 1
+  elif [[ $p == *world_model* ]]; then
     # the world model is measured (fidelity, its success head, side-by-side videos) as soon as it is trained, so
     # that its figures exist even if the host is lost during RL; the same protocol then goes on to RL
     quiet+=(+phases.world_model.progress=false)
@@ -23,6 +29,7 @@ for p in "$@"; do
     echo "== world-model-eval at ${SECONDS}s"
     python3 -m ript.cli world-model-eval checkpoint="runs/protocols/$p/world_model" out_dir="$R/$p.world_model_eval" \
       overwrite=true ${WM_EVAL_EXTRA:-} 2>&1 | grep -v -E 'robosuite WARNING' | tail -20
+    PROTO=$p bash tools/protocol_runs.sh state
   fi
   protocol "$p"
   cp "runs/protocols/$p/results.json" "$R/$p.json" 2>/dev/null

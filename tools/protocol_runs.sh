@@ -48,16 +48,21 @@ keep_ckpt() { local stage; mkdir -p $R/ckpt; for stage in stage0 stage1; do
                 tar -C "$(readlink -f runs/protocols/$1/$stage/checkpoints/last)" -cf - config.json model.safetensors \
                   | split -b 15M - $R/ckpt/$stage.tar.part; done
               ls -la $R/ckpt; }
-# protocol $1's run state for another machine: the imitation checkpoint (~51 MiB for LIBERO) and RL's last
+# protocol $1's run state for another machine: the checkpoint RL starts from (stage 1's, few-shot fine-tuning's or
+# the flow policy's; ~51 MiB for LIBERO's stage 1), the world model's if the protocol has one, and RL's last
 # checkpoint with its optimizer state (~150 MiB more) if RL ran, in pieces that travel in .resume1, .resume2, ...
 keep_state() {
-  local run=$1 step rl_step files; step=$(readlink runs/protocols/$run/stage1/checkpoints/last); mkdir -p $R/state
-  files="$run/protocol.json $(cd runs/protocols && ls $run/eval*/results.json 2>/dev/null) $run/stage1/checkpoints/last
-         $run/stage1/checkpoints/$step/config.json $run/stage1/checkpoints/$step/model.safetensors"
-  if [ -L runs/protocols/$run/rl/checkpoints/last ]; then
-    rl_step=$(readlink runs/protocols/$run/rl/checkpoints/last)
-    files="$files $run/rl/config.json $run/rl/rl_history.json $run/rl/checkpoints/last $run/rl/checkpoints/$rl_step"
-  fi
+  local run=$1 dir step files; mkdir -p $R/state
+  files="$run/protocol.json $(cd runs/protocols && ls $run/eval*/results.json 2>/dev/null)"
+  for dir in stage1 finetune flow world_model rl; do
+    [ -L runs/protocols/$run/$dir/checkpoints/last ] || continue
+    step=$(readlink runs/protocols/$run/$dir/checkpoints/last)
+    case $dir in
+      rl) files="$files $run/rl/config.json $run/rl/rl_history.json $run/rl/checkpoints/last $run/rl/checkpoints/$step" ;;
+      *) files="$files $run/$dir/checkpoints/last $run/$dir/checkpoints/$step/config.json"
+         files="$files $run/$dir/checkpoints/$step/model.safetensors" ;;
+    esac
+  done
   (cd runs/protocols && tar -cf - $files) | split -b 15M - $R/state/$run.tar.part
   ls -la $R/state; }
 quiet() { stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'; }
