@@ -2,7 +2,7 @@
 and rollout throughput against the number of env workers.
 
     python benchmarks/bench_rl.py [--overrides ...] [--workers 1,2,4] [--envs-per-worker 1] [--groups 8] [--k 8]
-        [--steps 100] [--plan-alone]
+        [--steps 100] [--plan-alone] [--backend processes|ray] [--ray-address auto]
 
 ``--plan-alone`` times the schedule recording runs had before the chunk policy's fixed batch layout: every
 env's decision planned in a call of its own.
@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from benchmarks.bench import demo_dataset, make_prior
 from ript.config import compose, resolve_device
 from ript.envs.runner import EnvRunner, RunnerOptions
+from ript.envs.worker_env import PoolSettings
 from ript.policies.build import make_policy
 from ript.policies.chunk_policy import ChunkPolicy
 from ript.rl.advantages import build_estimator
@@ -45,6 +46,8 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--steps", type=int, default=100, help="episode horizon")
+    ap.add_argument("--backend", default="processes", choices=["processes", "ray"], help="workers.backend")
+    ap.add_argument("--ray-address", default=None, help="workers.ray_address (default: Ray started here)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     cfg = compose("stage1", args.overrides)
@@ -52,7 +55,8 @@ def main() -> None:
     cores = os.cpu_count() or 1
     workers = [int(w) for w in args.workers.split(",")] if args.workers else sorted(
         {min(cores, 2**i) for i in range(8) if 2**i <= cores} | {cores})
-    out = bench_rl(cfg, workers, device, args.groups, args.k, args.steps, args.envs_per_worker, args.plan_alone)
+    pool = PoolSettings(backend=args.backend, address=args.ray_address)
+    out = bench_rl(cfg, workers, device, args.groups, args.k, args.steps, args.envs_per_worker, args.plan_alone, pool)
     text = json.dumps(out, indent=2)
     print(text)
     if args.out:
@@ -68,14 +72,16 @@ class PlannedAlone(ChunkPolicy):
 
 
 def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon: int, envs_per_worker: int = 1,
-             plan_alone: bool = False) -> dict:
+             plan_alone: bool = False, pool: PoolSettings | None = None) -> dict:
     """One RL iteration per worker count (after a warm-up one): rollout and training seconds, env-steps/s."""
+    pool = pool or PoolSettings()
     rl_cfg = compose("rl", [f"rl.groups_per_iteration={groups}", f"rl.rollouts_per_group={k}",
                             "rl.max_sampling_rounds=1", "rl.oversample=1"])
     cores = os.cpu_count() or 1
     out: dict = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu x{cores}",
                  "groups": groups, "k": k, "horizon": horizon,
-                 "envs_per_worker": envs_per_worker, "plan_alone": plan_alone, "per_workers": {}}
+                 "envs_per_worker": envs_per_worker, "plan_alone": plan_alone, "backend": pool.backend,
+                 "per_workers": {}}
     with tempfile.TemporaryDirectory() as tmp:
         ds = demo_dataset(cfg, Path(tmp), 2)
         model = make_prior(cfg, ds).to(device)
@@ -87,7 +93,7 @@ def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon:
         for w in workers:
             runner = EnvRunner(RunnerOptions("metaworld", ds.task_names, dict(cfg.task.render), horizon, 1,
                                num_workers=w, envs_per_worker=envs_per_worker,
-                               episodes_at_once=sampling.most_episodes_per_round(1)))
+                               episodes_at_once=sampling.most_episodes_per_round(1), pool=pool))
             policy = make_policy(model, settings, device, seed=0)
             if plan_alone:
                 policy.__class__ = PlannedAlone  # the same policy, only its batch layout differs

@@ -56,6 +56,8 @@ class WorkerLimits(Section):
     timeout_s: Rate       # a worker silent for this long is killed and replaced
     max_restarts: Size    # replaced workers allowed per run before it fails
     envs_per_worker: Literal["auto"] | Count  # env slots per worker process (auto: the suite's choice)
+    backend: Literal["processes", "ray"] = "processes"  # this host's processes, or Ray actors on a cluster's nodes
+    ray_address: str | None = None  # backend=ray: null starts Ray here; auto or host:port joins a cluster
 
 
 class Sampling(Section):

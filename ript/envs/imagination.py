@@ -17,7 +17,7 @@ import torch
 
 from ript.envs.episodes import StopRule, finished_episode, video_frame
 from ript.envs.seeds import eval_layout_seed
-from ript.envs.worker_env import EpisodeSpec, WorkerSet
+from ript.envs.worker_env import EpisodeSpec, PoolSettings, WorkerSet
 from ript.errors import RiptError
 from ript.policies.base import ChunkingPolicy
 from ript.utils.video import write_mp4
@@ -41,10 +41,9 @@ class InitialFrames:
     """The first observation of each (task, seed) as the simulator starts that episode (a LIBERO init state, a
     MetaWorld layout), rendered once in env workers (kept until ``close``) and kept for every later episode."""
 
-    def __init__(self, suite: str, render: dict, max_episode_steps: int, num_workers: int, timeout_s: float,
-                 max_restarts: int):
+    def __init__(self, suite: str, render: dict, max_episode_steps: int, num_workers: int, pool: PoolSettings):
         self.settings = (suite, dict(render), max_episode_steps)
-        self.num_workers, self.timeout_s, self.max_restarts = num_workers, timeout_s, max_restarts
+        self.num_workers, self.pool_settings = num_workers, pool
         self.frames: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         self.workers: WorkerSet | None = None
 
@@ -57,7 +56,7 @@ class InitialFrames:
         if not queue:
             return
         if self.workers is None:
-            self.workers = WorkerSet(*self.settings, self.num_workers, 1, 1, self.timeout_s, self.max_restarts)
+            self.workers = WorkerSet(*self.settings, self.num_workers, 1, 1, self.pool_settings)
         pool, in_flight = self.workers.pool, {}
 
         def send(w: int) -> None:

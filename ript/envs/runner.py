@@ -26,7 +26,7 @@ import numpy as np
 from ript.envs.episodes import StopRule, finished_episode, video_frame
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.suites import get_suite
-from ript.envs.worker_env import EpisodeSpec, WorkerSet
+from ript.envs.worker_env import EpisodeSpec, PoolSettings, WorkerSet
 from ript.envs.workers import Pending
 from ript.policies.base import ChunkingPolicy
 from ript.utils.processes import driver_threads
@@ -45,7 +45,7 @@ class RunnerOptions:
     training images had); the episode horizon; ``episodes_per_task`` of the evaluation protocol (seeds from
     ``seed``, the first ``n_videos`` of each task recorded); ``num_workers`` processes ("auto": one per core, no
     more than the episodes need) of ``envs_per_worker`` env slots each; a worker that takes longer than
-    ``worker_timeout_s`` or dies is replaced up to ``max_worker_restarts`` times, its episodes run again
+    ``pool.timeout_s`` or dies is replaced up to ``pool.max_restarts`` times, its episodes run again
     (``on_worker_failure="rerun"``) or dropped (``"drop"``); ``episodes_at_once``: the most episodes one run
     holds when the caller passes its own (RL's rounds), which bounds the workers worth starting;
     ``driver_threads``: torch threads of the driving process while the workers run (None: the cores they leave,
@@ -58,8 +58,7 @@ class RunnerOptions:
     num_workers: int | str | None = "auto"
     seed: int = 0
     n_videos: int = 0
-    worker_timeout_s: float = 600.0
-    max_worker_restarts: int = 3
+    pool: PoolSettings = PoolSettings()  # how the workers run: this host's processes, or Ray actors
     on_worker_failure: str = "rerun"
     envs_per_worker: int = 1
     episodes_at_once: int | None = None
@@ -94,7 +93,7 @@ class EnvRunner:
         if self.workers is None:
             o = self.options
             self.workers = WorkerSet(o.suite, dict(o.render), o.max_episode_steps, self.num_workers,
-                                     self.envs_per_worker, frames_per_env, o.worker_timeout_s, o.max_worker_restarts)
+                                     self.envs_per_worker, frames_per_env, o.pool)
             # the tasks each env slot has built, as its worker last reported (kept across runs, as the workers are)
             self.slot_tasks = [[] for _ in range(self.num_workers * self.envs_per_worker)]
         return self.workers

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from ript.envs import ray_workers, workers  # noqa: F401  (register the worker backends; Ray is imported on use)
 from ript.envs.suites import get_suite
-from ript.envs.workers import WorkerPool
+from ript.registry import WORKER_POOLS
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,21 @@ class SharedFrames:
             self.shm.unlink()
 
 
+class InlineFrames:
+    """Frames that travel inside the answers (a worker on another node of a Ray cluster shares no memory)."""
+
+    name = None
+
+    def put(self, env: int, frame: int, obs: dict[str, np.ndarray]) -> dict[str, Any]:
+        return obs
+
+    def get(self, obs: dict[str, Any]) -> dict[str, Any]:
+        return obs
+
+    def close(self) -> None:
+        pass
+
+
 class TaskEnv:
     """One env slot of a worker: builds simulator tasks on demand and keeps them for reuse."""
 
@@ -147,11 +163,13 @@ class TaskEnv:
 
 
 class WorkerEnvs:
-    """The object a worker process serves: ``envs_per_worker`` env slots and their shared frame block."""
+    """The object a worker serves: ``envs_per_worker`` env slots and their shared frame block (None: frames go
+    back inside the answers)."""
 
-    def __init__(self, suite: str, render: dict, max_episode_steps: int, layout: FrameLayout, frames_name: str):
+    def __init__(self, suite: str, render: dict, max_episode_steps: int, layout: FrameLayout,
+                 frames_name: str | None):
         self.envs = [TaskEnv(suite, render, max_episode_steps) for _ in range(layout.envs)]
-        self.frames = SharedFrames(layout, frames_name)
+        self.frames = InlineFrames() if frames_name is None else SharedFrames(layout, frames_name)
 
     def begin(self, starts: list[tuple[int, EpisodeSpec]]) -> list[tuple[int, dict, float, list[str]]]:
         """Start an episode in each listed slot: [(slot, spec)] -> [(slot, first observation, build seconds,
@@ -178,18 +196,36 @@ class WorkerEnvs:
         self.frames.close()
 
 
+@dataclass(frozen=True)
+class PoolSettings:
+    """How env workers run (``configs/workers``): a worker silent for ``timeout_s`` or dead is replaced, up to
+    ``max_restarts`` times a run; ``backend`` processes (this host) or ray (``address``: a cluster's nodes)."""
+    timeout_s: float = 600.0
+    max_restarts: int = 3
+    backend: str = "processes"
+    address: str | None = None
+
+    @classmethod
+    def from_config(cls, workers_cfg) -> PoolSettings:
+        return cls(float(workers_cfg.timeout_s), int(workers_cfg.max_restarts), str(workers_cfg.backend),
+                   workers_cfg.get("ray_address"))
+
+
 class WorkerSet:
-    """The runner's handle on its env workers: the replaceable processes and one shared frame block each."""
+    """The runner's handle on its env workers: the replaceable workers and, where they share this host's memory,
+    one shared frame block each."""
 
     def __init__(self, suite: str, render: dict, max_episode_steps: int, num_workers: int, envs_per_worker: int,
-                 frames_per_env: int, timeout_s: float, max_restarts: int):
+                 frames_per_env: int, pool: PoolSettings):
         layout = FrameLayout(envs_per_worker, frames_per_env, tuple(f"{c}_rgb" for c in render["cameras"]),
                              int(render["image_size"]))
+        pool_class = WORKER_POOLS.get(pool.backend)
         self.envs_per_worker = envs_per_worker
-        self.frames = [SharedFrames(layout) for _ in range(num_workers)]
+        self.frames = [SharedFrames(layout) if pool_class.shares_memory else InlineFrames()
+                       for _ in range(num_workers)]
         fns = [functools.partial(WorkerEnvs, suite, render, max_episode_steps, layout, f.name) for f in self.frames]
         try:
-            self.pool = WorkerPool(fns, timeout_s, max_restarts)
+            self.pool = pool_class(fns, pool.timeout_s, pool.max_restarts, pool.address)
         except BaseException:
             self._free_frames()
             raise

@@ -1,4 +1,5 @@
-"""Env worker processes that a runner drives, each one replaceable and answering on its own.
+"""Env worker processes that a runner drives, each one replaceable and answering on its own (``workers.backend
+=processes``, the default; ``ript/envs/ray_workers.py`` holds the same pool as Ray actors).
 
 gymnasium's ``AsyncVectorEnv`` ends the whole vector env when one worker dies and waits forever on one that
 hangs. Here each worker gets its own call, answers through its own pipe, and one that dies or stays silent
@@ -19,6 +20,7 @@ from typing import Any
 
 from ript.envs.gl import use_egl_device, worker_egl_devices
 from ript.errors import RiptError
+from ript.registry import WORKER_POOLS
 from ript.utils.logging import log
 from ript.utils.processes import die_with_parent
 
@@ -55,12 +57,33 @@ class Pending:
 
     name: str
     deadline: float
-    waiting: dict = field(default_factory=dict)  # connection -> worker index
+    waiting: dict = field(default_factory=dict)  # what answers (a pipe, a Ray object) -> worker index
     failed: list = field(default_factory=list)
 
 
+def replacement_error(i: int, why: str, restarts: int, max_restarts: int) -> RiptError:
+    return RiptError(f"env worker {i} {why}, and {restarts - 1} workers were already replaced "
+                     f"(workers.max_restarts={max_restarts}); raise it or workers.timeout_s, or check "
+                     f"memory (dmesg) if workers are being killed")
+
+
+def raise_worker_error(exc: BaseException, trace: str) -> None:
+    """An env's own exception, raised in the runner: a ript error as it is (one line), any other with the
+    worker's traceback."""
+    if isinstance(exc, RiptError):
+        raise exc
+    raise RuntimeError(f"env worker raised {type(exc).__name__}: {exc}\n{trace}")
+
+
+@WORKER_POOLS.register("processes")
 class WorkerPool:
-    def __init__(self, env_fns: list[Callable[[], Any]], timeout_s: float, max_restarts: int):
+    """Env workers as spawned processes of this host, each answering through its own pipe."""
+
+    shares_memory = True  # frames come back through shared-memory blocks (``SharedFrames``)
+
+    def __init__(self, env_fns: list[Callable[[], Any]], timeout_s: float, max_restarts: int,
+                 address: str | None = None):
+        del address  # a Ray setting
         self.env_fns = env_fns
         self.timeout_s = float(timeout_s)
         self.max_restarts = int(max_restarts)
@@ -92,9 +115,7 @@ class WorkerPool:
         self.conns[i].close()
         self.restarts += 1
         if self.restarts > self.max_restarts:
-            raise RiptError(f"env worker {i} {why}, and {self.restarts - 1} workers were already replaced "
-                            f"(workers.max_restarts={self.max_restarts}); raise it or workers.timeout_s, or check "
-                            f"memory (dmesg) if workers are being killed")
+            raise replacement_error(i, why, self.restarts, self.max_restarts)
         log.warning("env worker %d %s; replacing it (%d of workers.max_restarts=%d)", i, why, self.restarts,
                     self.max_restarts)
         self._start(i)
@@ -144,10 +165,7 @@ class WorkerPool:
                 elif error is None:
                     error = value
         if error is not None:
-            exc, trace = error
-            if isinstance(exc, RiptError):
-                raise exc
-            raise RuntimeError(f"env worker raised {type(exc).__name__}: {exc}\n{trace}")
+            raise_worker_error(*error)
         for i in sorted(failed):
             code = self.procs[i].exitcode
             self._replace(i, f"died (exit code {code}) during {name}")

@@ -11,6 +11,7 @@ from ript.envs.episodes import Runner
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
 from ript.envs.runner import default_num_workers
 from ript.envs.suites import get_suite
+from ript.envs.worker_env import PoolSettings
 from ript.errors import RiptError
 from ript.evaluation.runner import runner_from_metadata
 from ript.model_loader import load_model
@@ -72,7 +73,7 @@ def world_model(setting: EnvironmentSetting) -> Runner:
     # the workers that render the first frames: as many as asked ("auto": a core each), no more than the frames
     workers = default_num_workers(setting.num_workers, episodes * len(setting.task_names))
     initial = InitialFrames(suite, setting.metadata["env_args"]["render"], setting.horizon, workers,
-                            float(setting.workers.timeout_s), int(setting.workers.max_restarts))
+                            PoolSettings.from_config(setting.workers))
     options = ImaginationOptions(list(setting.task_names), setting.horizon, int(env.envs),
                                  float(env.success_threshold), episodes, setting.seed)
     return ImaginedRunner(model, options, initial, setting.device)

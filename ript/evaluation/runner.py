@@ -11,6 +11,7 @@ import torch
 
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.suites import get_suite
+from ript.envs.worker_env import PoolSettings
 from ript.errors import RiptError
 from ript.evaluation.results import success_table, summarize, write_evaluation
 from ript.policies.build import make_policy
@@ -37,8 +38,7 @@ def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, 
         num_workers=num_workers,
         seed=seed,
         n_videos=n_videos,
-        worker_timeout_s=float(workers_cfg.timeout_s),
-        max_worker_restarts=int(workers_cfg.max_restarts),
+        pool=PoolSettings.from_config(workers_cfg),
         envs_per_worker=get_suite(metadata["suite"]).envs_per_worker if workers_cfg.envs_per_worker == "auto"
         else int(workers_cfg.envs_per_worker),
         on_worker_failure=on_worker_failure,

@@ -17,7 +17,7 @@ from ript.config import compose
 from ript.data.dataset import ChunkDataset, DatasetSpec
 from ript.data.hdf5 import read_demos
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
-from ript.envs.worker_env import EpisodeSpec
+from ript.envs.worker_env import EpisodeSpec, PoolSettings
 from ript.errors import RiptError
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
@@ -33,7 +33,7 @@ def imagined(world_model_run, stage1_run):
     """The world model, a sampling policy of the stage-1 run and the simulator's first frames of SPECS."""
     model, _ = load_model(world_model_run)
     policy_model, ckpt = load_model(stage1_run)
-    initial = InitialFrames("metaworld", ckpt["metadata"]["env_args"]["render"], 13, 2, 60.0, 1)
+    initial = InitialFrames("metaworld", ckpt["metadata"]["env_args"]["render"], 13, 2, PoolSettings(60.0, 1))
     try:
         initial.ensure([(s.task_name, s.seed) for s in SPECS])
     finally:

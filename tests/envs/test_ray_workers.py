@@ -1,0 +1,89 @@
+"""Env workers as Ray actors (``workers.backend=ray``) on a two-node Ray cluster of this host: the same episodes
+and the same RL update as the process workers, actors spread over both nodes, a killed actor replaced and its
+episode run again, and settings that cannot work as one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+import torch
+from ray.cluster_utils import Cluster
+from safetensors.torch import load_file
+
+from ript.config import compose, override
+from ript.envs.runner import EnvRunner, RunnerOptions
+from ript.envs.worker_env import PoolSettings
+from ript.errors import RiptError
+from ript.evaluation.results import summarize
+from ript.model_loader import load_model
+from ript.policies.build import make_policy, sampling_settings
+from ript.stages import rl
+from tests.helpers.cli import assert_one_line_error, ript, rl_overrides
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A head and a second node, one CPU each; the jobs join it through ``workers.ray_address``."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    yield cluster.address
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def ray_settings(address: str) -> list[str]:
+    return ["workers.backend=ray", override("workers.ray_address", address)]
+
+
+def test_rl_on_ray_actors_gives_the_episodes_and_update_of_process_workers(two_nodes, stage1_run, tmp_path,
+                                                                           capsys):
+    local, spread = tmp_path / "processes", tmp_path / "ray"
+    rl.run(compose("rl", rl_overrides(stage1_run, local, 1)))
+    rl.run(compose("rl", rl_overrides(stage1_run, spread, 1) + ray_settings(two_nodes)))
+    assert "env workers: 2 Ray actors on 2 node(s)" in capsys.readouterr().err
+    assert json.loads((local / "rl_history.json").read_text()) == json.loads((spread / "rl_history.json").read_text())
+    a = load_file(str(local / "checkpoints" / "last" / "model.safetensors"))
+    b = load_file(str(spread / "checkpoints" / "last" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_killed_env_actor_is_replaced_and_its_episode_run_again(two_nodes, stage1_run):
+    model, config = load_model(stage1_run)
+    render = config["metadata"]["env_args"]["render"]
+    options = RunnerOptions("metaworld", model.task_names, render, 20, 2, num_workers=2,
+                            pool=PoolSettings(60.0, 1, "ray", two_nodes))
+    runner = EnvRunner(options)
+    try:
+        def evaluate():
+            policy = make_policy(model, sampling_settings(config["metadata"], {"greedy": True}), "cpu", 0,
+                                 cuda_graph=False)
+            return runner.run(policy)
+
+        undisturbed = summarize(evaluate())
+        ray.kill(runner.workers.pool.actors[0], no_restart=True)
+        again = evaluate()
+        assert again["worker_restarts"] == 1 and again["reruns"] >= 1
+        assert summarize(again)["per_task"] == undisturbed["per_task"]
+    finally:
+        runner.close()
+
+
+def test_more_actors_than_the_cluster_has_cpus_is_one_line(two_nodes, stage1_run):
+    model, config = load_model(stage1_run)
+    options = RunnerOptions("metaworld", model.task_names, config["metadata"]["env_args"]["render"], 5, 3,
+                            num_workers=3, pool=PoolSettings(5.0, 0, "ray", two_nodes))
+    runner = EnvRunner(options)
+    policy = make_policy(model, sampling_settings(config["metadata"]), "cpu", 0, cuda_graph=False)
+    with pytest.raises(RiptError, match=r"3 env worker\(s\) not started within workers.timeout_s=5 s"):
+        runner.run(policy)
+    runner.close()
+
+
+def test_a_ray_address_with_no_cluster_is_one_line(stage1_run, tmp_path):
+    result = ript("eval", f"checkpoint={stage1_run}", "episodes_per_task=1", "num_workers=1",
+                  f"out_dir={tmp_path / 'eval'}", *ray_settings("127.0.0.1:1"))
+    assert_one_line_error(result, "workers.ray_address=127.0.0.1:1", "no Ray head answers there")
+    assert not (tmp_path / "eval" / "results.json").exists()
