@@ -1,0 +1,163 @@
+"""The scaling curve on whatever host this runs on: stage 1 (DDP) and one RL iteration (torchrun) at 1, 2, 4, 8
+processes (as many as the host has GPUs; ``--cpu``: gloo processes on the CPU, for checking the script), with the
+global batch and the groups per iteration fixed, so that N processes share the same work. Writes samples/s, env
+steps/s (rollout alone and with training), the RL iteration's time by phase and the efficiency (speed-up / N) to
+``scaling.json`` and ``scaling.png`` in ``--out``.
+
+    python -m benchmarks.scaling [--counts 1,2,4,8] [--task metaworld_ml45_10] [--batch 1024] [--s1-steps 600]
+        [--groups 32] [--k 8] [--iterations 2] [--episode-steps 200] [--out runs/scaling] [--cpu]
+        [--task-extra task.* ...] [--extra stage-0/1 overrides ...]
+
+Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the
+run's TensorBoard log: stage 1's median samples/s after its first ``--warmup`` steps, RL's last iteration (the
+first one compiles). The demos, stage 0 and the one-process stage 1 that RL starts from are made once in
+``--out`` and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.train_compare import scalars
+
+RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync")
+
+
+def ript(args: list[str], procs: int = 1, env: dict | None = None) -> None:
+    launcher = [sys.executable, "-m", "ript.cli"] if procs == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", "-m", "ript.cli"]
+    proc = subprocess.run(launcher + args, env={**os.environ, **(env or {})}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args[:1])} on {procs} process(es) failed:\n{proc.stderr[-3000:]}")
+
+
+def fresh(run_dir: Path) -> Path:
+    """A measured run's folder, emptied: runs never start over in a folder that holds one."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return run_dir
+
+
+def prepare(a, out: Path, task: list[str], common: list[str]) -> Path:
+    """The demos, stage 0 and a one-process stage 1 (RL's starting point), made once."""
+    base = out / "stage1_base"
+    if not (out / "stage0" / "checkpoints" / "last").exists():
+        ript(["collect", *task, f"num_workers={os.cpu_count()}", "episodes_per_job=5"])
+        ript(["stage0", *common, f"run_dir={out / 'stage0'}", f"train.steps={a.s1_steps}", "progress=false"])
+    if not (base / "checkpoints" / "last").exists():
+        ript(["stage1", *common, *stage1_args(a, out, base, a.s1_steps)])
+    return base
+
+
+def stage1_args(a, out: Path, run_dir: Path, steps: int) -> list[str]:
+    return [f"run_dir={run_dir}", f"stage0_checkpoint={out / 'stage0'}", f"train.steps={steps}",
+            f"train.batch_size={a.batch}", "train.log_every=10", "train.val_every=100000",
+            "train.save_every=100000", "progress=false"]
+
+
+def stage1_speed(a, out: Path, common: list[str], n: int) -> dict:
+    run_dir = fresh(out / f"stage1_{n}")
+    ript(["stage1", *common, *stage1_args(a, out, run_dir, a.s1_steps)], n)
+    speed = [v for step, v in scalars(run_dir)["time/samples_per_s"] if step > a.warmup]
+    return {"samples_per_s": statistics.median(speed), "per_process_batch": a.batch // n}
+
+
+def rl_speed(a, out: Path, common: list[str], base: Path, n: int) -> dict:
+    run_dir = fresh(out / f"rl_{n}")
+    ript(["rl", *common, f"checkpoint={base}", f"run_dir={run_dir}", f"rl.iterations={a.iterations}",
+          f"rl.groups_per_iteration={a.groups}", f"rl.rollouts_per_group={a.k}", "rl.max_sampling_rounds=1",
+          "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0"], n)
+    s = scalars(run_dir)
+    last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, "time/env_steps_per_s") if tag in s}
+    rollout_steps = last["time/env_steps_per_s"] * last["time/rollout"]
+    return {"env_steps": rollout_steps, "env_steps_per_s": last["time/env_steps_per_s"],
+            "env_steps_per_s_with_training": rollout_steps / (last["time/rollout"] + last["time/train"]),
+            "seconds": {tag.split("/")[1]: last[tag] for tag in RL_TIMES if tag in last}}
+
+
+def efficiency(rows: dict[int, dict], key: str) -> None:
+    """Each row's speed-up over the fewest processes measured and that speed-up per process added."""
+    first = min(rows)
+    for n, row in rows.items():
+        row["speedup"] = row[key] / rows[first][key]
+        row["efficiency"] = row["speedup"] / (n / first)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for name, rows in (("stage 1", result["stage1"]), ("RL iteration", result["rl"])):
+        counts = sorted(int(n) for n in rows)
+        ax.plot(counts, [rows[n]["speedup"] for n in counts], "o-", label=name)
+    counts = sorted(int(n) for n in result["stage1"])
+    ax.plot(counts, [n / counts[0] for n in counts], "k:", label="linear")
+    ax.set_xlabel("processes (GPUs)")
+    ax.set_ylabel("speed-up")
+    ax.set_xticks(counts)
+    ax.set_title(result["host"])
+    ax.legend()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def host_name(cpu: bool) -> str:
+    import torch
+
+    if cpu or not torch.cuda.is_available():
+        return f"CPU, {os.cpu_count()} cores (gloo)"
+    return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, {os.cpu_count()} cores"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--counts", default="1,2,4,8")
+    ap.add_argument("--task", default="metaworld_ml45_10")
+    ap.add_argument("--batch", type=int, default=1024, help="stage 1's global batch")
+    ap.add_argument("--s1-steps", type=int, default=600)
+    ap.add_argument("--warmup", type=int, default=200, help="stage-1 steps left out of the speed (compiling)")
+    ap.add_argument("--groups", type=int, default=32, help="RL groups per iteration, over all processes")
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=2)
+    ap.add_argument("--episode-steps", type=int, default=200)
+    ap.add_argument("--out", default="runs/scaling")
+    ap.add_argument("--cpu", action="store_true", help="gloo processes on the CPU (checks the script)")
+    ap.add_argument("--task-extra", nargs="*", default=[], help="task.* overrides, for every job")
+    ap.add_argument("--extra", nargs="*", default=[], help="overrides for stages 0 and 1 (e.g. algo=...)")
+    a = ap.parse_args()
+    import torch
+
+    gpus = 0 if a.cpu else torch.cuda.device_count()
+    counts = [n for n in (int(c) for c in a.counts.split(",")) if a.cpu or n <= gpus]
+    if not counts:
+        raise SystemExit(f"--counts {a.counts}: this host has {gpus} GPUs (--cpu runs gloo processes)")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = [f"task={a.task}", *a.task_extra]
+    rl_common = [*task, *(["device=cpu"] if a.cpu else [])]
+    common = [*rl_common, *a.extra]  # stages 0 and 1
+    base = prepare(a, out, task, common)
+    result = {"host": host_name(a.cpu), "command": " ".join(sys.argv), "stage1": {}, "rl": {}}
+    for n in counts:
+        result["stage1"][n] = stage1_speed(a, out, common, n)
+        result["rl"][n] = rl_speed(a, out, rl_common, base, n)
+        print(f"{n} process(es): stage 1 {result['stage1'][n]['samples_per_s']:.0f} samples/s, RL "
+              f"{result['rl'][n]['env_steps_per_s_with_training']:.0f} env steps/s with training", flush=True)
+    efficiency(result["stage1"], "samples_per_s")
+    efficiency(result["rl"], "env_steps_per_s_with_training")
+    (out / "scaling.json").write_text(json.dumps(result, indent=2))
+    plot(result, out / "scaling.png")
+    print(json.dumps({part: {n: round(r["speedup"], 2) for n, r in rows.items()}
+                      for part, rows in (("stage1", result["stage1"]), ("rl", result["rl"]))}))
+
+
+if __name__ == "__main__":
+    main()
