@@ -206,6 +206,8 @@ class Environment(Section):
     refresh_every: Size = 0
     refresh_episodes: Count = 4
     refresh_steps: Count = 500
+    starts: Literal["first_frames", "demo_frames"] = "first_frames"  # world model: where imagined episodes start
+    start_chunks: Count = 8   # starts=demo_frames: an episode's most world-model chunks
 
     @field_validator("name")
     @classmethod

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ript.envs.demo_starts import DemoFrames
 from ript.envs.episodes import Runner
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
 from ript.envs.runner import default_num_workers
@@ -70,11 +71,16 @@ def world_model(setting: EnvironmentSetting) -> Runner:
     check_world_model(str(env.checkpoint), config, setting)
     suite = setting.metadata["suite"]
     episodes = int(setting.episodes_per_task or get_suite(suite).standard_episodes)
-    # the workers that render the first frames: as many as asked ("auto": a core each), no more than the frames
-    workers = default_num_workers(setting.num_workers, episodes * len(setting.task_names))
-    initial = InitialFrames(suite, setting.metadata["env_args"]["render"], setting.horizon, workers,
-                            PoolSettings.from_config(setting.workers))
-    options = ImaginationOptions(list(setting.task_names), setting.horizon, int(env.envs),
+    horizon = setting.horizon
+    if env.starts == "demo_frames":  # a few chunks from real frames along the demos
+        initial = DemoFrames.of_world_model(config, [*model.image_keys, *model.lowdim_keys])
+        horizon = min(horizon, int(env.start_chunks) * model.chunk)
+    else:
+        # the workers that render the first frames: as many as asked ("auto": a core each), no more than the frames
+        workers = default_num_workers(setting.num_workers, episodes * len(setting.task_names))
+        initial = InitialFrames(suite, setting.metadata["env_args"]["render"], horizon, workers,
+                                PoolSettings.from_config(setting.workers))
+    options = ImaginationOptions(list(setting.task_names), horizon, int(env.envs),
                                  float(env.success_threshold), episodes, setting.seed)
     return ImaginedRunner(model, options, initial, setting.device)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from safetensors.torch import load_file
 from ript.config import compose
 from ript.data.dataset import ChunkDataset, DatasetSpec
 from ript.data.hdf5 import read_demos
+from ript.envs.demo_starts import DemoFrames, start_frame
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
 from ript.envs.worker_env import EpisodeSpec, PoolSettings
 from ript.errors import RiptError
@@ -215,3 +217,28 @@ def test_a_world_model_refreshed_on_real_episodes_mid_run_resumes_exactly(stage1
     base = load_file(str(world_model_run / "checkpoints" / "last" / "model.safetensors"))
     assert any(not torch.equal(base[k], refreshed[0][k]) for k in base)  # it trained on
     assert json.loads((full / "rl_history.json").read_text()) == json.loads((part / "rl_history.json").read_text())
+
+
+def test_imagined_episodes_from_demo_frames_start_on_a_real_frame_and_last_a_few_chunks(world_model_run, imagined):
+    model, make, _ = imagined
+    _, config = load_model(world_model_run)
+    starts = DemoFrames.of_world_model(config, [*model.image_keys, *model.lowdim_keys])
+    specs = [EpisodeSpec("drawer-close-v3", seed, j) for seed in range(3) for j in range(2)]
+    runner = ImaginedRunner(model, ImaginationOptions(["drawer-close-v3"], 3 * model.chunk, 4, 0.999), starts, "cpu")
+    out = runner.run(make(), specs=specs)
+    assert [e["length"] for e in out["episodes"]] == [3 * model.chunk] * 6  # the head never fires at 0.999
+    files = {name: f for name, f in zip(config["metadata"]["task_names"], config["metadata"]["files"], strict=True)}
+    demos = read_demos(Path(files["drawer-close-v3"]), {"robot_states": "robot_states"})
+    for seed in range(3):
+        demo = demos[seed % len(demos)]
+        t = start_frame("drawer-close-v3", seed, len(demo.actions))
+        assert np.array_equal(starts[("drawer-close-v3", seed)]["robot_states"], demo.obs["robot_states"][t])
+    assert len({start_frame("drawer-close-v3", seed, 100) for seed in range(20)}) > 10  # spread along the demo
+
+
+def test_rl_in_the_world_model_from_demo_frames(stage1_run, world_model_run, tmp_path):
+    run_dir = tmp_path / "demo_starts"
+    rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, run_dir, 1, "environment.starts=demo_frames",
+                                     "environment.start_chunks=2")))
+    (entry,) = json.loads((run_dir / "rl_history.json").read_text())
+    assert 0 < entry["env_steps"] <= entry["episodes"] * 2 * 2  # two chunks of the world model's 2 actions at most
