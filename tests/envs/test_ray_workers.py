@@ -1,6 +1,6 @@
 """Env workers as Ray actors (``workers.backend=ray``) on a two-node Ray cluster of this host: the same episodes
-and the same RL update as the process workers, actors spread over both nodes, a killed actor replaced and its
-episode run again, and settings that cannot work as one line."""
+and the same RL updates as the process workers (a run resumed under Ray included), actors spread over both nodes, a
+killed actor replaced and its episode run again, and settings that cannot work as one line."""
 
 from __future__ import annotations
 
@@ -38,12 +38,13 @@ def ray_settings(address: str) -> list[str]:
     return ["workers.backend=ray", override("workers.ray_address", address)]
 
 
-def test_rl_on_ray_actors_gives_the_episodes_and_update_of_process_workers(two_nodes, stage1_run, tmp_path,
-                                                                           capsys):
+def test_rl_on_ray_actors_gives_the_episodes_and_update_of_process_workers_and_resumes_exactly(
+        two_nodes, stage1_run, tmp_path, capsys):
     local, spread = tmp_path / "processes", tmp_path / "ray"
-    rl.run(compose("rl", rl_overrides(stage1_run, local, 1)))
+    rl.run(compose("rl", rl_overrides(stage1_run, local, 2)))
     rl.run(compose("rl", rl_overrides(stage1_run, spread, 1) + ray_settings(two_nodes)))
     assert "env workers: 2 Ray actors on 2 node(s)" in capsys.readouterr().err
+    rl.run(compose("rl", rl_overrides(stage1_run, spread, 2) + ray_settings(two_nodes) + ["resume=true"]))
     assert json.loads((local / "rl_history.json").read_text()) == json.loads((spread / "rl_history.json").read_text())
     a = load_file(str(local / "checkpoints" / "last" / "model.safetensors"))
     b = load_file(str(spread / "checkpoints" / "last" / "model.safetensors"))
