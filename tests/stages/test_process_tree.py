@@ -28,7 +28,10 @@ def test_sigterm_to_a_protocol_ends_its_running_phase_and_the_same_command_conti
         deadline, phase = time.time() + 120, []
         while time.time() < deadline and not phase:
             assert proc.poll() is None, proc.communicate()
-            phase = [p["pid"] for p in processes() if p["ppid"] == proc.pid and b"stage0" in p["cmdline"]]
+            # the job's own argument: a child forked for the collect phase shows the protocol's command line (which
+            # holds "++phases.stage0=...") until it execs
+            phase = [p["pid"] for p in processes()
+                     if p["ppid"] == proc.pid and b"\x00ript.cli\x00stage0\x00" in p["cmdline"]]
             time.sleep(0.05)
         assert phase, "the stage0 phase did not start"
         proc.send_signal(signal.SIGTERM)
