@@ -26,16 +26,17 @@ import sys
 from pathlib import Path
 
 from benchmarks.train_compare import scalars
+from ript.stages.protocol import Phase
 
 RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync")
 
 
-def ript(args: list[str], procs: int = 1, env: dict | None = None) -> None:
-    launcher = [sys.executable, "-m", "ript.cli"] if procs == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}", "-m", "ript.cli"]
-    proc = subprocess.run(launcher + args, env={**os.environ, **(env or {})}, capture_output=True, text=True)
+def ript(args: list[str], procs: int = 1) -> None:
+    """``ript <job> <overrides>`` as the protocol launches a phase: under torchrun on ``procs`` processes."""
+    job, *overrides = args
+    proc = subprocess.run(Phase(job, job, overrides).command(procs), capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(args[:1])} on {procs} process(es) failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"{job} on {procs} process(es) failed:\n{proc.stderr[-3000:]}")
 
 
 def fresh(run_dir: Path) -> Path:

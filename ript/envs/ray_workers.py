@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ript.envs.workers import Pending, raise_worker_error, replacement_error
+from ript.envs.workers import Pending, allow_replacement, due_calls, raise_worker_error
 from ript.errors import RiptError
 from ript.registry import WORKER_POOLS
 from ript.utils.logging import log
@@ -127,10 +127,7 @@ class RayWorkerPool:
     def _replace(self, i: int, why: str) -> None:
         self.ray.kill(self.actors[i], no_restart=True)
         self.restarts += 1
-        if self.restarts > self.max_restarts:
-            raise replacement_error(i, why, self.restarts, self.max_restarts)
-        log.warning("env worker %d %s; replacing it (%d of workers.max_restarts=%d)", i, why, self.restarts,
-                    self.max_restarts)
+        allow_replacement(i, why, self.restarts, self.max_restarts)
         self.actors[i] = self.actor_class.remote(self.env_fns[i])
         self.nodes[i] = self._placed([i])[0]
 
@@ -143,7 +140,7 @@ class RayWorkerPool:
         """Blocks until some of these calls can be received without waiting (answered, failed, or past their
         deadline); their keys."""
         now = time.monotonic()
-        due = [w for w, c in calls.items() if not c.waiting or c.deadline <= now]
+        due = due_calls(calls, now)
         if due:
             return due
         owner = {ref: w for w, c in calls.items() for ref in c.waiting}

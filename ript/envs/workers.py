@@ -61,10 +61,19 @@ class Pending:
     failed: list = field(default_factory=list)
 
 
-def replacement_error(i: int, why: str, restarts: int, max_restarts: int) -> RiptError:
-    return RiptError(f"env worker {i} {why}, and {restarts - 1} workers were already replaced "
-                     f"(workers.max_restarts={max_restarts}); raise it or workers.timeout_s, or check "
-                     f"memory (dmesg) if workers are being killed")
+def allow_replacement(i: int, why: str, restarts: int, max_restarts: int) -> None:
+    """Worker i is to be replaced, the run's ``restarts``-th replacement: logged, or past ``max_restarts`` the
+    run's end in one line."""
+    if restarts > max_restarts:
+        raise RiptError(f"env worker {i} {why}, and {restarts - 1} workers were already replaced "
+                        f"(workers.max_restarts={max_restarts}); raise it or workers.timeout_s, or check "
+                        f"memory (dmesg) if workers are being killed")
+    log.warning("env worker %d %s; replacing it (%d of workers.max_restarts=%d)", i, why, restarts, max_restarts)
+
+
+def due_calls(calls: dict[int, Pending], now: float) -> list[int]:
+    """The calls that can be received without waiting on an answer: never sent, or past their deadline."""
+    return [w for w, c in calls.items() if not c.waiting or c.deadline <= now]
 
 
 def raise_worker_error(exc: BaseException, trace: str) -> None:
@@ -114,10 +123,7 @@ class WorkerPool:
         proc.join(5)
         self.conns[i].close()
         self.restarts += 1
-        if self.restarts > self.max_restarts:
-            raise replacement_error(i, why, self.restarts, self.max_restarts)
-        log.warning("env worker %d %s; replacing it (%d of workers.max_restarts=%d)", i, why, self.restarts,
-                    self.max_restarts)
+        allow_replacement(i, why, self.restarts, self.max_restarts)
         self._start(i)
 
     def send(self, i: int, name: str, args: tuple) -> Pending:
@@ -135,7 +141,7 @@ class WorkerPool:
         """Blocks until some of these calls (one worker's each) can be received without waiting: answered,
         failed to send, or past their deadline. Returns their keys."""
         now = time.monotonic()
-        due = [w for w, c in calls.items() if not c.waiting or c.deadline <= now]
+        due = due_calls(calls, now)
         if due:
             return due
         owner = {conn: w for w, c in calls.items() for conn in c.waiting}
