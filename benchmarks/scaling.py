@@ -7,6 +7,7 @@ steps/s (rollout alone and with training), the RL iteration's time by phase and 
     python -m benchmarks.scaling [--counts 1,2,4,8] [--task metaworld_ml45_10] [--batch 1024] [--s1-steps 600]
         [--groups 32] [--k 8] [--iterations 2] [--episode-steps 200] [--out runs/scaling] [--cpu]
         [--task-extra task.* ...] [--extra stage-0/1 overrides ...]
+    python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the
 run's TensorBoard log: stage 1's median samples/s after its first ``--warmup`` steps, RL's last iteration (the
@@ -91,7 +92,11 @@ def efficiency(rows: dict[int, dict], key: str) -> None:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a GPU host without it: the figure is drawn later from the JSON (--plot)
+        print(f"matplotlib is missing: draw {path.name} later with --plot {path.with_suffix('.json')}")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -133,7 +138,11 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="gloo processes on the CPU (checks the script)")
     ap.add_argument("--task-extra", nargs="*", default=[], help="task.* overrides, for every job")
     ap.add_argument("--extra", nargs="*", default=[], help="overrides for stages 0 and 1 (e.g. algo=...)")
+    ap.add_argument("--plot", help="only draw the figure of this scaling.json (beside it)")
     a = ap.parse_args()
+    if a.plot:
+        plot(json.loads(Path(a.plot).read_text()), Path(a.plot).with_suffix(".png"))
+        return
     import torch
 
     gpus = 0 if a.cpu else torch.cuda.device_count()

@@ -8,7 +8,8 @@
 # policy's and the world model's checkpoints) is written in 15 MiB pieces to $RESULTS/state, so that another machine
 # can run its RL and last evaluation: carried there in .resume1, .resume2, ... (tools/detached_job.sh carry), the
 # same command with RESUME=1 unpacks them and goes straight to RL (COLLECT_TASK=<task config>: the suite's demos
-# collected again first, for RL that reads them, e.g. FLOW_EXTRA=phases.rl.environment.starts=demo_frames).
+# collected again first, with COLLECT_EXTRA's overrides, for RL that reads them, e.g.
+# FLOW_EXTRA=+phases.rl.environment.starts=demo_frames).
 set -uo pipefail
 R=${RESULTS:-runs/protocol_results}
 mkdir -p "$R"
@@ -23,7 +24,7 @@ for p in "$@"; do
   if [[ -n ${RESUME:-} ]]; then
     bash tools/protocol_runs.sh resume || exit 1
     if [[ -n ${COLLECT_TASK:-} ]]; then
-      python3 -m ript.cli collect task="$COLLECT_TASK" num_workers="$(nproc)" episodes_per_job=5 2>&1 | tail -3
+      python3 -m ript.cli collect task="$COLLECT_TASK" num_workers="$(nproc)" episodes_per_job=5 ${COLLECT_EXTRA:-} 2>&1 | tail -3
     fi
   elif [[ $p == *world_model* ]]; then
     # the world model is measured (fidelity, its success head, side-by-side videos) as soon as it is trained, so

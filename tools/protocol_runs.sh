@@ -31,6 +31,7 @@
 #                 with its optimizer and sampler state, which RL resumes from exactly): $R/state/<PROTO>.tar.part*,
 #                 15 MiB each (LIBERO: 4 pieces with the imitation alone, 11 with RL: fetch them 4 at a time with
 #                 `tools/detached_job.sh pieces`)
+#   scaling       benchmarks/scaling.py on this host's GPUs (SCALING_ARGS, e.g. "--counts 1,2,4"): $R/scaling.json
 #   resume        unpacks the pieces carried in .resume*/ (the `state` part's, a folder per command) into
 #                 runs/protocols, so that the same `ript protocol` command
 #                 skips the finished phases and goes on (e.g. to RL, or RL from its last iteration)
@@ -195,6 +196,10 @@ for part in "$@"; do
       python3 -m ript.cli protocol $p $workers $(no_bars $p) ${RL_EXTRA:-} $h 2>&1 | quiet
       keep $p
       [ -z "${NO_CUT_EVAL:-}" ] && eval_rl_cut $p ;;  # NO_CUT_EVAL=1: a run that only carries RL on to another machine
+    scaling)
+      phase "scaling"
+      python3 -m benchmarks.scaling ${SCALING_ARGS:-} --out runs/scaling 2>&1 | quiet
+      cp runs/scaling/scaling.json runs/scaling/scaling.png $R/ 2>/dev/null ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
       phase "resume from .resume*"
@@ -206,7 +211,7 @@ for part in "$@"; do
         cat $pieces | tar -xf - -C runs/protocols || exit 1
       done
       ls -la runs/protocols/* ;;
-    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, state, resume)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, scaling, state, resume)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
