@@ -16,6 +16,7 @@ from ript.config_schema.sections import (
     EvalEveryKeepBest,
     EvalProtocol,
     FlowAlgo,
+    Placement,
     Policy,
     Rate,
     Sampling,
@@ -119,6 +120,7 @@ class RLJob(RunJob):
     sampling: Sampling
     keep_last: Size | None
     workers: WorkerLimits
+    placement: Placement = Placement()
 
 
 class OFTJob(RLJob):

@@ -60,6 +60,22 @@ class WorkerLimits(Section):
     ray_address: str | None = None  # backend=ray: null starts Ray here; auto or host:port joins a cluster
 
 
+class Placement(Section):
+    """RL's ``placement:``: where each rank's rollouts run (``ript.rl.placement``)."""
+    mode: str = "collocated"
+    rollout_gpus: Size = 0   # disaggregated: GPUs of each rank's rollout actor
+
+    @field_validator("mode")
+    @classmethod
+    def registered(cls, name: str) -> str:
+        from ript.registry import PLACEMENTS
+        from ript.rl import placement  # noqa: F401  (registers them)
+
+        if name not in PLACEMENTS.names():
+            raise ValueError(f"expected one of {', '.join(PLACEMENTS.names())}")
+        return name
+
+
 class Sampling(Section):
     temperature: Rate | None = None
     top_k: Count | None = None

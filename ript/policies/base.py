@@ -43,6 +43,11 @@ class ChunkingPolicy(ABC):
         self.plan_calls = 0                   # batched planning calls (decisions / calls: the mean batch)
         self.reset(0)
 
+    def count_inference(self, seconds: float, calls: int) -> None:
+        """Planning done for this policy by a copy of it elsewhere (a rollout actor), for the timing metrics."""
+        self.inference_seconds += seconds
+        self.plan_calls += calls
+
     @property
     def record(self) -> bool:
         """Whether decisions are recorded for RL (the runner reads it; ``start_recording`` sets it)."""

@@ -15,10 +15,9 @@ from pathlib import Path
 from ript.envs.seeds import rank_seed
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
-from ript.rl.advantages import build_estimator
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
+from ript.rl.placement import build_placement, critic_settings
 from ript.rl.refresh import WorldModelRefresh
-from ript.rl.rollout import rollout_environment
 from ript.stages import world_model
 
 
@@ -26,19 +25,19 @@ def run(cfg) -> str:
     family = family_for(cfg)
     device, info = init_rank(cfg)  # first: the model is built on this rank's device
     loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
-    refresh = WorldModelRefresh(cfg, Path(cfg.run_dir), loaded.metadata, loaded.task_names, device,
-                                info.world_size, world_model.run) if cfg.environment.get("refresh_every") else None
-    runner = rollout_environment(cfg, info, loaded.metadata, loaded.task_names, loaded.policy, device)
+    placement = build_placement(cfg, info, loaded, device)  # where the rank's rollouts run
     try:  # a run that cannot start leaves no run folder and no workers behind
-        return _train(cfg, family, loaded, info, device, runner, refresh)
+        refresh = WorldModelRefresh(cfg, Path(cfg.run_dir), loaded.metadata, loaded.task_names, device,
+                                    info.world_size, world_model.run) if cfg.environment.get("refresh_every") else None
+        return _train(cfg, family, loaded, info, device, placement, refresh)
     finally:
-        runner.close()
+        placement.runner.close()
 
 
-def _train(cfg, family, loaded, info, device: str, runner, refresh: WorldModelRefresh | None) -> str:
+def _train(cfg, family, loaded, info, device: str, placement, refresh: WorldModelRefresh | None) -> str:
     run_dir, resume_from = prepare_run(cfg, info)
-    critic_cfg = cfg.rl.critic if build_estimator(cfg.rl).uses_critic else None
-    learner = family.learner(loaded, cfg, device, critic_cfg)
+    learner = family.learner(loaded, cfg, device, critic_settings(cfg))
+    placement.attach(learner)
     ckpt_config = family.rl_checkpoint(loaded, cfg)
     names = loaded.task_names
     eval_runner = make_runner(loaded.metadata, names, cfg.eval, cfg.workers) if info.is_main and cfg.eval.every \
@@ -51,7 +50,7 @@ def _train(cfg, family, loaded, info, device: str, runner, refresh: WorldModelRe
 
     try:
         return train_loop(RLRun(cfg, info, device, learner, loaded.policy, names, loaded.metadata, ckpt_config,
-                                run_dir, resume_from, maybe_evaluate, runner, refresh))
+                                run_dir, resume_from, maybe_evaluate, placement.runner, refresh))
     finally:
         if eval_runner is not None:
             eval_runner.close()

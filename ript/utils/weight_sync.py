@@ -95,3 +95,69 @@ def _check_sum(flat: torch.Tensor, src: int, group, dtype: torch.dtype) -> None:
         rank, got = wrong[0]
         raise RiptError(f"weight sync: the {dtype} weights rank {rank} received sum to {got!r}, rank {src} sent "
                         f"{reference!r}")
+
+
+class WeightChannel:
+    """A sender (rank 0) and one receiver (rank 1) joined by a TCP store and a gloo group of their own, beside
+    any torch.distributed group either process is in (a torchrun rank and the Ray actor that rolls out for it).
+    Tensors travel through host memory as one flat buffer per dtype. On the first transfer the receiver compares
+    the sender's signature with its own, through the store, before any tensor moves; a difference is the same
+    one-line error on both sides.
+
+    The sender opens the store (``listen``) and passes its port to the receiver; both then build the channel,
+    which returns once both have joined."""
+
+    def __init__(self, store: dist.TCPStore, rank: int, timeout_s: float = 300.0):
+        from datetime import timedelta
+
+        self.store, self.rank = store, rank
+        self.group = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=timeout_s))
+        self.checked = False
+
+    @staticmethod
+    def listen(host: str, timeout_s: float = 300.0) -> dist.TCPStore:
+        """The sender's store, on a free port of ``host`` (``store.port``)."""
+        from datetime import timedelta
+
+        return dist.TCPStore(host, 0, 2, is_master=True, timeout=timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+
+    @staticmethod
+    def connect(host: str, port: int, timeout_s: float = 300.0) -> dist.TCPStore:
+        from datetime import timedelta
+
+        return dist.TCPStore(host, port, 2, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+    def transfer(self, module: torch.nn.Module) -> int:
+        """Both sides call this with their copy: the receiver's ``module`` ends with the sender's tensors. Returns
+        the bytes sent."""
+        if not self.checked:
+            self._check(module)
+            self.checked = True
+        buckets: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in module.state_dict(keep_vars=True).values():
+            buckets.setdefault(t.dtype, []).append(t)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        sent = 0
+        with torch.no_grad():
+            for members in buckets.values():
+                flat = torch.cat([t.detach().reshape(-1).cpu() for t in members])
+                self.group.broadcast([flat], opts).wait()
+                if self.rank == 1:
+                    for t, part in zip(members, flat.split([t.numel() for t in members])):
+                        t.detach().copy_(part.view_as(t))
+                sent += flat.numel() * flat.element_size()
+        return sent
+
+    def _check(self, module: torch.nn.Module) -> None:
+        import pickle
+
+        if self.rank == 0:
+            self.store.set("signature", pickle.dumps(signature(module)))
+            problem = self.store.get("verdict").decode()
+        else:
+            problem = first_difference(pickle.loads(self.store.get("signature")), signature(module)) or ""
+            self.store.set("verdict", problem)
+        if problem:
+            raise RiptError(f"weight sync: the receiving side {problem}; both sides must build the same model")

@@ -1,0 +1,215 @@
+"""Where RL's rollouts run (``placement.mode``, docs/distributed.md).
+
+- ``collocated`` (the default; no Ray): each rank's own process holds the policy, drives its env workers
+  (processes or Ray actors, ``workers.backend``) and trains.
+- ``disaggregated``: each rank starts a Ray actor that holds a copy of the policy and the rank's environment (its
+  env workers, or a world model on the actor's own GPU: ``placement.rollout_gpus``) and runs the rank's rollouts
+  there; the rank keeps the learner, the update and the checkpoints. Before each round of rollouts the rank's
+  trainable weights (and critic) go to the actor over a channel of their own (``WeightChannel``), and the
+  policy's random stream goes with them and comes back, so a run makes the episodes, the updates and the
+  checkpoints of a collocated run and resumes the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ript.config import to_dict
+from ript.envs.seeds import rank_seed
+from ript.errors import RiptError
+from ript.registry import PLACEMENTS
+from ript.rl.advantages import build_estimator
+from ript.rl.rollout import rollout_environment
+from ript.utils import distributed as ddist
+from ript.utils.logging import log, setup_console_logging
+from ript.utils.weight_sync import WeightChannel
+
+
+def synced_modules(learner) -> torch.nn.Module:
+    """What the rollout side needs of the trainer after an update: the trainable weights and the critic."""
+    parts = {"weights": learner.weights}
+    if learner.critic is not None:
+        parts["critic"] = learner.critic
+    return torch.nn.ModuleDict(parts)
+
+
+def critic_settings(cfg):
+    return cfg.rl.critic if build_estimator(cfg.rl).uses_critic else None
+
+
+@PLACEMENTS.register("collocated")
+class Collocated:
+    """The rank's own process rolls out with the policy it trains."""
+
+    def __init__(self, cfg, info: ddist.DistInfo, loaded, device: str):
+        self.runner = rollout_environment(cfg, info, loaded.metadata, loaded.task_names, loaded.policy, device)
+
+    def attach(self, learner) -> None:
+        pass  # the runner acts with the learner's own modules
+
+
+class RolloutActor:
+    """Inside a Ray actor: the rank's policy and environment, built from the job's config as the rank builds them,
+    acting with the weights the rank sends."""
+
+    def __init__(self, cfg_dict: dict, info: ddist.DistInfo, device: str, cwd: str):
+        from omegaconf import OmegaConf
+
+        from ript.policies.families import family_for
+
+        setup_console_logging()
+        if Path(cwd).is_dir():
+            os.chdir(cwd)  # the job's relative paths (checkpoints, data) as the rank reads them
+        cfg = OmegaConf.create(cfg_dict)
+        family = family_for(cfg)
+        self.loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
+        self.learner = family.learner(self.loaded, cfg, device, critic_settings(cfg))
+        self.learner.attach(self.loaded.policy)
+        self.runner = rollout_environment(cfg, info, self.loaded.metadata, self.loaded.task_names,
+                                          self.loaded.policy, device)
+        self.channel: WeightChannel | None = None
+
+    def describe(self) -> dict:
+        import ray
+
+        return {"env_slots": self.runner.env_slots, "shaped_reward": self.runner.shaped_reward,
+                "node": ray.get_runtime_context().get_node_id()}
+
+    def join(self, host: str, port: int, timeout_s: float) -> None:
+        self.channel = WeightChannel(WeightChannel.connect(host, port, timeout_s), 1, timeout_s)
+
+    def receive_weights(self) -> int:
+        return self.channel.transfer(synced_modules(self.learner))
+
+    def specs(self) -> list:
+        return self.runner.specs()
+
+    def run(self, generator_state: torch.Tensor, video_dir: Path | None, specs: list | None, stop) -> tuple:
+        """The rank's rollouts with the random stream it sent; the stream, the stop rule as they ended and the
+        planning time go back with the results."""
+        policy = self.loaded.policy
+        policy.generator.set_state(generator_state)
+        seconds, calls = policy.inference_seconds, policy.plan_calls
+        results = self.runner.run(policy, video_dir=video_dir, specs=specs, stop=stop)
+        return (results, policy.generator.get_state(), stop, policy.inference_seconds - seconds,
+                policy.plan_calls - calls)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+@PLACEMENTS.register("disaggregated")
+class Disaggregated:
+    """The rank's rollouts in a Ray actor of their own (``RolloutActor``), reached through ``RemoteRunner``."""
+
+    def __init__(self, cfg, info: ddist.DistInfo, loaded, device: str):
+        from ript.envs.ray_workers import connect, import_ray
+
+        if cfg.environment.get("refresh_every"):
+            raise RiptError("environment.refresh_every (the two-phase loop) needs placement.mode=collocated: its "
+                            "real episodes feed the world model in the rank's own process")
+        gpus = int(cfg.placement.rollout_gpus)
+        if device.startswith("cuda") and gpus == 0:
+            raise RiptError("placement.mode=disaggregated on a GPU: set placement.rollout_gpus=1 (the rollout "
+                            "actor acts on a GPU of its own, as the rank does)")
+        self.ray = ray = import_ray()
+        connect(ray, cfg.workers.ray_address, 1 + (int(cfg.rl.num_workers) if cfg.rl.num_workers != "auto" else 0))
+        actor_class = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(RolloutActor)
+        self.actor = actor_class.remote(to_dict(cfg), info, "cuda" if gpus else "cpu", os.getcwd())
+        self.timeout_s, self.rank = float(cfg.workers.timeout_s), info.rank
+        try:
+            described = ray.get(self.actor.describe.remote())
+        except ray.exceptions.RayError as e:
+            ray.kill(self.actor, no_restart=True)
+            raise RiptError(f"placement.mode=disaggregated: the rollout actor of rank {info.rank} failed to start: "
+                            f"{one_line(e)}") from None
+        log.info("rollouts of rank %d: a Ray actor on node %s with %d env slots", info.rank, described["node"][:12],
+                 described["env_slots"])
+        self.runner = RemoteRunner(self, described)
+        self.channel: WeightChannel | None = None
+        self.modules: torch.nn.Module | None = None
+
+    def attach(self, learner) -> None:
+        """The learner whose weights the actor acts with; the channel they travel over."""
+        host = self.ray.util.get_node_ip_address()
+        store = WeightChannel.listen(host, self.timeout_s)
+        joined = self.actor.join.remote(host, store.port, self.timeout_s)
+        self.channel = WeightChannel(store, 0, self.timeout_s)
+        self.call(joined, "join the weight channel")
+        self.modules = synced_modules(learner)
+
+    def send_weights(self) -> None:
+        received = self.actor.receive_weights.remote()
+        try:
+            self.channel.transfer(self.modules)
+        except RuntimeError:  # the other end went away (gloo says so at once): the actor's answer says why
+            self.call(received, "receive the weights")
+            raise
+        self.call(received, "receive the weights")
+
+    def call(self, ref, what: str) -> Any:
+        """An answer of the actor; a dead actor is one line, the run resumable from its last checkpoint."""
+        try:
+            return self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as e:
+            raise RiptError(f"placement.mode=disaggregated: the rollout actor of rank {self.rank} died before it "
+                            f"could {what} ({one_line(e)}); the run resumes from its last checkpoint with "
+                            f"resume=true") from None
+        except self.ray.exceptions.RayTaskError as e:
+            raise e.as_instanceof_cause() from None
+
+    def close(self) -> None:
+        try:
+            self.ray.get(self.actor.close.remote(), timeout=30)
+        except (self.ray.exceptions.RayError, self.ray.exceptions.GetTimeoutError):
+            pass  # already dead or stuck: killed below
+        self.ray.kill(self.actor, no_restart=True)
+
+
+def one_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class RemoteRunner:
+    """The ``Runner`` interface over a rollout actor: each run first sends the trainer's weights, then the
+    policy's random stream; the stream and the stop rule come back as the actor's run left them."""
+
+    def __init__(self, placement: Disaggregated, described: dict):
+        self.placement, self.described = placement, described
+
+    @property
+    def env_slots(self) -> int:
+        return int(self.described["env_slots"])
+
+    @property
+    def shaped_reward(self) -> str | None:
+        return self.described["shaped_reward"]
+
+    def specs(self) -> list:
+        return self.placement.call(self.placement.actor.specs.remote(), "list its episodes")
+
+    def run(self, policy, video_dir: Path | None = None, specs: list | None = None, stop=None, sink=None) -> dict:
+        if sink is not None:
+            raise RiptError("placement.mode=disaggregated keeps no episode steps for a caller (use collocated)")
+        placement = self.placement
+        placement.send_weights()
+        ref = placement.actor.run.remote(policy.generator.get_state(), video_dir, specs, stop)
+        results, generator_state, stop_after, seconds, calls = placement.call(ref, "run its rollouts")
+        policy.generator.set_state(generator_state)
+        policy.count_inference(seconds, calls)
+        if stop is not None:
+            vars(stop).update(vars(stop_after))  # the rule's state is its fields, as the episodes left them
+        return results
+
+    def close(self) -> None:
+        self.placement.close()
+
+
+def build_placement(cfg, info: ddist.DistInfo, loaded, device: str):
+    """The rank's rollout placement (``placement.mode``): its ``runner`` and ``attach(learner)``."""
+    return PLACEMENTS.build(str(cfg.placement.mode), cfg=cfg, info=info, loaded=loaded, device=device)

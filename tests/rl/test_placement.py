@@ -1,0 +1,126 @@
+"""RL with each rank's rollouts in a Ray actor of their own (``placement.mode=disaggregated``) on a two-node Ray
+cluster of this host: the same episodes and the same updates as the collocated run (a run resumed under Ray
+included), the weights checked before they travel, and settings that cannot work as one line."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import ray
+import torch
+from ray.cluster_utils import Cluster
+from safetensors.torch import load_file
+
+from ript.config import compose, override
+from ript.envs.worker_env import EpisodeSpec
+from ript.errors import RiptError
+from ript.policies.families import family_for
+from ript.rl.placement import build_placement
+from ript.stages import rl
+from ript.utils.distributed import DistInfo
+from ript.utils.weight_sync import WeightChannel
+from tests.helpers.cli import rl_overrides
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A head and a second node, two CPUs each: a rollout actor and its two env-worker actors."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    yield cluster.address
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def disaggregated(address: str, env_workers: str) -> list[str]:
+    return ["placement.mode=disaggregated", f"workers.backend={env_workers}", override("workers.ray_address", address)]
+
+
+def weights(run_dir) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
+
+
+def test_disaggregated_rollouts_give_the_collocated_episodes_and_updates_and_resume_exactly(
+        two_nodes, stage1_run, tmp_path, capsys):
+    local, remote = tmp_path / "collocated", tmp_path / "disaggregated"
+    rl.run(compose("rl", rl_overrides(stage1_run, local, 2)))
+    rl.run(compose("rl", rl_overrides(stage1_run, remote, 1) + disaggregated(two_nodes, "processes")))
+    assert "rollouts of rank 0: a Ray actor on node" in capsys.readouterr().err
+    # the second iteration resumed from the first's checkpoint, its env workers Ray actors of either node
+    rl.run(compose("rl", rl_overrides(stage1_run, remote, 2) + disaggregated(two_nodes, "ray") + ["resume=true"]))
+    history = json.loads((local / "rl_history.json").read_text())
+    assert history == json.loads((remote / "rl_history.json").read_text())
+    a, b, start = weights(local), weights(remote), load_file(str(stage1_run / "checkpoints" / "last" /
+                                                                  "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], start[k]) for k in a if k in start)  # the updates changed the weights
+
+
+def test_the_two_phase_loop_with_disaggregated_rollouts_is_one_line(two_nodes, stage1_run, tmp_path):
+    cfg = compose("rl", rl_overrides(stage1_run, tmp_path / "rl", 1) + disaggregated(two_nodes, "processes")
+                  + ["+environment.refresh_every=1"])
+    with pytest.raises(RiptError, match=r"environment.refresh_every .* needs placement.mode=collocated"):
+        rl.run(cfg)
+    assert not (tmp_path / "rl").exists()
+
+
+def test_a_dead_rollout_actor_ends_the_run_with_one_line(two_nodes, stage1_run):
+    cfg = compose("rl", [f"checkpoint={stage1_run}", "task_names=[drawer-close-v3]", "rl.num_workers=1",
+                         "rl.max_episode_steps=8"] + disaggregated(two_nodes, "processes"))
+    family = family_for(cfg)
+    loaded = family.load(cfg, "cpu", 0, rl=True)
+    placement = build_placement(cfg, DistInfo(), loaded, "cpu")
+    try:
+        learner = family.learner(loaded, cfg, "cpu", None)
+        placement.attach(learner)
+        specs = [EpisodeSpec("drawer-close-v3", 0, 0)]
+        assert placement.runner.run(loaded.policy, specs=specs)["env_steps"] == 8
+        ray.kill(placement.actor, no_restart=True)
+        with pytest.raises(RiptError, match=r"the rollout actor of rank 0 died before it could receive the weights "
+                                            r".*resumes from its last checkpoint with resume=true"):
+            placement.runner.run(loaded.policy, specs=specs)
+    finally:
+        placement.runner.close()
+
+
+def exchange(sender: torch.nn.Module, receiver: torch.nn.Module) -> dict[str, object]:
+    """One transfer over a weight channel between two threads: each side's bytes or its error."""
+    store = WeightChannel.listen("127.0.0.1", 30)
+    out: dict[str, object] = {}
+
+    def receive():
+        try:
+            channel = WeightChannel(WeightChannel.connect("127.0.0.1", store.port, 30), 1, 30)
+            out["receiver"] = channel.transfer(receiver)
+        except RiptError as e:
+            out["receiver"] = e
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    try:
+        out["sender"] = WeightChannel(store, 0, 30).transfer(sender)
+    except RiptError as e:
+        out["sender"] = e
+    thread.join(60)
+    return out
+
+
+def model(width: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.BatchNorm1d(width))
+    net.register_buffer("steps", torch.tensor([seed]))
+    return net
+
+
+def test_the_weight_channel_copies_every_tensor_and_refuses_another_model_with_one_line():
+    sender, receiver = model(8, 0), model(8, 1)
+    out = exchange(sender, receiver)
+    assert out["sender"] == out["receiver"] == sum(t.numel() * t.element_size() for t in sender.state_dict().values())
+    assert all(torch.equal(a, b) for a, b in zip(sender.state_dict().values(), receiver.state_dict().values()))
+    out = exchange(model(8, 0), model(16, 1))
+    assert isinstance(out["sender"], RiptError) and str(out["sender"]) == str(out["receiver"])
+    assert "holds 0.weight as torch.float32 [16, 4], the sender as torch.float32 [8, 4]" in str(out["sender"])
+    assert "\n" not in str(out["sender"])
