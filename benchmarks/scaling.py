@@ -29,7 +29,7 @@ from pathlib import Path
 from benchmarks.train_compare import scalars
 from ript.stages.protocol import Phase
 
-RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync")
+RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/iteration")
 
 
 def ript(args: list[str], procs: int = 1) -> None:
@@ -79,7 +79,8 @@ def rl_speed(a, out: Path, common: list[str], base: Path, n: int) -> dict:
     last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, "time/env_steps_per_s") if tag in s}
     rollout_steps = last["time/env_steps_per_s"] * last["time/rollout"]
     return {"env_steps": rollout_steps, "env_steps_per_s": last["time/env_steps_per_s"],
-            "env_steps_per_s_with_training": rollout_steps / (last["time/rollout"] + last["time/train"]),
+            "env_steps_per_s_with_training": rollout_steps / last.get("time/iteration",
+                                                                      last["time/rollout"] + last["time/train"]),
             "seconds": {tag.split("/")[1]: last[tag] for tag in RL_TIMES if tag in last}}
 
 

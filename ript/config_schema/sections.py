@@ -268,6 +268,7 @@ class RL(Section):
     tf32: bool
     channels_last: bool
     recompute_old_log_probs: bool
+    overlap: bool = False  # the next iteration's rollouts during this one's update (disaggregated placement)
     max_episode_steps: Count | None
     num_workers: Workers
     stop_after_minutes: Scale | None  # 0: stop after the first step

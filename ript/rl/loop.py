@@ -4,6 +4,7 @@ ranks, gradients all-reduced, rank 0 logs and checkpoints)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from ript.rl.advantages import build_estimator
 from ript.rl.critic import load_critic, write_learner_files
 from ript.rl.history import RolloutHistory
 from ript.rl.learners import Learner
+from ript.rl.overlap import RolloutsAhead, rollout_weights
 from ript.rl.refresh import WorldModelRefresh
 from ript.rl.rollout import GroupSampling, collect_groups
 from ript.rl.sampler import InitialConditionSampler
@@ -72,6 +74,7 @@ class RLRun:
     evaluate: Callable[[int, MetricLogger], None]  # in-training evaluation at an iteration (rank 0; may do nothing)
     runner: Runner          # where the rollouts run (``rollout_environment``); closed with the loop
     refresh: WorldModelRefresh | None = None  # a world model refreshed on real episodes (environment.refresh_every)
+    placement: Any = None   # where the rollouts run (``ript.rl.placement``): sends the weights before them
 
 
 def train_loop(run: RLRun) -> str:
@@ -84,15 +87,20 @@ def train_loop(run: RLRun) -> str:
             rl.evaluate(0)
         for it in range(rl.run.start, rl.iterations):
             timer = Timer()
+            t0 = time.perf_counter()
             if rl.refresh is not None and rl.refresh.due(it):
                 with timer("refresh"):  # real episodes join the world model's data; it trains on
                     rl.refresh.refresh(it, rl.policy, rl.runner)
-            with timer("rollout"):
-                batch, videos = rl.rollouts(it)
+            with timer("rollout_wait"):  # with rl.overlap: what of the rollouts the previous update did not hide
+                batch, videos = rl.ahead.wait() if rl.ahead_running else rl.synced_rollouts(it)
+            rl.ahead_running = rl.ahead is not None and it + 1 < rl.iterations
+            if rl.ahead_running:
+                rl.ahead.start(it + 1)
             with timer("train"):  # collating (and rescoring) the decisions too
                 with timer("train_prepare"):  # collating (observations to the device), advantages
                     data, targets = update_batch(rl.learner, batch["kept"], rl.estimator, rl.cfg, rl.device, rl.info)
                 stats = ppo_update(rl.learner, rl.opt, rl.sched, data, rl.cfg, rl.info, it, rl.device)
+            timer.seconds["iteration"] = time.perf_counter() - t0
             totals = rl.totals(batch, targets)
             rl.log(it + 1, rl.metrics(batch, stats, totals, timer), stats, totals, videos)
             rl.checkpoint(it + 1)
@@ -139,11 +147,28 @@ class RLIterations:
         self.refresh = run.refresh
         if self.refresh is not None:  # the world model the run had got to
             self.refresh.resume(self.run.start, self.runner, int((streams or {}).get("real_env_steps", 0)))
+        self.placement = run.placement
+        self.ahead, self.ahead_running, self.resumed_rollout_weights = None, False, None
+        if cfg.rl.get("overlap"):
+            self.ahead = RolloutsAhead(self.rollouts, self.streams, self.placement.modules, self.placement.sync)
+            if run.resume_from is not None:  # rollouts the checkpoint's run had started ahead: redone alike
+                self.resumed_rollout_weights = rollout_weights(run.resume_from, self.placement.modules)
 
     def load_weights(self, ckpt: Path) -> None:
         check_and_load(self.learner.weights, load_weights(ckpt), str(ckpt))
         if self.learner.critic is not None:
             load_critic(self.learner.critic, ckpt)
+
+    def streams(self) -> dict:
+        """The random streams the rollouts draw from, as a checkpoint keeps them."""
+        return {"sampler": self.sampler.state_dict(), "policy_rng": self.policy.generator.get_state()}
+
+    def synced_rollouts(self, it: int) -> tuple[dict, Path | None]:
+        """The rollouts of iteration ``it`` after the rollout side has the weights to sample with."""
+        if self.placement is not None:
+            self.placement.sync(self.resumed_rollout_weights)
+            self.resumed_rollout_weights = None
+        return self.rollouts(it)
 
     def rollouts(self, it: int) -> tuple[dict, Path | None]:
         """Groups of rollouts until enough informative ones over all ranks (``collect_groups``); every
@@ -176,7 +201,7 @@ class RLIterations:
         return sum_by_name(sums, self.info)
 
     def metrics(self, batch: dict, stats: dict, totals: dict[str, float], timer: Timer) -> dict[str, float]:
-        n, t_rollout = totals["episodes"], timer.seconds["rollout"]
+        n, t_rollout = totals["episodes"], batch["seconds"]
         metrics = {
             "rollout/success_rate": totals["successes"] / max(1, n),
             "rollout/episodes": n,
@@ -189,6 +214,8 @@ class RLIterations:
             "rollout/returns_mean": totals["returns_sum"] / max(1, totals["returns"]),  # kept episodes' rewards
             **metric_names(stats),
             "time/rollout": t_rollout, "time/train": timer.seconds["train"],
+            "time/iteration": timer.seconds["iteration"],  # refresh, rollouts and update, as the run waited for them
+            "time/rollout_wait": timer.seconds["rollout_wait"],  # rl.overlap: the rollouts' part not under the update
             "time/train_prepare": timer.seconds["train_prepare"], "time/sync": batch["sync"] + stats["sync"],
             "time/inference_share": totals["inference_seconds"] / max(1e-9, t_rollout * self.info.world_size),
             "time/env_steps_per_s": totals["env_steps"] / max(1e-9, t_rollout),  # cancelled episodes' steps too
@@ -225,12 +252,17 @@ class RLIterations:
                      stats["value_loss"], stats["explained_variance"], metrics["rollout/returns_mean"])
 
     def checkpoint(self, iteration: int) -> None:
-        streams = {"sampler": self.sampler.state_dict(), "policy_rng": self.policy.generator.get_state(),
-                   "env_steps": self.env_steps}
+        # with rollouts running ahead: the streams before they began, and their weights, to redo them on resume
+        streams = {**(self.ahead.saved[0] if self.ahead_running else self.streams()), "env_steps": self.env_steps}
         if self.refresh is not None:
             streams["real_env_steps"] = self.refresh.real_env_steps
-        self.run.save(iteration, self.learner.weights, self.setup.ckpt_config, streams,
-                      write_extra=lambda folder: write_learner_files(self.learner, folder))
+
+        def write_extra(folder: Path) -> None:
+            write_learner_files(self.learner, folder)
+            if self.ahead_running:
+                self.ahead.write(folder)
+
+        self.run.save(iteration, self.learner.weights, self.setup.ckpt_config, streams, write_extra=write_extra)
 
     def evaluate(self, iteration: int) -> None:
         self.setup.evaluate(iteration, self.logger)
@@ -253,6 +285,11 @@ class RLIterations:
         return False
 
     def close(self) -> None:
+        if self.ahead_running:  # a run stopped early: its rollouts ahead end before their runner closes
+            try:
+                self.ahead.wait()
+            except Exception:  # noqa: BLE001  (the run is ending already; its checkpoint redoes them)
+                pass
         self.runner.close()
         if self.refresh is not None:
             self.refresh.close()

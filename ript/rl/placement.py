@@ -48,8 +48,13 @@ class Collocated:
     def __init__(self, cfg, info: ddist.DistInfo, loaded, device: str):
         self.runner = rollout_environment(cfg, info, loaded.metadata, loaded.task_names, loaded.policy, device)
 
+    modules = None  # nothing travels: the runner acts with the learner's own modules
+
     def attach(self, learner) -> None:
-        pass  # the runner acts with the learner's own modules
+        pass
+
+    def sync(self, modules: torch.nn.Module | None = None) -> None:
+        pass
 
 
 class RolloutActor:
@@ -142,10 +147,11 @@ class Disaggregated:
         self.call(joined, "join the weight channel")
         self.modules = synced_modules(learner)
 
-    def send_weights(self) -> None:
+    def sync(self, modules: torch.nn.Module | None = None) -> None:
+        """The actor acts with ``modules``' weights from now on (default: the learner's, as they are now)."""
         received = self.actor.receive_weights.remote()
         try:
-            self.channel.transfer(self.modules)
+            self.channel.transfer(self.modules if modules is None else modules)
         except RuntimeError:  # the other end went away (gloo says so at once): the actor's answer says why
             self.call(received, "receive the weights")
             raise
@@ -176,8 +182,8 @@ def one_line(error: Exception) -> str:
 
 
 class RemoteRunner:
-    """The ``Runner`` interface over a rollout actor: each run first sends the trainer's weights, then the
-    policy's random stream; the stream and the stop rule come back as the actor's run left them."""
+    """The ``Runner`` interface over a rollout actor, which acts with the weights last sent (``sync``): each run
+    sends the policy's random stream; the stream and the stop rule come back as the actor's run left them."""
 
     def __init__(self, placement: Disaggregated, described: dict):
         self.placement, self.described = placement, described
@@ -197,7 +203,6 @@ class RemoteRunner:
         if sink is not None:
             raise RiptError("placement.mode=disaggregated keeps no episode steps for a caller (use collocated)")
         placement = self.placement
-        placement.send_weights()
         ref = placement.actor.run.remote(policy.generator.get_state(), video_dir, specs, stop)
         results, generator_state, stop_after, seconds, calls = placement.call(ref, "run its rollouts")
         policy.generator.set_state(generator_state)

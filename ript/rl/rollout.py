@@ -109,6 +109,7 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
     exactly those); later groups are cancelled or ignored. With ``video_dir``, the first rollout of the first
     round is recorded there as an mp4."""
     k = sampling.k
+    t0 = time.perf_counter()
     local_target = sampling.local_groups(info.world_size)
     kept, episodes, rounds, sync = [], [], 0, 0.0
     dropped = cancelled = env_steps = 0
@@ -141,7 +142,8 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
             break
     capped = total_kept < sampling.groups
     return {"kept": kept, "episodes": episodes, "rounds": rounds, "capped": capped, "total_kept": total_kept,
-            "sync": sync, "dropped": dropped, "cancelled": cancelled, "env_steps": env_steps}
+            "sync": sync, "dropped": dropped, "cancelled": cancelled, "env_steps": env_steps,
+            "seconds": time.perf_counter() - t0}
 
 
 def group_episodes(episodes: list[dict], k: int) -> list[list[dict]]:

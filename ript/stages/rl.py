@@ -16,6 +16,7 @@ from ript.envs.seeds import rank_seed
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
+from ript.rl.overlap import check_overlap
 from ript.rl.placement import build_placement, critic_settings
 from ript.rl.refresh import WorldModelRefresh
 from ript.stages import world_model
@@ -25,6 +26,7 @@ def run(cfg) -> str:
     family = family_for(cfg)
     device, info = init_rank(cfg)  # first: the model is built on this rank's device
     loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
+    check_overlap(cfg, info.world_size)
     placement = build_placement(cfg, info, loaded, device)  # where the rank's rollouts run
     try:  # a run that cannot start leaves no run folder and no workers behind
         refresh = WorldModelRefresh(cfg, Path(cfg.run_dir), loaded.metadata, loaded.task_names, device,
@@ -50,7 +52,7 @@ def _train(cfg, family, loaded, info, device: str, placement, refresh: WorldMode
 
     try:
         return train_loop(RLRun(cfg, info, device, learner, loaded.policy, names, loaded.metadata, ckpt_config,
-                                run_dir, resume_from, maybe_evaluate, placement.runner, refresh))
+                                run_dir, resume_from, maybe_evaluate, placement.runner, refresh, placement))
     finally:
         if eval_runner is not None:
             eval_runner.close()

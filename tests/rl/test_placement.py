@@ -59,6 +59,22 @@ def test_disaggregated_rollouts_give_the_collocated_episodes_and_updates_and_res
     assert any(not torch.equal(a[k], start[k]) for k in a if k in start)  # the updates changed the weights
 
 
+def test_overlapped_rollouts_resume_exactly_and_need_a_rollout_actor(two_nodes, stage1_run, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    overlap = disaggregated(two_nodes, "processes") + ["rl.overlap=true"]
+    rl.run(compose("rl", rl_overrides(stage1_run, straight, 2) + overlap))
+    rl.run(compose("rl", rl_overrides(stage1_run, resumed, 2) + overlap + ["rl.stop_after_minutes=0"]))
+    # stopped after the first iteration, whose checkpoint was written while the second's rollouts ran
+    assert (resumed / "checkpoints" / "0000001" / "rollout_weights.safetensors").is_file()
+    rl.run(compose("rl", rl_overrides(stage1_run, resumed, 2) + overlap + ["resume=true"]))
+    assert json.loads((straight / "rl_history.json").read_text()) == \
+        json.loads((resumed / "rl_history.json").read_text())
+    a, b = weights(straight), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(RiptError, match=r"rl.overlap=true needs placement.mode=disaggregated"):
+        rl.run(compose("rl", rl_overrides(stage1_run, tmp_path / "local", 1) + ["rl.overlap=true"]))
+
+
 def test_the_two_phase_loop_with_disaggregated_rollouts_is_one_line(two_nodes, stage1_run, tmp_path):
     cfg = compose("rl", rl_overrides(stage1_run, tmp_path / "rl", 1) + disaggregated(two_nodes, "processes")
                   + ["+environment.refresh_every=1"])
@@ -77,11 +93,12 @@ def test_a_dead_rollout_actor_ends_the_run_with_one_line(two_nodes, stage1_run):
         learner = family.learner(loaded, cfg, "cpu", None)
         placement.attach(learner)
         specs = [EpisodeSpec("drawer-close-v3", 0, 0)]
+        placement.sync()
         assert placement.runner.run(loaded.policy, specs=specs)["env_steps"] == 8
         ray.kill(placement.actor, no_restart=True)
         with pytest.raises(RiptError, match=r"the rollout actor of rank 0 died before it could receive the weights "
                                             r".*resumes from its last checkpoint with resume=true"):
-            placement.runner.run(loaded.policy, specs=specs)
+            placement.sync()
     finally:
         placement.runner.close()
 
