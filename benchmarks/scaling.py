@@ -2,11 +2,12 @@
 processes (as many as the host has GPUs; ``--cpu``: gloo processes on the CPU, for checking the script), with the
 global batch and the groups per iteration fixed, so that N processes share the same work. Writes samples/s, env
 steps/s (rollout alone and with training), the RL iteration's time by phase and the efficiency (speed-up / N) to
-``scaling.json`` and ``scaling.png`` in ``--out``.
+``scaling.json`` and ``scaling.png`` in ``--out``. ``--placements`` adds RL with one trainer process whose rollouts
+run in a Ray actor on a GPU of its own (and with the next iteration's rollouts overlapping the update).
 
     python -m benchmarks.scaling [--counts 1,2,4,8] [--task metaworld_ml45_10] [--batch 1024] [--s1-steps 600]
         [--groups 32] [--k 8] [--iterations 2] [--episode-steps 200] [--out runs/scaling] [--cpu]
-        [--task-extra task.* ...] [--extra stage-0/1 overrides ...]
+        [--task-extra task.* ...] [--extra stage-0/1 overrides ...] [--placements disaggregated,disaggregated_overlap]
     python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the
@@ -70,11 +71,18 @@ def stage1_speed(a, out: Path, common: list[str], n: int) -> dict:
     return {"samples_per_s": statistics.median(speed), "per_process_batch": a.batch // n}
 
 
-def rl_speed(a, out: Path, common: list[str], base: Path, n: int) -> dict:
-    run_dir = fresh(out / f"rl_{n}")
+# RL with its rollouts in a Ray actor per trainer process (docs/distributed.md): name -> (overrides, GPUs besides
+# the trainer's); on a GPU host each actor acts on a GPU of its own
+PLACEMENTS = {"disaggregated": (["placement.mode=disaggregated"], 1),
+              "disaggregated_overlap": (["placement.mode=disaggregated", "rl.overlap=true"], 1)}
+
+
+def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | None = None,
+             extra: tuple[str, ...] = ()) -> dict:
+    run_dir = fresh(out / f"rl_{tag or n}")
     ript(["rl", *common, f"checkpoint={base}", f"run_dir={run_dir}", f"rl.iterations={a.iterations}",
           f"rl.groups_per_iteration={a.groups}", f"rl.rollouts_per_group={a.k}", "rl.max_sampling_rounds=1",
-          "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0"], n)
+          "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0", *extra], n)
     s = scalars(run_dir)
     last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, "time/env_steps_per_s") if tag in s}
     rollout_steps = last["time/env_steps_per_s"] * last["time/rollout"]
@@ -139,6 +147,8 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="gloo processes on the CPU (checks the script)")
     ap.add_argument("--task-extra", nargs="*", default=[], help="task.* overrides, for every job")
     ap.add_argument("--extra", nargs="*", default=[], help="overrides for stages 0 and 1 (e.g. algo=...)")
+    ap.add_argument("--placements", default="", help=f"RL again with one trainer process and its rollouts in a Ray "
+                    f"actor, for each of {','.join(PLACEMENTS)} given (comma-separated)")
     ap.add_argument("--plot", help="only draw the figure of this scaling.json (beside it)")
     a = ap.parse_args()
     if a.plot:
@@ -156,12 +166,23 @@ def main() -> None:
     rl_common = [*task, *(["device=cpu"] if a.cpu else [])]
     common = [*rl_common, *a.extra]  # stages 0 and 1
     base = prepare(a, out, task, common)
-    result = {"host": host_name(a.cpu), "command": " ".join(sys.argv), "stage1": {}, "rl": {}}
+    result = {"host": host_name(a.cpu), "command": " ".join(sys.argv), "stage1": {}, "rl": {}, "rl_placements": {}}
     for n in counts:
         result["stage1"][n] = stage1_speed(a, out, common, n)
         result["rl"][n] = rl_speed(a, out, rl_common, base, n)
         print(f"{n} process(es): stage 1 {result['stage1'][n]['samples_per_s']:.0f} samples/s, RL "
               f"{result['rl'][n]['env_steps_per_s_with_training']:.0f} env steps/s with training", flush=True)
+    for name in a.placements.split(",") if a.placements else []:
+        extra, actor_gpus = PLACEMENTS[name]
+        if not a.cpu and gpus < 1 + actor_gpus:
+            print(f"{name}: needs {1 + actor_gpus} GPUs, this host has {gpus}")
+            continue
+        extra = [*extra, *([] if a.cpu else [f"placement.rollout_gpus={actor_gpus}"])]
+        row = rl_speed(a, out, rl_common, base, 1, name, tuple(extra))
+        row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
+            result["rl"][min(result["rl"])]["env_steps_per_s_with_training"]
+        result["rl_placements"][name] = row
+        print(f"{name}: RL {row['env_steps_per_s_with_training']:.0f} env steps/s with training", flush=True)
     efficiency(result["stage1"], "samples_per_s")
     efficiency(result["rl"], "env_steps_per_s_with_training")
     (out / "scaling.json").write_text(json.dumps(result, indent=2))

@@ -256,6 +256,7 @@ class RL(Section):
     clip_high: Rate
     clip_ratio_c: Annotated[float, Field(gt=1, allow_inf_nan=False)] | None  # dual clip needs c > 1
     entropy_coef: Scale
+    kl_coef: Scale = 0.0  # KL penalty to the checkpoint RL started from
     critic: Critic
     epochs: Count
     minibatches: Count

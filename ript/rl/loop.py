@@ -25,7 +25,7 @@ from ript.rl.overlap import RolloutsAhead, rollout_weights
 from ript.rl.refresh import WorldModelRefresh
 from ript.rl.rollout import GroupSampling, collect_groups
 from ript.rl.sampler import InitialConditionSampler
-from ript.rl.update import make_optimizer, metric_names, ppo_update, update_batch
+from ript.rl.update import make_optimizer, metric_names, ppo_update, reference_state, update_batch
 from ript.utils import distributed as ddist
 from ript.utils.checkpoint import load_weights
 from ript.utils.logging import MetricLogger, log, setup_console_logging
@@ -99,7 +99,8 @@ def train_loop(run: RLRun) -> str:
             with timer("train"):  # collating (and rescoring) the decisions too
                 with timer("train_prepare"):  # collating (observations to the device), advantages
                     data, targets = update_batch(rl.learner, batch["kept"], rl.estimator, rl.cfg, rl.device, rl.info)
-                stats = ppo_update(rl.learner, rl.opt, rl.sched, data, rl.cfg, rl.info, it, rl.device)
+                stats = ppo_update(rl.learner, rl.opt, rl.sched, data, rl.cfg, rl.info, it, rl.device,
+                                   rl.reference)
             timer.seconds["iteration"] = time.perf_counter() - t0
             totals = rl.totals(batch, targets)
             rl.log(it + 1, rl.metrics(batch, stats, totals, timer), stats, totals, videos)
@@ -134,6 +135,7 @@ class RLIterations:
         learner.attach(policy)  # the policy records what the update reads (with the critic's values, if any)
         self.run = TrainingRun(RunSettings("rl", run.run_dir, run.resume_from, cfg.keep_last,
                                            cfg.rl.stop_after_minutes, unit="iteration"), info, self.opt, self.sched)
+        self.reference = reference_state(learner, cfg)  # rl.kl_coef: the weights loaded from the checkpoint
         self.env_steps = 0  # env steps of the counted episodes, over all ranks
         self.inference_before = 0.0  # the policy's inference seconds when the iteration's rollouts began
         streams = self.run.resume(self.load_weights)

@@ -49,3 +49,13 @@ def ppo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantage
             "ratio_max": ratio.max(),
         }
     return loss, stats
+
+
+def reference_kl(new_log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """KL(new || reference) estimated on the sampled tokens or actions (the k3 estimator, GRPO's KL term):
+    exp(ref - new) - (ref - new) - 1, never negative, zero where the two agree; its mean over the entries both
+    policies can produce (top-k may exclude a token from either)."""
+    diff = ref_log_probs - new_log_probs
+    finite = torch.isfinite(diff)
+    safe = torch.where(finite, diff, torch.zeros_like(diff))
+    return torch.where(finite, safe.exp() - safe - 1, torch.zeros_like(diff)).sum() / finite.sum().clamp(min=1)

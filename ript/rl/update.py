@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from ript.rl.advantages import normalize_over_ranks
 from ript.rl.critic import explained_variance, value_loss
-from ript.rl.objective import ppo_loss
+from ript.rl.objective import ppo_loss, reference_kl
 from ript.rl.rollout import flatten_groups
 from ript.utils import distributed as ddist
 from ript.utils import training
@@ -55,6 +57,25 @@ def rescore(learner, data: dict, cfg, device: str, order: torch.Tensor | None = 
     return out
 
 
+@contextmanager
+def weights_swapped(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> Iterator[None]:
+    """``module`` holds ``state`` inside the block and its own weights again after it."""
+    own = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    module.load_state_dict(state)
+    try:
+        yield
+    finally:
+        module.load_state_dict(own)
+
+
+def reference_state(learner, cfg) -> dict[str, torch.Tensor] | None:
+    """With ``rl.kl_coef``: a copy of the trainable weights as the run loaded them from ``checkpoint`` (before
+    any resume), the policy the KL term anchors to."""
+    if not float(cfg.rl.get("kl_coef") or 0.0):
+        return None
+    return {k: v.detach().clone() for k, v in learner.weights.state_dict().items()}
+
+
 def update_batch(learner, kept: list[list[dict]], estimator, cfg, device: str, info) -> tuple[dict | None, object]:
     """(what PPO trains on, the estimator's targets) for an iteration's kept groups: the decisions collated by
     the learner, their advantages (normalised over ranks with ``rl.normalize_advantages``: every rank calls
@@ -90,11 +111,16 @@ def make_optimizer(learner, cfg, device: str):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambdas)
 
 
-def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str) -> dict:
+def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str,
+               reference: dict[str, torch.Tensor] | None = None) -> dict:
+    """PPO's epochs over an iteration's decisions; with ``reference`` (``reference_state``), a KL penalty to it
+    weighted by ``rl.kl_coef``."""
     rl = cfg.rl
     critic = learner.critic
     critic_params = [] if critic is None else list(critic.parameters())
     stats = dict.fromkeys(ACTOR_STATS + ("grad_norm", "ratio_max"), 0.0)
+    if reference is not None:
+        stats["kl_to_reference"] = 0.0
     if critic is not None:
         stats.update(dict.fromkeys(CRITIC_STATS + ("critic_grad_norm",), 0.0))
         stats["explained_variance"] = float("nan") if data is None else \
@@ -106,6 +132,9 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
     orders = epoch_orders(n, cfg, iteration)
     if data is not None and rl.get("recompute_old_log_probs"):
         data["old_log_probs"] = rescore(learner, data, cfg, device, orders[0])
+    if data is not None and reference is not None:
+        with weights_swapped(learner.weights, reference):
+            data["ref_log_probs"] = rescore(learner, data, cfg, device, orders[0])
     learner.model.eval()  # no dropout: the recomputed log-probs must be those recorded at sampling time
     # Gradients live in buffers of their own and are zeroed in place: a first backward would otherwise adopt a
     # compiled scorer's CUDA-graph output as the gradient, which the next micro-batch's replay overwrites while
@@ -125,6 +154,10 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
                                    float(rl.clip_low), float(rl.clip_high), clip_c)
                 s["policy_loss"], s["entropy"] = loss.detach(), scored.entropy.float().mean().detach()
                 loss = loss - float(rl.entropy_coef) * scored.entropy.float().mean()
+                if reference is not None:
+                    kl = reference_kl(scored.log_probs.float(), data["ref_log_probs"][idx])
+                    s["kl_to_reference"] = kl.detach()
+                    loss = loss + float(rl.kl_coef) * kl
                 if critic is not None:
                     v_loss, vs = value_loss(scored.values.float(), data["old_values"][idx], data["returns"][idx],
                                             None if rl.critic.value_clip is None else float(rl.critic.value_clip),
