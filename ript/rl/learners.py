@@ -137,8 +137,9 @@ class TrainableWeights(torch.nn.Module):
 
 
 class OFTLearner:
-    def __init__(self, model, grad_checkpointing: bool, train_action_head: bool, critic_cfg=None):
-        model.requires_grad_(False)
+    def __init__(self, model, grad_checkpointing: bool, train_action_head: bool, critic_cfg=None,
+                 full_finetune: bool = False):
+        model.requires_grad_(full_finetune)  # full fine-tuning: every weight trains (with FSDP across GPUs at 7B)
         for name, p in model.named_parameters():
             if "lora_" in name or name.startswith("scale_head."):
                 p.requires_grad_(True)
@@ -208,3 +209,14 @@ class OpenVLALearner(OFTLearner):
         entropy = -(log_p.exp() * log_p).sum(-1).mean(-1)
         values = None if self.critic is None else self.critic(state_hidden(hidden))
         return Scored(log_p.gather(-1, bins.unsqueeze(-1)).squeeze(-1), entropy, values)
+
+
+def shard_learner(learner) -> None:
+    """``rl.fsdp``: the learner's model sharded over the ranks (``ript.utils.fsdp``); the parameters it trains
+    become their shards (sharding replaces them)."""
+    from ript.utils.fsdp import same_parameters, shard_model
+
+    names = {id(p): n for n, p in learner.model.named_parameters()}
+    before = learner.params
+    shard_model(learner.model)
+    learner.params = same_parameters(learner.model, before, names)

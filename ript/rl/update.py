@@ -17,6 +17,7 @@ from ript.rl.objective import ppo_loss, reference_kl
 from ript.rl.rollout import flatten_groups
 from ript.utils import distributed as ddist
 from ript.utils import training
+from ript.utils.fsdp import whole
 
 # the update's metrics, RLinf's names; summed over micro-batches weighted by their share, averaged over updates
 ACTOR_STATS = ("policy_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean", "entropy")
@@ -112,9 +113,9 @@ def make_optimizer(learner, cfg, device: str):
 
 
 def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str,
-               reference: dict[str, torch.Tensor] | None = None) -> dict:
+               reference: dict[str, torch.Tensor] | None = None, sharded: bool = False) -> dict:
     """PPO's epochs over an iteration's decisions; with ``reference`` (``reference_state``), a KL penalty to it
-    weighted by ``rl.kl_coef``."""
+    weighted by ``rl.kl_coef``; ``sharded``: the learner's model is sharded with FSDP (``shard_learner``)."""
     rl = cfg.rl
     critic = learner.critic
     critic_params = [] if critic is None else list(critic.parameters())
@@ -130,6 +131,8 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
     micro = int(rl.micro_batch or 0) or None  # decisions per forward/backward; gradients accumulate
     clip_c = None if rl.clip_ratio_c is None else float(rl.clip_ratio_c)
     orders = epoch_orders(n, cfg, iteration)
+    # sharded parameters' gradients leave the backward averaged over ranks already
+    averaged = ([] if sharded else learner.params) + critic_params
     if data is not None and rl.get("recompute_old_log_probs"):
         data["old_log_probs"] = rescore(learner, data, cfg, device, orders[0])
     if data is not None and reference is not None:
@@ -169,9 +172,9 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
                     stats[key] = torch.maximum(torch.as_tensor(stats[key], device=v.device), v.detach()) \
                         if key == "ratio_max" else stats[key] + v.detach() * weight
             t = time.perf_counter()
-            ddist.average_gradients(learner.params + critic_params, info)
+            ddist.average_gradients(averaged, info)
             sync += time.perf_counter() - t
-            norms = torch.stack([torch.nn.utils.clip_grad_norm_(group, float(rl.grad_clip)).float()
+            norms = torch.stack([whole(torch.nn.utils.clip_grad_norm_(group, float(rl.grad_clip))).float()
                                  for group in (learner.params, critic_params) if group])
             # one host synchronisation per optimiser step: the norms and the loss so far, checked together
             checked = torch.cat([norms, torch.as_tensor(stats["policy_loss"], device=norms.device).reshape(1)])

@@ -94,7 +94,7 @@ def average_gradients(params: list[torch.nn.Parameter], info: DistInfo, weight: 
     """Average gradients over ranks in one flat all-reduce (every rank calls this the same number of times).
     ``weight``: this rank's part of the global loss's normaliser (e.g. its count of unmasked elements), so the
     ranks' gradients of their own means combine into the gradient of the global batch's mean."""
-    if info.world_size == 1:
+    if info.world_size == 1 or not params:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
