@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 import torch
 from safetensors.torch import load_file
 
@@ -80,7 +81,13 @@ def test_an_rl_iteration_in_the_world_model_resumes_exactly(stage1_run, world_mo
     full, part = tmp_path / "full", tmp_path / "part"
     rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, full, 2)))
     rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, part, 1)))
-    rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, part, 2, "resume=true")))
+    # resumed with the world model in a rollout actor of its own (a Ray instance of this host), which gets the
+    # trainer's weights and critic before its rollouts: the same run
+    try:
+        rl.run(compose("rl", imagined_rl(stage1_run, world_model_run, part, 2, "resume=true",
+                                         "placement.mode=disaggregated")))
+    finally:
+        ray.shutdown()
     for name in ("model.safetensors", "critic.safetensors"):
         a = load_file(str(full / "checkpoints" / "last" / name))
         b = load_file(str(part / "checkpoints" / "last" / name))
