@@ -61,19 +61,10 @@ class WorkerLimits(Section):
 
 
 class Placement(Section):
-    """RL's ``placement:``: where each rank's rollouts run (``ript.rl.placement``)."""
+    """RL's ``placement:``: where each rank's rollouts run (``ript.rl.placement``, whose registry checks the
+    name before any model loads)."""
     mode: str = "collocated"
     rollout_gpus: Size = 0   # disaggregated: GPUs of each rank's rollout actor
-
-    @field_validator("mode")
-    @classmethod
-    def registered(cls, name: str) -> str:
-        from ript.registry import PLACEMENTS
-        from ript.rl import placement  # noqa: F401  (registers them)
-
-        if name not in PLACEMENTS.names():
-            raise ValueError(f"expected one of {', '.join(PLACEMENTS.names())}")
-        return name
 
 
 class Sampling(Section):

@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from ript.config import to_dict
 from ript.envs.seeds import rank_seed
 from ript.errors import RiptError
 from ript.registry import PLACEMENTS
 from ript.rl.advantages import build_estimator
 from ript.rl.rollout import rollout_environment
 from ript.utils import distributed as ddist
+from ript.utils.containers import to_dict
 from ript.utils.logging import log, setup_console_logging
 from ript.utils.weight_sync import WeightChannel
 
@@ -215,6 +215,7 @@ class RemoteRunner:
         self.placement.close()
 
 
-def build_placement(cfg, info: ddist.DistInfo, loaded, device: str):
-    """The rank's rollout placement (``placement.mode``): its ``runner`` and ``attach(learner)``."""
-    return PLACEMENTS.build(str(cfg.placement.mode), cfg=cfg, info=info, loaded=loaded, device=device)
+def placement_kind(cfg):
+    """The class of ``placement.mode`` (an unknown name is one line, before any model loads); built with
+    (cfg, info, loaded, device), it has the rank's ``runner``, ``attach(learner)`` and ``sync()``."""
+    return PLACEMENTS.get(str(cfg.placement.mode))

@@ -17,7 +17,7 @@ from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 from ript.rl.overlap import check_overlap
-from ript.rl.placement import build_placement, critic_settings
+from ript.rl.placement import critic_settings, placement_kind
 from ript.rl.refresh import WorldModelRefresh
 from ript.stages import world_model
 
@@ -25,9 +25,10 @@ from ript.stages import world_model
 def run(cfg) -> str:
     family = family_for(cfg)
     device, info = init_rank(cfg)  # first: the model is built on this rank's device
-    loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
     check_overlap(cfg, info.world_size)
-    placement = build_placement(cfg, info, loaded, device)  # where the rank's rollouts run
+    kind = placement_kind(cfg)  # an unknown placement is one line before the model loads
+    loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
+    placement = kind(cfg=cfg, info=info, loaded=loaded, device=device)  # where the rank's rollouts run
     try:  # a run that cannot start leaves no run folder and no workers behind
         refresh = WorldModelRefresh(cfg, Path(cfg.run_dir), loaded.metadata, loaded.task_names, device,
                                     info.world_size, world_model.run) if cfg.environment.get("refresh_every") else None

@@ -17,7 +17,7 @@ from ript.config import compose, override
 from ript.envs.worker_env import EpisodeSpec
 from ript.errors import RiptError
 from ript.policies.families import family_for
-from ript.rl.placement import build_placement
+from ript.rl.placement import placement_kind
 from ript.stages import rl
 from ript.utils.distributed import DistInfo
 from ript.utils.weight_sync import WeightChannel
@@ -39,24 +39,37 @@ def disaggregated(address: str, env_workers: str) -> list[str]:
     return ["placement.mode=disaggregated", f"workers.backend={env_workers}", override("workers.ray_address", address)]
 
 
+def scalars(run_dir, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
 def weights(run_dir) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
 
 
 def test_disaggregated_rollouts_give_the_collocated_episodes_and_updates_and_resume_exactly(
         two_nodes, stage1_run, tmp_path, capsys):
+    """With a KL penalty to the start checkpoint too (``rl.kl_coef``): its anchor survives the resume."""
     local, remote = tmp_path / "collocated", tmp_path / "disaggregated"
-    rl.run(compose("rl", rl_overrides(stage1_run, local, 2)))
-    rl.run(compose("rl", rl_overrides(stage1_run, remote, 1) + disaggregated(two_nodes, "processes")))
+    kl = ["rl.kl_coef=0.5"]
+    rl.run(compose("rl", rl_overrides(stage1_run, local, 2) + kl))
+    rl.run(compose("rl", rl_overrides(stage1_run, remote, 1) + kl + disaggregated(two_nodes, "processes")))
     assert "rollouts of rank 0: a Ray actor on node" in capsys.readouterr().err
     # the second iteration resumed from the first's checkpoint, its env workers Ray actors of either node
-    rl.run(compose("rl", rl_overrides(stage1_run, remote, 2) + disaggregated(two_nodes, "ray") + ["resume=true"]))
+    rl.run(compose("rl", rl_overrides(stage1_run, remote, 2) + kl + disaggregated(two_nodes, "ray")
+                   + ["resume=true"]))
     history = json.loads((local / "rl_history.json").read_text())
     assert history == json.loads((remote / "rl_history.json").read_text())
     a, b, start = weights(local), weights(remote), load_file(str(stage1_run / "checkpoints" / "last" /
                                                                   "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], start[k]) for k in a if k in start)  # the updates changed the weights
+    # the second iteration starts away from the anchor, the first update having moved it
+    assert dict(scalars(local, "actor/kl_to_reference"))[2] > 0
 
 
 def test_overlapped_rollouts_resume_exactly_and_need_a_rollout_actor(two_nodes, stage1_run, tmp_path):
@@ -75,11 +88,15 @@ def test_overlapped_rollouts_resume_exactly_and_need_a_rollout_actor(two_nodes, 
         rl.run(compose("rl", rl_overrides(stage1_run, tmp_path / "local", 1) + ["rl.overlap=true"]))
 
 
-def test_the_two_phase_loop_with_disaggregated_rollouts_is_one_line(two_nodes, stage1_run, tmp_path):
+def test_the_two_phase_loop_with_disaggregated_rollouts_or_an_unknown_placement_is_one_line(
+        two_nodes, stage1_run, tmp_path):
     cfg = compose("rl", rl_overrides(stage1_run, tmp_path / "rl", 1) + disaggregated(two_nodes, "processes")
                   + ["+environment.refresh_every=1"])
     with pytest.raises(RiptError, match=r"environment.refresh_every .* needs placement.mode=collocated"):
         rl.run(cfg)
+    with pytest.raises(RiptError, match=r"unknown rollout placement 'sideways'; registered: collocated, "
+                                        r"disaggregated"):
+        rl.run(compose("rl", rl_overrides(stage1_run, tmp_path / "rl", 1) + ["placement.mode=sideways"]))
     assert not (tmp_path / "rl").exists()
 
 
@@ -88,7 +105,7 @@ def test_a_dead_rollout_actor_ends_the_run_with_one_line(two_nodes, stage1_run):
                          "rl.max_episode_steps=8"] + disaggregated(two_nodes, "processes"))
     family = family_for(cfg)
     loaded = family.load(cfg, "cpu", 0, rl=True)
-    placement = build_placement(cfg, DistInfo(), loaded, "cpu")
+    placement = placement_kind(cfg)(cfg=cfg, info=DistInfo(), loaded=loaded, device="cpu")
     try:
         learner = family.learner(loaded, cfg, "cpu", None)
         placement.attach(learner)
