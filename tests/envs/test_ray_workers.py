@@ -1,26 +1,21 @@
-"""Env workers as Ray actors (``workers.backend=ray``) on a two-node Ray cluster of this host: the same episodes
-and the same RL updates as the process workers (a run resumed under Ray included), actors spread over both nodes, a
-killed actor replaced and its episode run again, and settings that cannot work as one line."""
+"""Env workers as Ray actors (``workers.backend=ray``) on a two-node Ray cluster of this host: a killed actor
+replaced and its episode run again, and settings that cannot work as one line (RL on Ray actors, spread over both
+nodes, against process workers: ``tests/rl/test_placement.py``)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import ray
-import torch
 from ray.cluster_utils import Cluster
-from safetensors.torch import load_file
 
-from ript.config import compose, override
+from ript.config import override
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import PoolSettings
 from ript.errors import RiptError
 from ript.evaluation.results import summarize
 from ript.model_loader import load_model
 from ript.policies.build import make_policy, sampling_settings
-from ript.stages import rl
-from tests.helpers.cli import assert_one_line_error, ript, rl_overrides
+from tests.helpers.cli import assert_one_line_error, ript
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +31,6 @@ def two_nodes():
 
 def ray_settings(address: str) -> list[str]:
     return ["workers.backend=ray", override("workers.ray_address", address)]
-
-
-def test_rl_on_ray_actors_gives_the_episodes_and_update_of_process_workers_and_resumes_exactly(
-        two_nodes, stage1_run, tmp_path, capsys):
-    local, spread = tmp_path / "processes", tmp_path / "ray"
-    rl.run(compose("rl", rl_overrides(stage1_run, local, 2)))
-    rl.run(compose("rl", rl_overrides(stage1_run, spread, 1) + ray_settings(two_nodes)))
-    assert "env workers: 2 Ray actors on 2 node(s)" in capsys.readouterr().err
-    rl.run(compose("rl", rl_overrides(stage1_run, spread, 2) + ray_settings(two_nodes) + ["resume=true"]))
-    assert json.loads((local / "rl_history.json").read_text()) == json.loads((spread / "rl_history.json").read_text())
-    a = load_file(str(local / "checkpoints" / "last" / "model.safetensors"))
-    b = load_file(str(spread / "checkpoints" / "last" / "model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_killed_env_actor_is_replaced_and_its_episode_run_again(two_nodes, stage1_run):

@@ -1,6 +1,7 @@
-"""RL with each rank's rollouts in a Ray actor of their own (``placement.mode=disaggregated``) on a two-node Ray
-cluster of this host: the same episodes and the same updates as the collocated run (a run resumed under Ray
-included), the weights checked before they travel, and settings that cannot work as one line."""
+"""RL on a two-node Ray cluster of this host, with env workers as Ray actors (``workers.backend=ray``) or each
+rank's rollouts in a Ray actor of their own (``placement.mode=disaggregated``): the same episodes and the same
+updates as the collocated run on process workers (a run resumed across them included), the weights checked before
+they travel, overlapped rollouts resumed exactly, and settings that cannot work as one line."""
 
 from __future__ import annotations
 
@@ -51,17 +52,20 @@ def weights(run_dir) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
 
 
-def test_disaggregated_rollouts_give_the_collocated_episodes_and_updates_and_resume_exactly(
+def test_ray_env_workers_and_rollout_actors_give_the_collocated_episodes_and_updates_and_resume_exactly(
         two_nodes, stage1_run, tmp_path, capsys):
-    """With a KL penalty to the start checkpoint too (``rl.kl_coef``): its anchor survives the resume."""
-    local, remote = tmp_path / "collocated", tmp_path / "disaggregated"
+    """Two RL iterations collocated on process workers against the first on Ray env-worker actors spread over both
+    nodes and the second, resumed from its checkpoint, in a rollout actor: the same episodes and weights. With a
+    KL penalty to the start checkpoint (``rl.kl_coef``), whose anchor survives the resume."""
+    local, remote = tmp_path / "collocated", tmp_path / "ray"
     kl = ["rl.kl_coef=0.5"]
     rl.run(compose("rl", rl_overrides(stage1_run, local, 2) + kl))
-    rl.run(compose("rl", rl_overrides(stage1_run, remote, 1) + kl + disaggregated(two_nodes, "processes")))
-    assert "rollouts of rank 0: a Ray actor on node" in capsys.readouterr().err
-    # the second iteration resumed from the first's checkpoint, its env workers Ray actors of either node
-    rl.run(compose("rl", rl_overrides(stage1_run, remote, 2) + kl + disaggregated(two_nodes, "ray")
+    rl.run(compose("rl", rl_overrides(stage1_run, remote, 1) + kl
+                   + ["workers.backend=ray", override("workers.ray_address", two_nodes)]))
+    assert "env workers: 2 Ray actors on 2 node(s)" in capsys.readouterr().err
+    rl.run(compose("rl", rl_overrides(stage1_run, remote, 2) + kl + disaggregated(two_nodes, "processes")
                    + ["resume=true"]))
+    assert "rollouts of rank 0: a Ray actor on node" in capsys.readouterr().err
     history = json.loads((local / "rl_history.json").read_text())
     assert history == json.loads((remote / "rl_history.json").read_text())
     a, b, start = weights(local), weights(remote), load_file(str(stage1_run / "checkpoints" / "last" /
