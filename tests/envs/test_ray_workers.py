@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 from ript.config import override
 from ript.envs.runner import EnvRunner, RunnerOptions
@@ -16,17 +15,14 @@ from ript.evaluation.results import summarize
 from ript.model_loader import load_model
 from ript.policies.build import make_policy, sampling_settings
 from tests.helpers.cli import assert_one_line_error, ript
+from tests.helpers.ray_cluster import two_node_cluster
 
 
 @pytest.fixture(scope="module")
 def two_nodes():
     """A head and a second node, one CPU each; the jobs join it through ``workers.ray_address``."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    yield cluster.address
-    ray.shutdown()
-    cluster.shutdown()
+    with two_node_cluster(1) as address:
+        yield address
 
 
 def ray_settings(address: str) -> list[str]:

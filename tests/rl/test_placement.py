@@ -11,7 +11,6 @@ import threading
 import pytest
 import ray
 import torch
-from ray.cluster_utils import Cluster
 from safetensors.torch import load_file
 
 from ript.config import compose, override
@@ -23,17 +22,14 @@ from ript.stages import rl
 from ript.utils.distributed import DistInfo
 from ript.utils.weight_sync import WeightChannel
 from tests.helpers.cli import rl_overrides
+from tests.helpers.ray_cluster import two_node_cluster
 
 
 @pytest.fixture(scope="module")
 def two_nodes():
     """A head and a second node, two CPUs each: a rollout actor and its two env-worker actors."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    yield cluster.address
-    ray.shutdown()
-    cluster.shutdown()
+    with two_node_cluster(2) as address:
+        yield address
 
 
 def disaggregated(address: str, env_workers: str) -> list[str]:
