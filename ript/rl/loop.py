@@ -137,7 +137,6 @@ class RLIterations:
                                            cfg.rl.stop_after_minutes, unit="iteration"), info, self.opt, self.sched)
         self.reference = reference_state(learner, cfg)  # rl.kl_coef: the weights loaded from the checkpoint
         self.env_steps = 0  # env steps of the counted episodes, over all ranks
-        self.inference_before = 0.0  # the policy's inference seconds when the iteration's rollouts began
         streams = self.run.resume(self.load_weights)
         if streams is not None:
             self.sampler.load_state_dict(streams["sampler"])
@@ -176,11 +175,12 @@ class RLIterations:
         """Groups of rollouts until enough informative ones over all ranks (``collect_groups``); every
         ``rl.video_every`` iterations the first one is recorded."""
         self.sampler.start_iteration(it)
-        self.inference_before = self.policy.inference_seconds
+        inference_before = self.policy.inference_seconds
         every = int(self.cfg.rl.video_every)
         videos = self.setup.run_dir / "videos" / f"iter{it + 1:05d}" \
             if self.info.is_main and every and (it + 1) % every == 0 else None
         batch = collect_groups(self.runner, self.policy, self.sampler, self.sampling, self.info, videos)
+        batch["inference_seconds"] = self.policy.inference_seconds - inference_before  # the policy's planning time
         if batch["capped"] and self.info.is_main:
             log.warning("rl iteration %d: only %d of %d groups were informative after %d sampling rounds; "
                         "training on those", it + 1, int(batch["total_kept"]), self.sampling.groups, batch["rounds"])
@@ -193,7 +193,7 @@ class RLIterations:
         sums = {"episodes": len(eps), "successes": sum(e["success"] for e in eps),
                 "counted_env_steps": sum(e["length"] for e in eps),
                 "nonzero_advantages": 0 if targets is None else float((targets.episode_advantages != 0).float().sum()),
-                "inference_seconds": self.policy.inference_seconds - self.inference_before,
+                "inference_seconds": batch["inference_seconds"],
                 "env_steps": batch["env_steps"],
                 "returns": 0 if targets is None else len(targets.episode_returns),
                 "returns_sum": 0 if targets is None else float(targets.episode_returns.sum())}
