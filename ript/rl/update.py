@@ -58,10 +58,15 @@ def rescore(learner, data: dict, cfg, device: str, order: torch.Tensor | None = 
     return out
 
 
+def state_copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of ``module``'s state where it lives (the update changes the originals in place)."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
 @contextmanager
 def weights_swapped(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> Iterator[None]:
     """``module`` holds ``state`` inside the block and its own weights again after it."""
-    own = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    own = state_copy(module)
     module.load_state_dict(state)
     try:
         yield
@@ -74,7 +79,7 @@ def reference_state(learner, cfg) -> dict[str, torch.Tensor] | None:
     any resume), the policy the KL term anchors to."""
     if not float(cfg.rl.get("kl_coef") or 0.0):
         return None
-    return {k: v.detach().clone() for k, v in learner.weights.state_dict().items()}
+    return state_copy(learner.weights)
 
 
 def update_batch(learner, kept: list[list[dict]], estimator, cfg, device: str, info) -> tuple[dict | None, object]:

@@ -53,29 +53,3 @@ def whole(t: torch.Tensor) -> torch.Tensor:
 def whole_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A state dict with every sharded tensor gathered whole, on the host (every rank calls it, in one order)."""
     return {k: whole(v).detach().cpu() for k, v in state.items()}
-
-
-class WholeState(torch.nn.Module):
-    """A gathered state dict in the place of a module, for what writes or sends a module's state."""
-
-    def __init__(self, state: dict[str, torch.Tensor]):
-        super().__init__()
-        self.state = state
-
-    def state_dict(self, *args, **kwargs):  # noqa: D102
-        return dict(self.state)
-
-
-def whole_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
-    """The optimizer's state with every shard gathered, held by rank 0 (every rank calls it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def load_whole_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
-    """Rank 0's gathered optimizer state, sharded again over however many ranks run now."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, opt, state,
-                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
