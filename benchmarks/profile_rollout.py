@@ -2,6 +2,7 @@
 against the same call while simulator processes load the host (physics only, or physics and rendering).
 
     python -m benchmarks.profile_rollout [--overrides task=libero_object ...] [--workers 16] [--episodes 32]
+                                         [--pipeline-stages auto]
                                          [--steps 100] [--load-procs 16] [--driver-threads N] [--out DIR]
 
 Builds an untrained prior of the configured size on one scripted demo per task of the configured suite (the
@@ -125,6 +126,7 @@ def main() -> None:
     ap.add_argument("--driver-threads", type=int, default=None,
                     help="torch threads of the driving process during runs (default: the runner's, the cores "
                          "its workers leave; the number of cores: torch's own default, as ript had it before)")
+    ap.add_argument("--pipeline-stages", default="auto", help="groups of workers planned in turn (the runner's)")
     ap.add_argument("--load-procs", type=int, default=0, help="background simulator processes (0: skip)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -135,7 +137,8 @@ def main() -> None:
     suite = str(cfg.task.suite)
     out: dict = {"suite": suite, "overrides": args.overrides, "workers": args.workers,
                  "envs_per_worker": args.envs_per_worker, "episodes": args.episodes, "horizon": args.steps,
-                 "driver_threads": args.driver_threads, "cores": usable_cores()}
+                 "driver_threads": args.driver_threads, "cores": usable_cores(),
+                 "pipeline_stages": args.pipeline_stages}
     with tempfile.TemporaryDirectory() as tmp:
         ds = demo_dataset(cfg, Path(tmp), 1, task_names(cfg.task)[: args.tasks])
         model = make_prior(cfg, ds).to(device)
@@ -148,7 +151,9 @@ def main() -> None:
     per_task = max(1, args.episodes // len(ds.task_names))
     runner = EnvRunner(RunnerOptions(suite, ds.task_names, OmegaConf.to_container(cfg.task.render), args.steps,
                        per_task, num_workers=args.workers, envs_per_worker=args.envs_per_worker,
-                       driver_threads=args.driver_threads))
+                       driver_threads=args.driver_threads,
+                       pipeline_stages=args.pipeline_stages if args.pipeline_stages == "auto"
+                       else int(args.pipeline_stages)))
     runner.run(policy)  # warm-up: spawn workers, build envs, first kernels
     log: list = []
     timed_plans(policy, log)

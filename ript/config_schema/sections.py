@@ -58,6 +58,7 @@ class WorkerLimits(Section):
     envs_per_worker: Literal["auto"] | Count  # env slots per worker process (auto: the suite's choice)
     backend: Literal["processes", "ray"] = "processes"  # this host's processes, or Ray actors on a cluster's nodes
     ray_address: str | None = None  # backend=ray: null starts Ray here; auto or host:port joins a cluster
+    pipeline_stages: Literal["auto"] | Count = "auto"  # groups of workers planned in turn (runner.py)
 
 
 class Placement(Section):

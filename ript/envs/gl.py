@@ -79,8 +79,9 @@ def check_render_environment() -> None:
 
 def worker_egl_devices(workers: int) -> list[str | None]:
     """The EGL device each of ``workers`` simulator processes renders on: the user's ``MUJOCO_EGL_DEVICE_ID``,
-    else a torchrun rank's own GPU (``rank_egl_device``), else round-robin over the host's devices (a device
-    serves a fixed number of readbacks per second across all processes), else EGL's default (None)."""
+    else a torchrun rank's own GPU (``rank_egl_device``), else round-robin over the host's devices other than
+    the one this process computes on (a device serves a fixed number of readbacks per second across all
+    processes), else EGL's default (None)."""
     check_render_environment()
     if EGL_DEVICE in os.environ:
         return [os.environ[EGL_DEVICE]] * workers
@@ -88,7 +89,30 @@ def worker_egl_devices(workers: int) -> list[str | None]:
     if rank_device is not None:
         return [rank_device] * workers
     count = egl_device_count()
-    return [str(i % count) if count > 1 else None for i in range(workers)]
+    if count < 2:
+        return [None] * workers
+    # the GPUs this process does not compute on, where it has chosen one: a decision made while simulators render
+    # on its own GPU is slower (renders_apart)
+    torch = sys.modules.get("torch")
+    busy = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else None
+    spare = [i for i in range(count) if i != busy]
+    return [str(spare[i % len(spare)]) for i in range(workers)]
+
+
+def renders_apart(policy_device, egl_devices: list[str | None] | None) -> bool:
+    """Whether simulators rendering on ``egl_devices`` (None: not known) leave the GPU of a policy on
+    ``policy_device`` (a torch device) alone. Where they share it, a decision made while they render took 4-6x
+    longer on an H100 (its CUDA work waits on their GL work), so the runner then plans in lock-step."""
+    if policy_device.type != "cuda":
+        return False  # a policy on the CPU shares the host's cores with the simulators
+    if os.environ.get("MUJOCO_GL") != "egl":
+        return True
+    if egl_devices is None:
+        return False
+    import torch
+
+    index = policy_device.index if policy_device.index is not None else torch.cuda.current_device()
+    return all(d is not None and d != str(index) for d in egl_devices)
 
 
 def use_egl_device(device: str | None) -> None:

@@ -87,6 +87,7 @@ class RayWorkerPool:
     """Env workers as Ray actors, spread over the cluster's nodes; the interface of ``WorkerPool``."""
 
     shares_memory = False  # frames travel inside the answers
+    egl_devices = None     # where the actors render is their nodes' business: not known here
 
     def __init__(self, env_fns: list[Callable[[], Any]], timeout_s: float, max_restarts: int,
                  address: str | None = None):

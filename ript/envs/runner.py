@@ -4,8 +4,10 @@ Workers are replaceable processes (``envs/workers.py``), each hosting ``envs_per
 (``envs/worker_env.py``) and driven through two calls: ``begin`` (start episodes: task, seed) and ``advance``
 (each env's whole chunk of actions; images only for the frames the next decision reads, through shared
 memory). Each worker runs on its own: as soon as it answers it gets its next call (episodes started, or its
-envs' next chunks, planned in one batched call with every other worker that answered meanwhile), so a slow
-reset or a task being built holds up no other worker. A slot keeps its simulator tasks built and takes the next
+envs' next chunks), so a slow reset or a task being built holds up no other worker. The workers form
+``pipeline_stages`` groups; a group's running envs are planned in one batch of fixed size once none of its workers
+is still advancing, so that one group's decision runs while the others simulate (the policy pays for a whole
+batch per call, full or not). A slot keeps its simulator tasks built and takes the next
 episode of its own task while one is left. Each episode samples from its own noise stream, so neither the
 schedule nor the batch nor the slot an episode lands in changes it. A worker that dies
 or hangs is replaced; its episodes are run again from their seeds (``on_worker_failure="rerun"``,
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ript.envs.episodes import StopRule, finished_episode, video_frame
+from ript.envs.gl import renders_apart
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.suites import get_suite
 from ript.envs.worker_env import EpisodeSpec, PoolSettings, WorkerSet
@@ -49,7 +52,8 @@ class RunnerOptions:
     (``on_worker_failure="rerun"``) or dropped (``"drop"``); ``episodes_at_once``: the most episodes one run
     holds when the caller passes its own (RL's rounds), which bounds the workers worth starting;
     ``driver_threads``: torch threads of the driving process while the workers run (None: the cores they leave,
-    at least one)."""
+    at least one); ``pipeline_stages``: groups of workers planned in turn ("auto": 2 where the simulators render
+    away from the policy's GPU, else 1)."""
     suite: str
     task_names: tuple[str, ...] | list[str]
     render: dict
@@ -63,10 +67,14 @@ class RunnerOptions:
     envs_per_worker: int = 1
     episodes_at_once: int | None = None
     driver_threads: int | None = None
+    pipeline_stages: int | str = "auto"
 
     def __post_init__(self):
         if int(self.envs_per_worker) < 1:
             raise ValueError(f"envs_per_worker={self.envs_per_worker!r}: expected 1 or more")
+        stages = self.pipeline_stages
+        if stages != "auto" and not (isinstance(stages, int) and stages >= 1):
+            raise ValueError(f"pipeline_stages={self.pipeline_stages!r}: expected 'auto' or 1 or more")
         if self.on_worker_failure not in ("rerun", "drop"):
             raise ValueError(f"on_worker_failure={self.on_worker_failure!r}: expected 'rerun' or 'drop'")
 
@@ -118,8 +126,16 @@ class EnvRunner:
         with driver_threads(len(workers.pool), self.options.driver_threads):
             schedule = Schedule(policy, workers, self.slot_tasks, self.specs() if specs is None else list(specs),
                                 video_dir, stop, [f"{c}_rgb" for c in self.options.render["cameras"]],
-                                self.options.on_worker_failure == "rerun", sink)
+                                self.options.on_worker_failure == "rerun", sink, self.workers_per_stage(policy))
             return schedule.run()
+
+    def workers_per_stage(self, policy: ChunkingPolicy) -> int:
+        stages = self.options.pipeline_stages
+        if stages == "auto":
+            # one stage's decision overlaps the others' simulation only where their rendering leaves the policy's
+            # GPU alone (renders_apart); otherwise lock-step is faster
+            stages = 2 if renders_apart(policy.device, self.workers.pool.egl_devices) else 1
+        return -(-self.num_workers // min(int(stages), self.num_workers))
 
     def close(self) -> None:
         if self.workers is not None:
@@ -130,18 +146,21 @@ class EnvRunner:
 class Schedule:
     """One run of episodes over the workers' env slots (slot s is env s % per of worker s // per).
 
-    Each worker runs on its own: when one answers, it gets its next call at once (episodes started, or a chunk
-    planned together with whoever else has answered meanwhile), so a slow reset or a task being built holds up
-    only its own worker. Episodes sample from their own noise streams and a stop rule decides from which
-    episodes ended, so the schedule changes no result."""
+    When a worker answers it gets its next call: episodes started at once, so a slow reset or a task being built
+    holds up only its own worker; or its envs' next chunks, planned with its pipeline stage (``workers_per_stage``
+    consecutive workers, one batch of the policy's) once no worker of the stage is still advancing. Episodes
+    sample from their own noise streams and a stop rule decides from which episodes ended, so the schedule
+    changes no result."""
 
     def __init__(self, policy: ChunkingPolicy, workers: WorkerSet, built: list[list[str]], specs: list[EpisodeSpec],
                  video_dir: Path | None, stop: StopRule | None, video_keys: list[str], rerun_failed: bool,
-                 sink: Callable[[dict], None] | None = None):
+                 sink: Callable[[dict], None] | None = None, workers_per_stage: int | None = None):
         self.policy, self.pool, self.shared, self.per = policy, workers.pool, workers.frames, workers.envs_per_worker
         self.built, self.video_dir, self.stop, self.video_keys = built, video_dir, stop, video_keys
         self.rerun_failed, self.keep = rerun_failed, policy.frame_stack
         self.n_workers = len(self.pool)
+        self.per_stage = workers_per_stage or self.n_workers
+        self.waiting: set[int] = set()  # workers whose running envs wait for their stage's next decision
         n = self.n_workers * self.per
         self.n_specs = len(specs)
         self.pending = list(reversed(specs))  # popped from the end
@@ -162,26 +181,24 @@ class Schedule:
 
     def run(self) -> dict[str, Any]:
         policy, pool = self.policy, self.pool
-        policy.reset(len(self.running))
+        policy.reset(len(self.running), block=self.per_stage * self.per)
         self.t0 = time.perf_counter()
         before = (pool.restarts, pool.busy_s, policy.inference_seconds, policy.plan_calls)
-        to_plan: list[int] = []
         for w in range(self.n_workers):
-            self.next_call(w, to_plan)
-        self.plan(to_plan)
+            self.next_call(w)
+        self.plan_stages()
         while self.in_flight:
-            to_plan = []
             for w in pool.ready(self.in_flight):
-                self.receive(w, to_plan)
-            self.plan(to_plan)
+                self.receive(w)
+            self.plan_stages()
         if len(self.episodes) + self.dropped + self.cancelled != self.n_specs:
             raise RuntimeError(f"runner finished {len(self.episodes)} episodes of {self.n_specs} ({self.dropped} "
                                f"dropped, {self.cancelled} cancelled)")
         return self.summary(*before)
 
-    def receive(self, w: int, to_plan: list[int]) -> None:
+    def receive(self, w: int) -> None:
         """Worker w's answer: its episodes started or advanced (or lost with a failed worker), then its next call
-        (none yet if it only plans: ``to_plan``, planned together)."""
+        (none yet if it waits for its stage's decision)."""
         call = self.in_flight.pop(w)
         results, failed = self.pool.receive(call)
         self.lost(failed)
@@ -194,17 +211,27 @@ class Schedule:
             for other in range(self.n_workers):
                 if other not in self.in_flight and other != w:
                     self.cancel(other)  # workers with a call in flight are cancelled when they answer
-            to_plan.clear()
-        self.next_call(w, to_plan)
+            self.waiting.clear()
+        self.next_call(w)
 
-    def next_call(self, w: int, to_plan: list[int]) -> None:
+    def next_call(self, w: int) -> None:
         """Worker w has answered: start episodes on its idle slots, or plan its running ones' next chunks."""
         if self.stopping:
             self.cancel(w)
         elif self.pending and any(self.running[s] is None for s in self.slots(w)):
             self.assign(w)
         elif any(self.running[s] is not None for s in self.slots(w)):
-            to_plan.append(w)
+            self.waiting.add(w)
+
+    def plan_stages(self) -> None:
+        """Plan each stage whose waiting workers no longer wait on a stage-mate's chunk (a worker starting
+        episodes is not waited for: it joins the stage's next decision)."""
+        for first in range(0, self.n_workers, self.per_stage):
+            stage = range(first, min(first + self.per_stage, self.n_workers))
+            ready = [w for w in stage if w in self.waiting]
+            if ready and not any(self.in_flight[w].name == "advance" for w in stage if w in self.in_flight):
+                self.waiting.difference_update(ready)
+                self.plan(ready)
 
     def send(self, w: int, name: str, items: dict[int, tuple]) -> None:
         """One call to worker w: its list of (env, *item) for the slots in ``items``."""
@@ -241,8 +268,6 @@ class Schedule:
     def plan(self, ws: list[int]) -> None:
         """One batched decision for every running env of these workers, then each worker's advance call: each
         env runs its whole chunk, rendering only the frames the next decision reads."""
-        if not ws:
-            return
         if self.startup_s is None:
             self.startup_s = time.perf_counter() - self.t0  # worker start-up included on a fresh runner
         active = [False] * len(self.running)

@@ -89,6 +89,7 @@ class WorkerPool:
     """Env workers as spawned processes of this host, each answering through its own pipe."""
 
     shares_memory = True  # frames come back through shared-memory blocks (``SharedFrames``)
+    egl_devices: list[str | None]  # the EGL device each worker renders on (None: EGL's default)
 
     def __init__(self, env_fns: list[Callable[[], Any]], timeout_s: float, max_restarts: int,
                  address: str | None = None):

@@ -83,8 +83,10 @@ class ChunkingPolicy(ABC):
         evaluated) instead of sampling; RL samples."""
         self._deterministic = on
 
-    def reset(self, n_envs: int) -> None:
-        """A new run of ``n_envs`` envs (its episodes' noise streams key on a fresh draw of ``generator``)."""
+    def reset(self, n_envs: int, block: int | None = None) -> None:
+        """A new run of ``n_envs`` envs (its episodes' noise streams key on a fresh draw of ``generator``), planned
+        in blocks of ``block`` consecutive envs (None: all of them), each decision within one block."""
+        self.block = block or max(n_envs, 1)
         self.history: list[deque] = [deque(maxlen=self.frame_stack) for _ in range(n_envs)]
         self.records: list[list[dict]] = [[] for _ in range(n_envs)]
         self.streams: list[torch.Generator | None] = [None] * n_envs
@@ -114,7 +116,7 @@ class ChunkingPolicy(ABC):
 
     def act_chunk(self, active: list[bool]) -> list[np.ndarray | None]:
         """A chunk of ``action_horizon`` actions (float32, (horizon, action_dim)) for every active env, from one
-        batched ``plan``; None for the others."""
+        batched ``plan`` per block (``reset``); None for the others."""
         envs = [i for i, a in enumerate(active) if a]
         out: list[np.ndarray | None] = [None] * len(active)
         if envs:
@@ -122,9 +124,10 @@ class ChunkingPolicy(ABC):
             if self.record and not self.fixed_layout:
                 # RL's ratio uses the recorded log-probs bit for bit and a batch's composition moves their last
                 # bits; which envs are planned together is the runner's timing, so each env is planned alone
-                chunks = np.concatenate([self.plan([i]) for i in envs])
+                batches = [[i] for i in envs]
             else:
-                chunks = self.plan(envs)
+                batches = [[i for i in envs if i // self.block == b] for b in sorted({i // self.block for i in envs})]
+            chunks = np.concatenate([self.plan(batch) for batch in batches])
             self.inference_seconds += time.perf_counter() - t0
             self.plan_calls += 1
             for i, chunk in zip(envs, chunks):

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ript.policies.base import ChunkingPolicy
+from ript.policies.frame_stacks import FrameStacks
 from ript.utils.logging import log
 
 
@@ -27,40 +28,60 @@ class ObservationPolicy(ChunkingPolicy):
         super().set_deterministic(on)
         self.graphs = {}  # a captured decision has the choice baked in
 
-    def reset(self, n_envs: int) -> None:
-        super().reset(n_envs)
+    def reset(self, n_envs: int, block: int | None = None) -> None:
+        super().reset(n_envs, block)
         self.task_ids = [0] * n_envs
+        self.stacks = FrameStacks(n_envs, self.frame_stack, pin=self.device.type == "cuda")
+
+    def reset_env(self, i: int, task_name: str, episode_key: int) -> None:
+        super().reset_env(i, task_name, episode_key)
+        self.stacks.begin(i)
 
     def start_task(self, i: int, task_name: str) -> None:
         self.task_ids[i] = self.model.task_index(task_name)
 
-    def _inputs(self, envs: list[int]) -> tuple[dict, dict]:
-        """(host observations, device inputs) of these envs' frame stacks and tasks."""
-        host_obs = {
-            k: torch.from_numpy(np.stack([np.stack([f[k] for f in self.history[i]]) for i in envs]))
-            for k in self.obs_keys
-        }
-        return host_obs, {"obs": {k: v.to(self.device) for k, v in host_obs.items()},
-                          "task_ids": torch.tensor([self.task_ids[i] for i in envs], device=self.device)}
+    def observe(self, i: int, obs: dict[str, np.ndarray]) -> None:
+        # the frame stacks are rows of arrays here (FrameStacks), not the base class's per-env lists
+        self.stacks.put(i, {k: obs[k] for k in self.obs_keys})
+
+    def _inputs(self, rows: list[int]) -> tuple[dict, dict]:
+        """(host observations, device inputs) of these rows' frame stacks and tasks. The host arrays may be the
+        frame stacks themselves: plan() waits for the device before the next observation overwrites them."""
+        # the fixed layout reads its block's frames in env order: a slice of the arrays, no gather
+        host_obs = self.stacks.batch(self._block_rows(rows[0]) if self.fixed_layout else rows)
+        return host_obs, {"obs": {k: v.to(self.device, non_blocking=True) for k, v in host_obs.items()},
+                          "task_ids": torch.tensor([self.task_ids[i] for i in rows], device=self.device)}
 
     @property
     def fixed_layout(self) -> bool:
         # a graph's batch has n rows anyway; eagerly, only RL's recorded decisions pay for the padding rows
         return self.record or self.cuda_graph
 
+    def _block_rows(self, env: int) -> list[int]:
+        """The envs of ``env``'s block, padded to the block's size with the block's first (the last block of a
+        run may be short)."""
+        first = env - env % self.block
+        rows = list(range(first, min(first + self.block, self.stacks.n_envs)))
+        return rows + [first] * (self.block - len(rows))
+
     def _layout(self, envs: list[int]) -> tuple[list[int], list[int]]:
-        """(the env each batch row reads, the rows holding ``envs``' results). With ``fixed_layout``, env i
-        always sits in row i of an n-row batch (the other rows repeat ``envs[0]``): a row's result then does
-        not depend on which envs were planned with it, which the batch's shape and an env's row otherwise
-        move in the last bits (RL's ratio uses the recorded log-probs as they are; resume must match)."""
+        """(the env each batch row reads, the rows holding ``envs``' results). With ``fixed_layout``, the envs of
+        one block (``reset``'s) are planned together and env i always sits in row i % block of a block-sized
+        batch (the other rows read their env's last frames, whatever they are, and ``envs[0]``'s task and
+        noise): a row's result then does not depend on which envs were planned with it, which the batch's shape
+        and an env's row otherwise move in the last bits (RL's ratio uses the recorded log-probs as they are;
+        resume must match)."""
         if not self.fixed_layout:
             return envs, list(range(len(envs)))
+        rows = self._block_rows(envs[0])
+        if any(i not in rows for i in envs):
+            raise ValueError(f"envs {envs} span more than one block of {self.block}")
         planned = set(envs)
-        return [i if i in planned else envs[0] for i in range(len(self.history))], envs
+        return [i if i in planned else envs[0] for i in rows], [rows.index(i) for i in envs]
 
     def _decide(self, inputs: dict):
         """``_infer(**inputs)``, replayed from a CUDA graph where one can be captured."""
-        graphed = self._graph_for(len(self.history), inputs) if self.cuda_graph and not self.model.training else None
+        graphed = self._graph_for(self.block, inputs) if self.cuda_graph and not self.model.training else None
         return graphed(inputs) if graphed is not None else self._infer(**inputs)
 
     def _graph_for(self, batch: int, inputs: dict) -> GraphedCall | None:

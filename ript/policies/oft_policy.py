@@ -100,8 +100,8 @@ class OFTPolicy(ChunkingPolicy):
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
 
-    def reset(self, n_envs: int) -> None:
-        super().reset(n_envs)
+    def reset(self, n_envs: int, block: int | None = None) -> None:
+        super().reset(n_envs, block)
         self.tasks: list[str] = [""] * n_envs
 
     def start_task(self, i: int, task_name: str) -> None:

@@ -21,8 +21,8 @@ class NoisyHold(ChunkingPolicy):
         super().__init__(action_dim=4, action_horizon=5, frame_stack=2, device="cpu", seed=seed,
                          obs_keys=["robot_states"])
 
-    def reset(self, n_envs: int) -> None:
-        super().reset(n_envs)
+    def reset(self, n_envs: int, block: int | None = None) -> None:
+        super().reset(n_envs, block)
         self.tasks = [""] * n_envs
 
     def start_task(self, i: int, task_name: str) -> None:
@@ -86,8 +86,8 @@ class GaussianHold(ChunkingPolicy):
         super().__init__(action_dim=4, action_horizon=5, frame_stack=1, device="cpu", seed=seed,
                          obs_keys=["robot_states"])
 
-    def reset(self, n_envs: int) -> None:
-        super().reset(n_envs)
+    def reset(self, n_envs: int, block: int | None = None) -> None:
+        super().reset(n_envs, block)
         self.tasks = [0] * n_envs
 
     def start_task(self, i: int, task_name: str) -> None:

@@ -1,0 +1,116 @@
+"""One batched policy decision of the QueST-style chunk policy on its own, as RL's rollouts make it (recording,
+CUDA graph, a fixed layout of ``n`` rows): its time at several batch sizes and memory layouts, and where an eager
+decision's GPU time goes (the observation encoders, the prior's token sampling, the decoder), from the CUDA
+kernels torch.profiler records under each part.
+
+    python -m benchmarks.decision_speed [--overrides task=metaworld_ml45_10 device=cuda ...] [--batches 1 16 64 128]
+                                        [--layouts default channels_last] [--out DIR]
+
+The model is untrained (built on one scripted demo per task): a decision's cost does not depend on its weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from benchmarks.bench import demo_dataset, make_prior
+from ript.config import compose, resolve_device, task_names
+from ript.envs.suites import get_suite
+from ript.policies.build import make_policy
+
+
+def policy_with(model, settings: dict, device: str, n: int, obs: dict, task: str, cuda_graph: bool = True):
+    policy = make_policy(model, settings, device, seed=0, cuda_graph=cuda_graph)
+    policy.start_recording()
+    policy.reset(n)
+    for i in range(n):
+        policy.reset_env(i, task, i)
+        policy.observe(i, obs)
+    return policy
+
+
+def decision_ms(policy, n: int, repeat: int = 30) -> float:
+    times = []
+    for r in range(repeat + 3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        policy.plan(list(range(n)))
+        policy.take_record(0)
+        if r >= 3:
+            times.append(time.perf_counter() - t)
+    return 1000 * float(np.median(times))
+
+
+def parts_ms(policy, n: int) -> dict[str, float]:
+    """GPU time (ms) of an eager decision's kernels under each part of the model."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    model = policy.model
+    _, inputs = policy._inputs(list(range(n)))
+    noise = model.sampling_noise(n, policy.device)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for _ in range(2):  # warm-up: cuDNN/cuBLAS choose kernels
+            model.autoencoder.decode_indices(model.sample(model.context(inputs["obs"], inputs["task_ids"]),
+                                                          noise=noise, top_k=10)[0])
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            with record_function("part:encoders"):
+                context = model.context(inputs["obs"], inputs["task_ids"])
+            with record_function("part:sampling"):
+                tokens, _ = model.sample(context, noise=noise, top_k=10)
+            with record_function("part:decoder"):
+                model.autoencoder.decode_indices(tokens)
+            torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for event in prof.key_averages():  # a part appears as a host range and a GPU range: keep the GPU's time
+        if event.key.startswith("part:"):
+            out[event.key[5:]] = max(out.get(event.key[5:], 0.0), event.device_time_total / 1000)
+    top = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:12]
+    out["top_kernels"] = {e.key[:60]: round(e.self_device_time_total / 1000, 3) for e in top}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--overrides", nargs="*", default=["task=metaworld_ml45_10", "device=cuda"])
+    ap.add_argument("--tasks", type=int, default=2)
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 16, 64, 128])
+    ap.add_argument("--layouts", nargs="*", default=["default"])
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    cfg = compose("stage1", a.overrides)
+    device = resolve_device(cfg.device)
+    if not device.startswith("cuda"):
+        raise SystemExit("decision_speed measures a GPU decision: device=cuda")
+    torch.backends.cudnn.benchmark = True
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = demo_dataset(cfg, Path(tmp), 1, task_names(cfg.task)[: a.tasks])
+        model = make_prior(cfg, ds).to(device).eval()
+    task = ds.task_names[0]
+    env = get_suite(str(cfg.task.suite)).make_task(task, OmegaConf.to_container(cfg.task.render), 10)
+    obs = env.reset(0, render=True)
+    env.close()
+    settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
+    result = {"device": torch.cuda.get_device_name(0), "overrides": a.overrides, "graphed_ms": {}, "eager_parts_ms": {}}
+    for layout in a.layouts:
+        model.to(memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format)
+        result["graphed_ms"][layout] = {n: decision_ms(policy_with(model, settings, device, n, obs, task), n)
+                                        for n in a.batches}
+        result["eager_parts_ms"][layout] = {n: parts_ms(policy_with(model, settings, device, n, obs, task, False), n)
+                                            for n in a.batches}
+        print(layout, json.dumps({k: result[k][layout] for k in ("graphed_ms", "eager_parts_ms")}), flush=True)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        Path(a.out, "decision_speed.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
