@@ -10,6 +10,9 @@ import pytest
 from tests.helpers.cli import flow_overrides, stage1_overrides, task_overrides, train_overrides, world_model_overrides
 
 os.environ.setdefault("MUJOCO_GL", "egl")
+# one torch thread per test process and its children: two test processes share two cores with simulator workers,
+# and OpenMP's spinning threads under that oversubscription made a 2 s test take 80 s
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
