@@ -94,9 +94,16 @@ def worker_egl_devices(workers: int) -> list[str | None]:
     # the GPUs this process does not compute on, where it has chosen one: a decision made while simulators render
     # on its own GPU is slower (renders_apart)
     torch = sys.modules.get("torch")
-    busy = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else None
+    busy = physical_gpu(torch.cuda.current_device()) if torch is not None and torch.cuda.is_initialized() else None
     spare = [i for i in range(count) if i != busy]
     return [str(spare[i % len(spare)]) for i in range(workers)]
+
+
+def physical_gpu(index: int) -> int:
+    """A CUDA device index of this process as the host numbers its GPUs (EGL lists every GPU of the host, while
+    ``CUDA_VISIBLE_DEVICES``, as Ray sets it for an actor, renumbers the ones this process sees from 0)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    return int(visible[index]) if index < len(visible) and visible[index].strip().isdigit() else index
 
 
 def renders_apart(policy_device, egl_devices: list[str | None] | None) -> bool:
@@ -111,7 +118,7 @@ def renders_apart(policy_device, egl_devices: list[str | None] | None) -> bool:
         return False
     import torch
 
-    index = policy_device.index if policy_device.index is not None else torch.cuda.current_device()
+    index = physical_gpu(policy_device.index if policy_device.index is not None else torch.cuda.current_device())
     return all(d is not None and d != str(index) for d in egl_devices)
 
 

@@ -15,3 +15,10 @@ def test_simulators_render_apart_from_the_policy_only_on_other_gpus(monkeypatch)
     assert not renders_apart(torch.device("cpu"), ["1"])  # a CPU policy shares the cores instead
     monkeypatch.setenv("MUJOCO_GL", "osmesa")
     assert renders_apart(gpu0, [None])
+
+
+def test_a_gpu_is_named_as_the_host_numbers_it_under_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # a Ray actor given the host's second GPU sees it as cuda:0
+    assert not renders_apart(torch.device("cuda", 0), ["1"])
+    assert renders_apart(torch.device("cuda", 0), ["0"])
