@@ -8,6 +8,7 @@ run in a Ray actor on a GPU of its own (and with the next iteration's rollouts o
     python -m benchmarks.scaling [--counts 1,2,4,8] [--task metaworld_ml45_10] [--batch 1024] [--s1-steps 600]
         [--groups 32] [--k 8] [--iterations 2] [--episode-steps 200] [--out runs/scaling] [--cpu]
         [--task-extra task.* ...] [--extra stage-0/1 overrides ...] [--placements disaggregated,disaggregated_overlap]
+        [--stages auto|1|2]
     python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the
@@ -147,6 +148,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="gloo processes on the CPU (checks the script)")
     ap.add_argument("--task-extra", nargs="*", default=[], help="task.* overrides, for every job")
     ap.add_argument("--extra", nargs="*", default=[], help="overrides for stages 0 and 1 (e.g. algo=...)")
+    ap.add_argument("--stages", default="auto", help="the runner's workers.pipeline_stages for every RL run")
     ap.add_argument("--placements", default="", help=f"RL again with one trainer process and its rollouts in a Ray "
                     f"actor, for each of {','.join(PLACEMENTS)} given (comma-separated)")
     ap.add_argument("--plot", help="only draw the figure of this scaling.json (beside it)")
@@ -163,8 +165,9 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     task = [f"task={a.task}", *a.task_extra]
-    rl_common = [*task, *(["device=cpu"] if a.cpu else [])]
-    common = [*rl_common, *a.extra]  # stages 0 and 1
+    device = ["device=cpu"] if a.cpu else []
+    rl_common = [*task, *device, f"workers.pipeline_stages={a.stages}"]
+    common = [*task, *device, *a.extra]  # stages 0 and 1
     base = prepare(a, out, task, common)
     result = {"host": host_name(a.cpu), "command": " ".join(sys.argv), "stage1": {}, "rl": {}, "rl_placements": {}}
     for n in counts:
