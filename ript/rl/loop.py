@@ -150,6 +150,9 @@ class RLIterations:
             self.refresh.resume(self.run.start, self.runner, int((streams or {}).get("real_env_steps", 0)))
         self.placement = run.placement
         self.ahead, self.ahead_running, self.resumed_rollout_weights = None, False, None
+        # under torchrun, rollouts running ahead in a thread count their groups over a process group of their own,
+        # beside the update's collectives on the default one
+        self.rollout_group = ddist.side_group(info) if cfg.rl.get("overlap") else None
         if cfg.rl.get("overlap"):
             self.ahead = RolloutsAhead(self.rollouts, self.streams, self.placement.modules, self.placement.sync)
             if run.resume_from is not None:  # rollouts the checkpoint's run had started ahead: redone alike
@@ -179,7 +182,8 @@ class RLIterations:
         every = int(self.cfg.rl.video_every)
         videos = self.setup.run_dir / "videos" / f"iter{it + 1:05d}" \
             if self.info.is_main and every and (it + 1) % every == 0 else None
-        batch = collect_groups(self.runner, self.policy, self.sampler, self.sampling, self.info, videos)
+        batch = collect_groups(self.runner, self.policy, self.sampler, self.sampling, self.info, videos,
+                               self.rollout_group)
         batch["inference_seconds"] = self.policy.inference_seconds - inference_before  # the policy's planning time
         if batch["capped"] and self.info.is_main:
             log.warning("rl iteration %d: only %d of %d groups were informative after %d sampling rounds; "

@@ -30,7 +30,7 @@ from ript.utils.checkpoint import host_state
 ROLLOUT_WEIGHTS_FILE = "rollout_weights.safetensors"
 
 
-def check_overlap(cfg, world_size: int) -> None:
+def check_overlap(cfg) -> None:
     """The settings overlap works under, checked before anything starts."""
     if not cfg.rl.get("overlap"):
         return
@@ -40,9 +40,6 @@ def check_overlap(cfg, world_size: int) -> None:
     if cfg.rl.recompute_old_log_probs:
         raise RiptError("rl.overlap=true takes PPO's ratio against the log-probs recorded while sampling; "
                         "rl.recompute_old_log_probs=true would rescore them with a newer policy")
-    if world_size > 1:
-        raise RiptError("rl.overlap=true runs with one trainer process; under torchrun each rank's collectives "
-                        "would interleave with the rollouts' (run it without torchrun)")
 
 
 class RolloutsAhead:

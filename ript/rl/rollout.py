@@ -103,11 +103,11 @@ class InformativePrefix(StopRule):
 
 
 def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialConditionSampler,
-                   sampling: GroupSampling, info, video_dir: Path | None = None) -> dict:
-    """Dynamic sampling: rounds of K rollouts per initial condition until B informative groups (over all ranks).
-    Each round keeps its groups up to the one that completes the need, in draw order (the sampler learns from
-    exactly those); later groups are cancelled or ignored. With ``video_dir``, the first rollout of the first
-    round is recorded there as an mp4."""
+                   sampling: GroupSampling, info, video_dir: Path | None = None, process_group=None) -> dict:
+    """Dynamic sampling: rounds of K rollouts per initial condition until B informative groups (over all ranks,
+    counted over ``process_group``: the default one unless given). Each round keeps its groups up to the one
+    that completes the need, in draw order (the sampler learns from exactly those); later groups are cancelled
+    or ignored. With ``video_dir``, the first rollout of the first round is recorded there as an mp4."""
     k = sampling.k
     t0 = time.perf_counter()
     local_target = sampling.local_groups(info.world_size)
@@ -136,7 +136,7 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
                 kept.append(group)
         rounds += 1
         t = time.perf_counter()
-        total_kept = ddist.all_sum([len(kept)], info)[0]
+        total_kept = ddist.all_sum([len(kept)], info, process_group)[0]
         sync += time.perf_counter() - t
         if total_kept >= sampling.groups or rounds >= sampling.max_rounds:
             break

@@ -79,15 +79,21 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
     return all_sum([float(flag)], info)[0] > 0
 
 
-def all_sum(values: list[float], info: DistInfo) -> list[float]:
-    """Sum a few scalars over ranks (one collective)."""
+def all_sum(values: list[float], info: DistInfo, group=None) -> list[float]:
+    """Sum a few scalars over ranks (one collective; ``group``: a process group other than the default)."""
     if info.world_size == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64)
-    if dist.get_backend() == "nccl":
+    if dist.get_backend(group) == "nccl":
         t = t.cuda()
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
     return t.cpu().tolist()
+
+
+def side_group(info: DistInfo):
+    """A gloo group of every rank beside the default one (every rank calls this, in the same order), for
+    collectives a thread makes while the main thread makes its own (None alone)."""
+    return dist.new_group(backend="gloo") if info.world_size > 1 else None
 
 
 def average_gradients(params: list[torch.nn.Parameter], info: DistInfo, weight: torch.Tensor | None = None) -> None:

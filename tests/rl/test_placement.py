@@ -6,6 +6,9 @@ they travel, overlapped rollouts resumed exactly, and settings that cannot work 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -86,6 +89,24 @@ def test_overlapped_rollouts_resume_exactly_and_need_a_rollout_actor(two_nodes, 
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(RiptError, match=r"rl.overlap=true needs placement.mode=disaggregated"):
         rl.run(compose("rl", rl_overrides(stage1_run, tmp_path / "local", 1) + ["rl.overlap=true"]))
+
+
+def test_overlapped_rollouts_under_torchrun_count_their_groups_beside_the_update(two_nodes, stage1_run, tmp_path):
+    """Two trainer processes, each with the next iteration's rollouts running in its own rollout actor while it
+    trains: the rollouts count their groups over a gloo group of their own while the update all-reduces on the
+    default one, and both ranks' streams reach the checkpoint written while rollouts run ahead."""
+    run_dir = tmp_path / "ddp_overlap"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "ript.cli", "rl",
+           *rl_overrides(stage1_run, run_dir, 2), "rl.groups_per_iteration=2", "rl.num_workers=1",
+           *disaggregated(two_nodes, "processes"), "rl.overlap=true"]
+    # with one group for both, the ranks' collectives interleave and the run hangs (ended by the timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [e["iteration"] for e in json.loads((run_dir / "rl_history.json").read_text())] == [1, 2]
+    first = run_dir / "checkpoints" / "0000001"
+    assert (first / "rollout_weights.safetensors").is_file()  # written while the second iteration's rollouts ran
+    state = torch.load(first / "training_state.pt", weights_only=True)
+    assert len(state["ranks"]) == 2 and state["ranks"][0]["sampler"] != state["ranks"][1]["sampler"]
 
 
 def test_the_two_phase_loop_with_disaggregated_rollouts_or_an_unknown_placement_is_one_line(
