@@ -2,13 +2,14 @@
 processes (as many as the host has GPUs; ``--cpu``: gloo processes on the CPU, for checking the script), with the
 global batch and the groups per iteration fixed, so that N processes share the same work. Writes samples/s, env
 steps/s (rollout alone and with training), the RL iteration's time by phase and the efficiency (speed-up / N) to
-``scaling.json`` and ``scaling.png`` in ``--out``. ``--placements`` adds RL with one trainer process whose rollouts
-run in a Ray actor on a GPU of its own (and with the next iteration's rollouts overlapping the update).
+``scaling.json`` and ``scaling.png`` in ``--out``. ``--placements`` adds RL with each trainer process's rollouts in a
+Ray actor of its own, on ``--actor-gpus`` GPUs (and with the next iteration's rollouts overlapping the update), at
+every count whose trainers and actors fit the host's GPUs; the actors join one Ray head the script starts.
 
     python -m benchmarks.scaling [--counts 1,2,4,8] [--task metaworld_ml45_10] [--batch 1024] [--s1-steps 600]
         [--groups 32] [--k 8] [--iterations 2] [--episode-steps 200] [--out runs/scaling] [--cpu]
         [--task-extra task.* ...] [--extra stage-0/1 overrides ...] [--placements disaggregated,disaggregated_overlap]
-        [--stages auto|1|2]
+        [--stages auto|1|2] [--actor-gpus 1|0.5]
     python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the
@@ -26,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.train_compare import scalars
@@ -72,10 +74,45 @@ def stage1_speed(a, out: Path, common: list[str], n: int) -> dict:
     return {"samples_per_s": statistics.median(speed), "per_process_batch": a.batch // n}
 
 
-# RL with its rollouts in a Ray actor per trainer process (docs/distributed.md): name -> (overrides, GPUs besides
-# the trainer's); on a GPU host each actor acts on a GPU of its own
-PLACEMENTS = {"disaggregated": (["placement.mode=disaggregated"], 1),
-              "disaggregated_overlap": (["placement.mode=disaggregated", "rl.overlap=true"], 1)}
+# RL with its rollouts in a Ray actor per trainer process (docs/distributed.md); on a GPU host each actor takes
+# --actor-gpus GPUs (1: one of its own; a share such as 0.5: beside its trainer)
+PLACEMENTS = {"disaggregated": ["placement.mode=disaggregated"],
+              "disaggregated_overlap": ["placement.mode=disaggregated", "rl.overlap=true"]}
+
+
+@contextmanager
+def ray_head(gpus: int):
+    """One Ray head on this host for every trainer process's rollout actor (``workers.ray_address=auto``)."""
+    subprocess.run(["ray", "start", "--head", f"--num-gpus={gpus}", f"--num-cpus={os.cpu_count()}",
+                    "--disable-usage-stats"], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ray", "stop", "--force"], capture_output=True)
+
+
+def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[int], gpus: int,
+                   collocated: dict) -> dict:
+    """Each --placements entry at every count whose trainers and actors fit the host's GPUs, with its speed-up
+    over the collocated run of one process."""
+    rows: dict = {}
+    per_rank = 0 if a.cpu else 1 + (a.actor_gpus if a.actor_gpus >= 1 else 0)
+    fitting = [n for n in counts if a.cpu or n * per_rank <= gpus]
+    names = [name for name in a.placements.split(",") if name]
+    if not names or not fitting:
+        return rows
+    share = [] if a.cpu else [f"placement.rollout_gpus={a.actor_gpus:g}"]
+    with ray_head(gpus):
+        for name in names:
+            for n in fitting:
+                extra = (*PLACEMENTS[name], *share, "workers.ray_address=auto")
+                row = rl_speed(a, out, rl_common, base, n, f"{name}_{n}", extra)
+                row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
+                    collocated[min(collocated)]["env_steps_per_s_with_training"]
+                rows.setdefault(name, {})[n] = row
+                print(f"{name}, {n} trainer process(es): RL {row['env_steps_per_s_with_training']:.0f} env steps/s "
+                      f"with training", flush=True)
+    return rows
 
 
 def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | None = None,
@@ -112,9 +149,11 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 4))
-    for name, rows in (("stage 1", result["stage1"]), ("RL iteration", result["rl"])):
+    lines = [("stage 1", result["stage1"], "speedup"), ("RL iteration", result["rl"], "speedup"),
+             *((f"RL, {name}", rows, "speedup_over_one_process") for name, rows in result["rl_placements"].items())]
+    for name, rows, key in lines:
         counts = sorted(int(n) for n in rows)
-        ax.plot(counts, [rows[n]["speedup"] for n in counts], "o-", label=name)
+        ax.plot(counts, [rows[n][key] if n in rows else rows[str(n)][key] for n in counts], "o-", label=name)
     counts = sorted(int(n) for n in result["stage1"])
     ax.plot(counts, [n / counts[0] for n in counts], "k:", label="linear")
     ax.set_xlabel("processes (GPUs)")
@@ -149,8 +188,10 @@ def main() -> None:
     ap.add_argument("--task-extra", nargs="*", default=[], help="task.* overrides, for every job")
     ap.add_argument("--extra", nargs="*", default=[], help="overrides for stages 0 and 1 (e.g. algo=...)")
     ap.add_argument("--stages", default="auto", help="the runner's workers.pipeline_stages for every RL run")
-    ap.add_argument("--placements", default="", help=f"RL again with one trainer process and its rollouts in a Ray "
-                    f"actor, for each of {','.join(PLACEMENTS)} given (comma-separated)")
+    ap.add_argument("--actor-gpus", type=float, default=1.0,
+                    help="GPUs of each rollout actor in --placements runs (a share such as 0.5: beside its trainer)")
+    ap.add_argument("--placements", default="", help=f"RL again with each trainer process's rollouts in a Ray actor, "
+                    f"for each of {','.join(PLACEMENTS)} given (comma-separated), at every count that fits")
     ap.add_argument("--plot", help="only draw the figure of this scaling.json (beside it)")
     a = ap.parse_args()
     if a.plot:
@@ -175,17 +216,7 @@ def main() -> None:
         result["rl"][n] = rl_speed(a, out, rl_common, base, n)
         print(f"{n} process(es): stage 1 {result['stage1'][n]['samples_per_s']:.0f} samples/s, RL "
               f"{result['rl'][n]['env_steps_per_s_with_training']:.0f} env steps/s with training", flush=True)
-    for name in a.placements.split(",") if a.placements else []:
-        extra, actor_gpus = PLACEMENTS[name]
-        if not a.cpu and gpus < 1 + actor_gpus:
-            print(f"{name}: needs {1 + actor_gpus} GPUs, this host has {gpus}")
-            continue
-        extra = [*extra, *([] if a.cpu else [f"placement.rollout_gpus={actor_gpus}"])]
-        row = rl_speed(a, out, rl_common, base, 1, name, tuple(extra))
-        row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
-            result["rl"][min(result["rl"])]["env_steps_per_s_with_training"]
-        result["rl_placements"][name] = row
-        print(f"{name}: RL {row['env_steps_per_s_with_training']:.0f} env steps/s with training", flush=True)
+    result["rl_placements"] = placement_rows(a, out, rl_common, base, counts, gpus, result["rl"])
     efficiency(result["stage1"], "samples_per_s")
     efficiency(result["rl"], "env_steps_per_s_with_training")
     (out / "scaling.json").write_text(json.dumps(result, indent=2))

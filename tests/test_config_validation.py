@@ -32,6 +32,8 @@ from tests.helpers.cli import assert_one_line_error, ript, task_overrides, train
     ("rl", "rl.rollouts_per_group=0", "rl.rollouts_per_group=0"),
     ("rl", "rl.advantage=ppo2", "rl.advantage='ppo2'"),
     ("rl", "rl.task_weighting_floor=2", "rl.task_weighting_floor=2"),
+    ("rl", "placement.rollout_gpus=1.5", "a share of one GPU (at most 1) or a whole number"),
+    ("eval", "workers.pipeline_stages=0", "workers.pipeline_stages=0"),
     ("quickstart", "stage1.steps=0", "stage1.steps=0"),
     ("collect", "task.task_names=[]", "an empty list names no task"),
     ("stage0", "task.task_names=[button-press-v3,drawer-close-v3,button-press-v3]", "button-press-v3 listed more"),

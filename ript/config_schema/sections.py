@@ -61,11 +61,18 @@ class WorkerLimits(Section):
     pipeline_stages: Literal["auto"] | Count = "auto"  # groups of workers planned in turn (runner.py)
 
 
+def _gpu_share(value: float) -> float:
+    if value > 1 and value != int(value):
+        raise ValueError(f"{value}: a share of one GPU (at most 1) or a whole number of GPUs")
+    return value
+
+
 class Placement(Section):
     """RL's ``placement:``: where each rank's rollouts run (``ript.rl.placement``, whose registry checks the
     name before any model loads)."""
     mode: str = "collocated"
-    rollout_gpus: Size = 0   # disaggregated: GPUs of each rank's rollout actor
+    # disaggregated: GPUs of each rank's rollout actor; a share of one (e.g. 0.5) puts it beside another's work
+    rollout_gpus: Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_gpu_share)] = 0
 
 
 class Sampling(Section):

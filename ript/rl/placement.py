@@ -117,10 +117,11 @@ class Disaggregated:
         if cfg.environment.get("refresh_every"):
             raise RiptError("environment.refresh_every (the two-phase loop) needs placement.mode=collocated: its "
                             "real episodes feed the world model in the rank's own process")
-        gpus = int(cfg.placement.rollout_gpus)
+        gpus = float(cfg.placement.rollout_gpus)
         if device.startswith("cuda") and gpus == 0:
             raise RiptError("placement.mode=disaggregated on a GPU: set placement.rollout_gpus=1 (the rollout "
-                            "actor acts on a GPU of its own, as the rank does)")
+                            "actor acts on a GPU of its own, as the rank does), or a share such as 0.5 to put it "
+                            "on a GPU beside other work")
         self.ray = ray = import_ray()
         connect(ray, cfg.workers.ray_address, 1 + (int(cfg.rl.num_workers) if cfg.rl.num_workers != "auto" else 0))
         actor_class = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(RolloutActor)
