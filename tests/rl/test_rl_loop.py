@@ -3,8 +3,11 @@ rollouts against an oracle are in test_rl_rollouts.py."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +28,7 @@ from ript.rl.update import ppo_update, rescore
 from ript.stages import evaluate, rl
 from ript.utils import distributed as ddist
 from tests.helpers.cli import rl_overrides
+from tests.helpers.faults import processes
 
 
 def test_rloo_and_grpo():
@@ -303,19 +307,41 @@ def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsy
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo")
-def test_rl_under_torchrun_with_two_gloo_processes(stage1_run, tmp_path):
-    run_dir = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "ript.cli",
-           "rl", *rl_overrides(stage1_run, run_dir, 1), "rl.groups_per_iteration=2", "rl.num_workers=1"]
+def test_rl_under_torchrun_survives_a_killed_rank_and_resumes_exactly(stage1_run, tmp_path):
+    """Two gloo processes: a run whose second rank is killed after the first checkpoint ends at once (torchrun stops
+    the other rank, nobody waits in a collective), keeps its checkpoints, and resumed gives the uninterrupted run."""
+    def command(run_dir, *extra):
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                "ript.cli", "rl", *rl_overrides(stage1_run, run_dir, 2), "rl.groups_per_iteration=2",
+                "rl.num_workers=1", *extra]
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    straight, killed = tmp_path / "ddp", tmp_path / "ddp_killed"
+    proc = subprocess.run(command(straight), capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    state = torch.load(run_dir / "checkpoints" / "last" / "training_state.pt", weights_only=True)
+    state = torch.load(straight / "checkpoints" / "last" / "training_state.pt", weights_only=True)
     assert len(state["ranks"]) == 2
     assert state["ranks"][0]["sampler"]["rng"] != state["ranks"][1]["sampler"]["rng"]
     # the per-task record counts both ranks' episodes, as the total does
-    entry = json.loads((run_dir / "rl_history.json").read_text())[-1]
+    entry = json.loads((straight / "rl_history.json").read_text())[-1]
     assert sum(t["episodes"] for t in entry["per_task"].values()) == entry["episodes"] > 0
+
+    run = subprocess.Popen(command(killed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not (killed / "checkpoints" / "0000001").exists():
+            assert run.poll() is None and time.monotonic() < deadline, "no first checkpoint"
+            time.sleep(0.2)
+        ranks = [p["pid"] for p in processes() if p["ppid"] == run.pid and b"ript.cli" in p["cmdline"]]
+        rank1 = next(pid for pid in ranks if b"\0RANK=1\0" in b"\0" + Path(f"/proc/{pid}/environ").read_bytes())
+        os.kill(rank1, signal.SIGKILL)
+        assert run.wait(timeout=60) != 0
+    finally:
+        run.kill()
+    proc = subprocess.run(command(killed, "resume=true"), capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (load_file(str(d / "checkpoints" / "last" / "model.safetensors")) for d in (straight, killed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_the_rl_benchmark_times_a_real_iteration(tmp_path):
