@@ -32,6 +32,7 @@ from ript.envs.suites import get_suite
 from ript.envs.worker_env import EpisodeSpec, PoolSettings, WorkerSet
 from ript.envs.workers import Pending
 from ript.policies.base import ChunkingPolicy
+from ript.utils.logging import log
 from ript.utils.processes import driver_threads
 from ript.utils.video import write_mp4
 
@@ -90,6 +91,7 @@ class EnvRunner:
         self.num_workers = default_num_workers(options.num_workers, at_once, self.envs_per_worker)
         self.workers: WorkerSet | None = None
         self.slot_tasks: list[list[str]] = []  # set with the workers
+        self.stages_said: int | None = None  # the pipeline stages "auto" chose, once logged
 
     def specs(self) -> list[EpisodeSpec]:
         """The evaluation protocol's episodes, tasks interleaved so that workers share the slow ones."""
@@ -134,7 +136,13 @@ class EnvRunner:
         if stages == "auto":
             # one stage's decision overlaps the others' simulation only where their rendering leaves the policy's
             # GPU alone (renders_apart); otherwise lock-step is faster
-            stages = 2 if renders_apart(policy.device, self.workers.pool.egl_devices) else 1
+            apart = renders_apart(policy.device, self.workers.pool.egl_devices)
+            stages = 2 if apart else 1
+            if self.stages_said is None:
+                log.info("env runner: %d workers planned in %d pipeline stage(s) (the simulators render %s)",
+                         self.num_workers, min(stages, self.num_workers),
+                         "on GPUs other than the policy's" if apart else "beside the policy, on its GPU or cores")
+                self.stages_said = stages
         return -(-self.num_workers // min(int(stages), self.num_workers))
 
     def close(self) -> None:
@@ -367,5 +375,6 @@ class Schedule:
                    startup_seconds=self.startup_s or 0.0, task_build_seconds=self.build_s,
                    worker_busy_share=(pool.busy_s - busy_before) / max(1e-9, self.n_workers * out["seconds"]),
                    policy_share=(policy.inference_seconds - inference_before) / max(1e-9, out["seconds"]),
-                   decisions_per_plan=self.decisions / max(1, policy.plan_calls - calls_before))
+                   decisions_per_plan=self.decisions / max(1, policy.plan_calls - calls_before),
+                   pipeline_stages=-(-self.n_workers // self.per_stage))
         return out
