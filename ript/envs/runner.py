@@ -3,11 +3,11 @@
 Workers are replaceable processes (``envs/workers.py``), each hosting ``envs_per_worker`` env slots
 (``envs/worker_env.py``) and driven through two calls: ``begin`` (start episodes: task, seed) and ``advance``
 (each env's whole chunk of actions; images only for the frames the next decision reads, through shared
-memory). Each worker runs on its own: as soon as it answers it gets its next call (episodes started, or its
-envs' next chunks), so a slow reset or a task being built holds up no other worker. The workers form
-``pipeline_stages`` groups; a group's running envs are planned in one batch of fixed size once none of its workers
-is still advancing, so that one group's decision runs while the others simulate (the policy pays for a whole
-batch per call, full or not). A slot keeps its simulator tasks built and takes the next
+memory). A worker that answers with idle slots starts its next episodes at once, so a slow reset or a task
+being built holds up no other worker. The workers form ``pipeline_stages`` groups; a group's running envs are
+planned in one batch of fixed size once none of its workers is still advancing, so that one group's decision
+runs while the others simulate (the policy pays for a whole batch per call, full or not; with the simulators
+rendering on the policy's GPU, one group, lock-step, is faster). A slot keeps its simulator tasks built and takes the next
 episode of its own task while one is left. Each episode samples from its own noise stream, so neither the
 schedule nor the batch nor the slot an episode lands in changes it. A worker that dies
 or hangs is replaced; its episodes are run again from their seeds (``on_worker_failure="rerun"``,
@@ -91,7 +91,7 @@ class EnvRunner:
         self.num_workers = default_num_workers(options.num_workers, at_once, self.envs_per_worker)
         self.workers: WorkerSet | None = None
         self.slot_tasks: list[list[str]] = []  # set with the workers
-        self.stages_said: int | None = None  # the pipeline stages "auto" chose, once logged
+        self.stages_logged = False  # what "auto" chose is said once per runner
 
     def specs(self) -> list[EpisodeSpec]:
         """The evaluation protocol's episodes, tasks interleaved so that workers share the slow ones."""
@@ -138,11 +138,11 @@ class EnvRunner:
             # GPU alone (renders_apart); otherwise lock-step is faster
             apart = renders_apart(policy.device, self.workers.pool.egl_devices)
             stages = 2 if apart else 1
-            if self.stages_said is None:
+            if not self.stages_logged:
                 log.info("env runner: %d workers planned in %d pipeline stage(s) (the simulators render %s)",
                          self.num_workers, min(stages, self.num_workers),
                          "on GPUs other than the policy's" if apart else "beside the policy, on its GPU or cores")
-                self.stages_said = stages
+                self.stages_logged = True
         return -(-self.num_workers // min(int(stages), self.num_workers))
 
     def close(self) -> None:
