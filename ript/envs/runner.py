@@ -7,8 +7,8 @@ memory). A worker that answers with idle slots starts its next episodes at once,
 being built holds up no other worker. The workers form ``pipeline_stages`` groups; a group's running envs are
 planned in one batch of fixed size once none of its workers is still advancing, so that one group's decision
 runs while the others simulate (the policy pays for a whole batch per call, full or not; with the simulators
-rendering on the policy's GPU, one group, lock-step, is faster). A slot keeps its simulator tasks built and takes the next
-episode of its own task while one is left. Each episode samples from its own noise stream, so neither the
+rendering on the policy's GPU, one group, lock-step, is faster). A slot keeps its simulator tasks built and
+takes the next episode of its own task while one is left. Each episode samples from its own noise stream, so neither the
 schedule nor the batch nor the slot an episode lands in changes it. A worker that dies
 or hangs is replaced; its episodes are run again from their seeds (``on_worker_failure="rerun"``,
 evaluation) or dropped (``"drop"``, RL), and the results count both.
