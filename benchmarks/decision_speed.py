@@ -1,7 +1,8 @@
 """One batched policy decision of the QueST-style chunk policy on its own, as RL's rollouts make it (recording,
 CUDA graph, a fixed layout of ``n`` rows): its time at several batch sizes and memory layouts, and where an eager
-decision's GPU time goes (the observation encoders, the prior's token sampling, the decoder), from the CUDA
-kernels torch.profiler records under each part.
+decision's GPU work goes (the observation encoders, the prior's token sampling, the decoder): the CUDA kernels
+torch.profiler records under each part, counted and their times summed (a graph replays the same kernels, without
+the launch gaps).
 
     python -m benchmarks.decision_speed [--overrides task=metaworld_ml45_10 device=cuda ...] [--batches 1 16 64 128]
                                         [--layouts default channels_last] [--out DIR]
@@ -49,33 +50,45 @@ def decision_ms(policy, n: int, repeat: int = 30) -> float:
     return 1000 * float(np.median(times))
 
 
-def parts_ms(policy, n: int) -> dict[str, float]:
-    """GPU time (ms) of an eager decision's kernels under each part of the model."""
+def parts(policy, n: int) -> dict[str, dict]:
+    """An eager decision's kernels under each part of the model: how many, and their summed GPU time (ms), which
+    leaves out the gaps between launches that a part's wall time holds; and the kernels taking the most time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    model = policy.model
+    model, cuda = policy.model, policy.device.type == "cuda"
     _, inputs = policy._inputs(list(range(n)))
     noise = model.sampling_noise(n, policy.device)
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with torch.no_grad(), torch.autocast(policy.device.type, dtype=torch.bfloat16, enabled=cuda):
         for _ in range(2):  # warm-up: cuDNN/cuBLAS choose kernels
             model.autoencoder.decode_indices(model.sample(model.context(inputs["obs"], inputs["task_ids"]),
                                                           noise=noise, top_k=10)[0])
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        sync()
+        with profile(activities=activities) as prof:
             with record_function("part:encoders"):
                 context = model.context(inputs["obs"], inputs["task_ids"])
             with record_function("part:sampling"):
                 tokens, _ = model.sample(context, noise=noise, top_k=10)
             with record_function("part:decoder"):
                 model.autoencoder.decode_indices(tokens)
-            torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for event in prof.key_averages():  # a part appears as a host range and a GPU range: keep the GPU's time
-        if event.key.startswith("part:"):
-            out[event.key[5:]] = max(out.get(event.key[5:], 0.0), event.device_time_total / 1000)
+            sync()
+    out: dict[str, dict] = {}
+    for event in prof.events():
+        if event.name.startswith("part:") and event.device_type.name == "CPU":
+            kernels = [k for e in descendants(event) for k in e.kernels]
+            ops = sum(1 for e in descendants(event) if e.name.startswith("aten::"))
+            out[event.name[5:]] = {"kernels": len(kernels), "kernel_ms": sum(k.duration for k in kernels) / 1000,
+                                   "aten_ops": ops}
     top = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:12]
-    out["top_kernels"] = {e.key[:60]: round(e.self_device_time_total / 1000, 3) for e in top}
+    out["top_kernels"] = {e.key[:60]: round(e.self_device_time_total / 1000, 3) for e in top if cuda}
     return out
+
+
+def descendants(event):
+    for child in event.cpu_children:
+        yield child
+        yield from descendants(child)
 
 
 def main() -> None:
@@ -99,14 +112,14 @@ def main() -> None:
     obs = env.reset(0, render=True)
     env.close()
     settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
-    result = {"device": torch.cuda.get_device_name(0), "overrides": a.overrides, "graphed_ms": {}, "eager_parts_ms": {}}
+    result = {"device": torch.cuda.get_device_name(0), "overrides": a.overrides, "graphed_ms": {}, "eager_parts": {}}
     for layout in a.layouts:
         model.to(memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format)
         result["graphed_ms"][layout] = {n: decision_ms(policy_with(model, settings, device, n, obs, task), n)
                                         for n in a.batches}
-        result["eager_parts_ms"][layout] = {n: parts_ms(policy_with(model, settings, device, n, obs, task, False), n)
-                                            for n in a.batches}
-        print(layout, json.dumps({k: result[k][layout] for k in ("graphed_ms", "eager_parts_ms")}), flush=True)
+        result["eager_parts"][layout] = {n: parts(policy_with(model, settings, device, n, obs, task, False), n)
+                                         for n in a.batches}
+        print(layout, json.dumps({k: result[k][layout] for k in ("graphed_ms", "eager_parts")}), flush=True)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         Path(a.out, "decision_speed.json").write_text(json.dumps(result, indent=2))
