@@ -9,7 +9,7 @@ every count whose trainers and actors fit the host's GPUs; the actors join one R
     python -m benchmarks.scaling [--counts 1,2,4,8] [--task metaworld_ml45_10] [--batch 1024] [--s1-steps 600]
         [--groups 32] [--k 8] [--iterations 2] [--episode-steps 200] [--out runs/scaling] [--cpu]
         [--task-extra task.* ...] [--extra stage-0/1 overrides ...] [--placements disaggregated,disaggregated_overlap]
-        [--stages auto|1|2] [--actor-gpus 1|0.5]
+        [--stages auto|1|2] [--actor-gpus 1|0.5] [--parts stage1,rl] [--cores-per-gpu 16]
     python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the
@@ -34,12 +34,14 @@ from benchmarks.train_compare import scalars
 from ript.stages.protocol import Phase
 
 RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/iteration")
+RL_SHARES = ("time/inference_share", "time/worker_busy_share")  # where a rollout's wall time went
 
 
-def ript(args: list[str], procs: int = 1) -> None:
+def ript(args: list[str], procs: int = 1, env: dict[str, str] | None = None) -> None:
     """``ript <job> <overrides>`` as the protocol launches a phase: under torchrun on ``procs`` processes."""
     job, *overrides = args
-    proc = subprocess.run(Phase(job, job, overrides).command(procs), capture_output=True, text=True)
+    proc = subprocess.run(Phase(job, job, overrides).command(procs), capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise SystemExit(f"{job} on {procs} process(es) failed:\n{proc.stderr[-3000:]}")
 
@@ -83,12 +85,13 @@ PLACEMENTS = {"disaggregated": ["placement.mode=disaggregated"],
 @contextmanager
 def ray_head(gpus: int):
     """One Ray head on this host for every trainer process's rollout actor (``workers.ray_address=auto``)."""
-    subprocess.run(["ray", "start", "--head", f"--num-gpus={gpus}", f"--num-cpus={os.cpu_count()}",
+    ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]  # the ``ray`` command, wherever pip put its scripts
+    subprocess.run([*ray_cli, "start", "--head", f"--num-gpus={gpus}", f"--num-cpus={os.cpu_count()}",
                     "--disable-usage-stats"], check=True, capture_output=True)
     try:
         yield
     finally:
-        subprocess.run(["ray", "stop", "--force"], capture_output=True)
+        subprocess.run([*ray_cli, "stop", "--force"], capture_output=True)
 
 
 def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[int], gpus: int,
@@ -97,6 +100,7 @@ def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[
     over the collocated run of one process."""
     rows: dict = {}
     per_rank = 0 if a.cpu else 1 + (a.actor_gpus if a.actor_gpus >= 1 else 0)
+    workers = workers_per_rank(a, max(1, int(per_rank)))
     fitting = [n for n in counts if a.cpu or n * per_rank <= gpus]
     names = [name for name in a.placements.split(",") if name]
     if not names or not fitting:
@@ -105,7 +109,7 @@ def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[
     with ray_head(gpus):
         for name in names:
             for n in fitting:
-                extra = (*PLACEMENTS[name], *share, "workers.ray_address=auto")
+                extra = (*PLACEMENTS[name], *share, *workers, "workers.ray_address=auto")
                 row = rl_speed(a, out, rl_common, base, n, f"{name}_{n}", extra)
                 row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
                     collocated[min(collocated)]["env_steps_per_s_with_training"]
@@ -115,19 +119,29 @@ def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[
     return rows
 
 
+def workers_per_rank(a, gpus_per_rank: int) -> list[str]:
+    """Each trainer process's env workers: --cores-per-gpu for each GPU it holds (its rollout actor's too), as
+    hosts of that many cores per GPU would give; none on the CPU or with 0 (ript's own share of this host)."""
+    return [] if a.cpu or not a.cores_per_gpu else [f"rl.num_workers={a.cores_per_gpu * gpus_per_rank}"]
+
+
 def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | None = None,
              extra: tuple[str, ...] = ()) -> dict:
     run_dir = fresh(out / f"rl_{tag or n}")
+    # one collocated process renders on its own GPU, as on a host of one GPU (alone on a host of several, it
+    # would render on the others); each torchrun rank renders on its own GPU anyway
+    env = {"MUJOCO_EGL_DEVICE_ID": "0"} if tag is None and n == 1 and not a.cpu else None
     ript(["rl", *common, f"checkpoint={base}", f"run_dir={run_dir}", f"rl.iterations={a.iterations}",
           f"rl.groups_per_iteration={a.groups}", f"rl.rollouts_per_group={a.k}", "rl.max_sampling_rounds=1",
-          "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0", *extra], n)
+          "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0", *extra], n, env)
     s = scalars(run_dir)
-    last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, "time/env_steps_per_s") if tag in s}
+    last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, *RL_SHARES, "time/env_steps_per_s") if tag in s}
     rollout_steps = last["time/env_steps_per_s"] * last["time/rollout"]
     return {"env_steps": rollout_steps, "env_steps_per_s": last["time/env_steps_per_s"],
             "env_steps_per_s_with_training": rollout_steps / last.get("time/iteration",
                                                                       last["time/rollout"] + last["time/train"]),
-            "seconds": {tag.split("/")[1]: last[tag] for tag in RL_TIMES if tag in last}}
+            "seconds": {tag.split("/")[1]: last[tag] for tag in RL_TIMES if tag in last},
+            **{tag.split("/")[1]: last[tag] for tag in RL_SHARES if tag in last}}
 
 
 def efficiency(rows: dict[int, dict], key: str) -> None:
@@ -149,12 +163,13 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 4))
-    lines = [("stage 1", result["stage1"], "speedup"), ("RL iteration", result["rl"], "speedup"),
+    lines = [*((("stage 1", result["stage1"], "speedup"),) if result["stage1"] else ()),
+             ("RL iteration", result["rl"], "speedup"),
              *((f"RL, {name}", rows, "speedup_over_one_process") for name, rows in result["rl_placements"].items())]
     for name, rows, key in lines:
         counts = sorted(int(n) for n in rows)
         ax.plot(counts, [rows[n][key] if n in rows else rows[str(n)][key] for n in counts], "o-", label=name)
-    counts = sorted(int(n) for n in result["stage1"])
+    counts = sorted(int(n) for n in result["stage1"] or result["rl"])
     ax.plot(counts, [n / counts[0] for n in counts], "k:", label="linear")
     ax.set_xlabel("processes (GPUs)")
     ax.set_ylabel("speed-up")
@@ -192,6 +207,10 @@ def main() -> None:
                     help="GPUs of each rollout actor in --placements runs (a share such as 0.5: beside its trainer)")
     ap.add_argument("--placements", default="", help=f"RL again with each trainer process's rollouts in a Ray actor, "
                     f"for each of {','.join(PLACEMENTS)} given (comma-separated), at every count that fits")
+    ap.add_argument("--parts", default="stage1,rl", help="what to measure at each count: stage1, rl or both")
+    ap.add_argument("--cores-per-gpu", type=int, default=16, help="env workers per GPU of each RL run (the cores "
+                    "a host gives each GPU, so that N GPUs bring N times the simulators; 0: this host's cores shared "
+                    "among the processes)")
     ap.add_argument("--plot", help="only draw the figure of this scaling.json (beside it)")
     a = ap.parse_args()
     if a.plot:
@@ -211,14 +230,20 @@ def main() -> None:
     common = [*task, *device, *a.extra]  # stages 0 and 1
     base = prepare(a, out, task, common)
     result = {"host": host_name(a.cpu), "command": " ".join(sys.argv), "stage1": {}, "rl": {}, "rl_placements": {}}
+    parts = set(a.parts.split(","))
     for n in counts:
-        result["stage1"][n] = stage1_speed(a, out, common, n)
-        result["rl"][n] = rl_speed(a, out, rl_common, base, n)
-        print(f"{n} process(es): stage 1 {result['stage1'][n]['samples_per_s']:.0f} samples/s, RL "
-              f"{result['rl'][n]['env_steps_per_s_with_training']:.0f} env steps/s with training", flush=True)
-    result["rl_placements"] = placement_rows(a, out, rl_common, base, counts, gpus, result["rl"])
-    efficiency(result["stage1"], "samples_per_s")
-    efficiency(result["rl"], "env_steps_per_s_with_training")
+        if "stage1" in parts:
+            result["stage1"][n] = stage1_speed(a, out, common, n)
+            print(f"{n} process(es): stage 1 {result['stage1'][n]['samples_per_s']:.0f} samples/s", flush=True)
+        if "rl" in parts:
+            result["rl"][n] = rl_speed(a, out, rl_common, base, n, extra=tuple(workers_per_rank(a, 1)))
+            print(f"{n} process(es): RL {result['rl'][n]['env_steps_per_s_with_training']:.0f} env steps/s with "
+                  f"training", flush=True)
+    if "rl" in parts:
+        result["rl_placements"] = placement_rows(a, out, rl_common, base, counts, gpus, result["rl"])
+    for rows, key in ((result["stage1"], "samples_per_s"), (result["rl"], "env_steps_per_s_with_training")):
+        if rows:
+            efficiency(rows, key)
     (out / "scaling.json").write_text(json.dumps(result, indent=2))
     plot(result, out / "scaling.png")
     print(json.dumps({part: {n: round(r["speedup"], 2) for n, r in rows.items()}

@@ -198,6 +198,7 @@ class RLIterations:
                 "counted_env_steps": sum(e["length"] for e in eps),
                 "nonzero_advantages": 0 if targets is None else float((targets.episode_advantages != 0).float().sum()),
                 "inference_seconds": batch["inference_seconds"],
+                "worker_busy_share": batch["worker_busy_share"],
                 "env_steps": batch["env_steps"],
                 "returns": 0 if targets is None else len(targets.episode_returns),
                 "returns_sum": 0 if targets is None else float(targets.episode_returns.sum())}
@@ -224,6 +225,7 @@ class RLIterations:
             "time/rollout_wait": timer.seconds["rollout_wait"],  # rl.overlap: the rollouts' part not under the update
             "time/train_prepare": timer.seconds["train_prepare"], "time/sync": batch["sync"] + stats["sync"],
             "time/inference_share": totals["inference_seconds"] / max(1e-9, t_rollout * self.info.world_size),
+            "time/worker_busy_share": totals["worker_busy_share"] / self.info.world_size,  # simulating, not waiting
             "time/env_steps_per_s": totals["env_steps"] / max(1e-9, t_rollout),  # cancelled episodes' steps too
         }
         for task, (episodes, wins) in per_task(totals, self.names).items():  # over all ranks
