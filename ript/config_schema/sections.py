@@ -59,6 +59,7 @@ class WorkerLimits(Section):
     backend: Literal["processes", "ray"] = "processes"  # this host's processes, or Ray actors on a cluster's nodes
     ray_address: str | None = None  # backend=ray: null starts Ray here; auto or host:port joins a cluster
     pipeline_stages: Literal["auto"] | Count = "auto"  # groups of workers planned in turn (runner.py)
+    render_gpus: list[Size] | None = None  # the host's GPUs the simulators render on (null: chosen, envs/gl.py)
 
 
 def _gpu_share(value: float) -> float:
@@ -269,6 +270,7 @@ class RL(Section):
     channels_last: bool
     recompute_old_log_probs: bool
     overlap: bool = False  # the next iteration's rollouts during this one's update (disaggregated placement)
+    fsdp: bool = False  # the model that trains sharded over the trainer ranks (disaggregated placement)
     max_episode_steps: Count | None
     num_workers: Workers
     stop_after_minutes: Scale | None  # 0: stop after the first step

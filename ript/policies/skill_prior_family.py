@@ -25,6 +25,7 @@ STAGES = ("stage1", "finetune", "rl")  # checkpoints holding a skill prior
 @POLICIES.register("skill_prior")
 class SkillPriorFamily:
     configs = ("skill_prior",)
+    shards_in_rl = True
 
     def load(self, cfg, device: str, seed: int, rl: bool) -> Loaded:
         if not cfg.checkpoint:
@@ -46,7 +47,8 @@ class SkillPriorFamily:
         training.fast_math(device, OmegaConf.create({"tf32": cfg.rl.tf32, "cudnn_benchmark": False,
                                                      "deterministic": False}))
         training.prepare_model(model, device, cfg.rl)  # channels-last for the rollouts' and the update's convolutions
-        compiled = bool(cfg.rl.micro_batch) and training.compile_wanted(cfg.rl.compile, device)
+        # not under rl.fsdp: CUDA graphs cannot hold the weights' gathers
+        compiled = bool(cfg.rl.micro_batch) and training.compile_wanted(cfg.rl.compile, device) and not cfg.rl.fsdp
         learner = ChunkLearner(model, loaded.source["settings"], bool(cfg.rl.train_prior_only), critic_cfg,
                                static_batch=int(cfg.rl.micro_batch) if compiled else None, compile_scoring=compiled)
         if learner.critic is not None and (Path(base["checkpoint_dir"]) / CRITIC_FILE).is_file():

@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 from omegaconf import OmegaConf
 
+from ript.errors import RiptError
 from ript.policies.base import ChunkingPolicy
 from ript.policies.chunk_policy import ChunkPolicy
 from ript.rl.critic import AttentionPoolValueHead, ContextValueHead
@@ -35,6 +36,8 @@ class Learner(Protocol):
     params: list[torch.nn.Parameter]  # the policy's trainable parameters (the critic's are apart)
     weights: torch.nn.Module     # what RL checkpoints hold
     critic: torch.nn.Module | None  # the value head (advantage=gae), saved as critic.safetensors
+    sharded_methods: tuple[str, ...]  # the model's methods besides forward that scoring calls (rl.fsdp gathers
+                                      # the model's own weights around each)
 
     def attach(self, policy: ChunkingPolicy) -> None: ...  # the policy records what collate reads; the critic's too
     def collate(self, decisions: list[dict], device: str) -> dict: ...
@@ -66,6 +69,7 @@ class ChunkLearner:
     """What the RL loop needs from a chunk policy: its trainable parameters, and token log-probs recomputed
     on what was cached at sampling time: the contexts when only the prior trains, else the observations
     (so the gradient reaches the observation encoders)."""
+    sharded_methods = ("context", "logits")
 
     def __init__(self, model, settings: dict, prior_only: bool, critic_cfg=None, static_batch: int | None = None,
                  compile_scoring: bool = False):
@@ -137,6 +141,7 @@ class TrainableWeights(torch.nn.Module):
 
 
 class OFTLearner:
+    sharded_methods = ()  # scoring runs the model's forward
     def __init__(self, model, grad_checkpointing: bool, train_action_head: bool, critic_cfg=None,
                  full_finetune: bool = False):
         model.requires_grad_(full_finetune)  # full fine-tuning: every weight trains (with FSDP across GPUs at 7B)
@@ -211,6 +216,26 @@ class OpenVLALearner(OFTLearner):
         return Scored(log_p.gather(-1, bins.unsqueeze(-1)).squeeze(-1), entropy, values)
 
 
+def check_fsdp(cfg, family) -> None:
+    """The settings ``rl.fsdp`` works under, checked before anything loads: a sharded model runs its forwards
+    on every rank in step, so nothing may run it on one rank alone."""
+    if not cfg.rl.get("fsdp"):
+        return
+    why = None
+    if str(cfg.placement.mode) != "disaggregated":
+        why = "set placement.mode=disaggregated: the rollouts then run on a rollout actor's whole copy"
+    elif int(cfg.eval.every):
+        why = "set eval.every=0 and evaluate its checkpoints with `ript eval`: rank 0 alone cannot run it"
+    elif cfg.rl.get("overlap") or float(cfg.rl.get("kl_coef") or 0.0):
+        why = "rl.overlap and rl.kl_coef keep whole copies of the weights; leave them off"
+    elif cfg.environment.get("refresh_every"):
+        why = "environment.refresh_every rolls out with the trainer's own model; leave it off"
+    elif not family.shards_in_rl:
+        why = f"policy={cfg.policy.name}'s RL checkpoints are written from the whole model; train it unsharded"
+    if why:
+        raise RiptError(f"rl.fsdp=true: {why}")
+
+
 def shard_learner(learner) -> None:
     """``rl.fsdp``: the learner's model sharded over the ranks (``ript.utils.fsdp``); the parameters it trains
     become their shards (sharding replaces them)."""
@@ -218,5 +243,5 @@ def shard_learner(learner) -> None:
 
     names = {id(p): n for n, p in learner.model.named_parameters()}
     before = learner.params
-    shard_model(learner.model)
+    shard_model(learner.model, learner.sharded_methods)
     learner.params = same_parameters(learner.model, before, names)

@@ -20,7 +20,7 @@ from ript.policies.base import ChunkingPolicy
 from ript.rl.advantages import build_estimator
 from ript.rl.critic import load_critic, write_learner_files
 from ript.rl.history import RolloutHistory
-from ript.rl.learners import Learner
+from ript.rl.learners import Learner, shard_learner
 from ript.rl.overlap import RolloutsAhead, rollout_weights
 from ript.rl.refresh import WorldModelRefresh
 from ript.rl.rollout import GroupSampling, collect_groups
@@ -28,6 +28,7 @@ from ript.rl.sampler import InitialConditionSampler
 from ript.rl.update import make_optimizer, metric_names, ppo_update, reference_state, update_batch
 from ript.utils import distributed as ddist
 from ript.utils.checkpoint import load_weights
+from ript.utils.fsdp import ShardedState, WholeState
 from ript.utils.logging import MetricLogger, log, setup_console_logging
 from ript.utils.run_dir import prepare_ranked_run_dir
 from ript.utils.seeding import seed_everything
@@ -100,7 +101,7 @@ def train_loop(run: RLRun) -> str:
                 with timer("train_prepare"):  # collating (observations to the device), advantages
                     data, targets = update_batch(rl.learner, batch["kept"], rl.estimator, rl.cfg, rl.device, rl.info)
                 stats = ppo_update(rl.learner, rl.opt, rl.sched, data, rl.cfg, rl.info, it, rl.device,
-                                   rl.reference)
+                                   rl.reference, rl.sharded)
             timer.seconds["iteration"] = time.perf_counter() - t0
             totals = rl.totals(batch, targets)
             rl.log(it + 1, rl.metrics(batch, stats, totals, timer), stats, totals, videos)
@@ -129,12 +130,16 @@ class RLIterations:
         if self.estimator.uses_critic and learner.critic is None:
             raise RiptError(f"rl.advantage={cfg.rl.advantage} needs a critic, which {type(learner).__name__} does "
                             f"not have yet; use rloo or grpo")
+        self.sharded = bool(cfg.rl.get("fsdp"))
+        if self.sharded:  # rl.fsdp: before the optimiser, whose state then lives in shards too
+            shard_learner(learner)
         self.opt, self.sched = make_optimizer(learner, cfg, run.device)
         self.sampling = GroupSampling.from_config(cfg.rl)
         self.sampler = make_sampler(cfg.rl, int(cfg.seed), self.names, suite, info, self.sampling.k)
         learner.attach(policy)  # the policy records what the update reads (with the critic's values, if any)
         self.run = TrainingRun(RunSettings("rl", run.run_dir, run.resume_from, cfg.keep_last,
-                                           cfg.rl.stop_after_minutes, unit="iteration"), info, self.opt, self.sched)
+                                           cfg.rl.stop_after_minutes, unit="iteration"), info, self.opt, self.sched,
+                               ShardedState() if self.sharded else WholeState())
         self.reference = reference_state(learner, cfg)  # rl.kl_coef: the weights loaded from the checkpoint
         self.env_steps = 0  # env steps of the counted episodes, over all ranks
         streams = self.run.resume(self.load_weights)
@@ -159,7 +164,8 @@ class RLIterations:
                 self.resumed_rollout_weights = rollout_weights(run.resume_from, self.placement.modules)
 
     def load_weights(self, ckpt: Path) -> None:
-        check_and_load(self.learner.weights, load_weights(ckpt), str(ckpt))
+        weights = self.learner.weights
+        check_and_load(weights, self.run.layout.load_weights(weights, load_weights(ckpt)), str(ckpt))
         if self.learner.critic is not None:
             load_critic(self.learner.critic, ckpt)
 

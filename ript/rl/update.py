@@ -18,6 +18,7 @@ from ript.rl.rollout import flatten_groups
 from ript.utils import distributed as ddist
 from ript.utils import training
 from ript.utils.fsdp import whole
+from ript.utils.logging import log
 
 # the update's metrics, RLinf's names; summed over micro-batches weighted by their share, averaged over updates
 ACTOR_STATS = ("policy_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean", "entropy")
@@ -33,6 +34,22 @@ def minibatches(order: torch.Tensor, count: int, micro: int | None) -> list[tupl
     return out
 
 
+def micro_batch_plan(order: torch.Tensor, count: int, micro: int | None, most: int | None = None
+                     ) -> list[list[tuple[torch.Tensor, float]]]:
+    """Each minibatch of one epoch's order as its micro-batches and their weights (their share of it). With
+    ``most`` (FSDP: the most decisions any rank holds) every rank runs as many micro-batches per minibatch as a
+    rank holding ``most``: a sharded forward gathers weights from every rank, so all must run it in step; the
+    extra ones score a real decision with weight 0."""
+    plan = []
+    widest = minibatches(torch.arange(most), count, micro) if most else None
+    for i, (chunk, parts) in enumerate(minibatches(order, count, micro)):
+        weighted = [(part, len(part) / len(chunk)) for part in parts]
+        if widest is not None:
+            weighted += [(order[:1], 0.0)] * max(0, len(widest[i][1]) - len(parts))
+        plan.append(weighted)
+    return plan
+
+
 def epoch_orders(n: int, cfg, iteration: int) -> list[torch.Tensor]:
     """The order the update visits an iteration's n decisions in, per epoch (seeded: resumes repeat it)."""
     gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + iteration)
@@ -40,21 +57,25 @@ def epoch_orders(n: int, cfg, iteration: int) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def rescore(learner, data: dict, cfg, device: str, order: torch.Tensor | None = None) -> torch.Tensor:
+def rescore(learner, data: dict, cfg, device: str, order: torch.Tensor | None = None, most: int | None = None
+            ) -> torch.Tensor:
     """The recorded decisions' log-probs under the training forward, before any update, in the micro-batches
     the first epoch will form from ``order`` (default: in order). In bf16 at 7B, log-probs depend on which
     decisions share a batch (prompt padding, kernel choice): OFT's step-0 forward in shuffled micro-batches was
     0.027 per action dimension from the rollout's values but 0.144 from an in-order rescoring (on an
-    H100). Scored in the first epoch's own micro-batches, PPO's first ratios are 1 up to kernel choice."""
+    H100). Scored in the first epoch's own micro-batches, PPO's first ratios are 1 up to kernel choice.
+    ``most``: as in ``micro_batch_plan`` (FSDP)."""
     learner.model.eval()
     n = len(data["old_log_probs"])
     order = torch.arange(n) if order is None else order
     out = torch.empty(data["old_log_probs"].shape, dtype=torch.float32, device=device)
-    for _, parts in minibatches(order, int(cfg.rl.minibatches), int(cfg.rl.get("micro_batch") or 0) or None):
-        for part in parts:
+    for parts in micro_batch_plan(order, int(cfg.rl.minibatches), int(cfg.rl.get("micro_batch") or 0) or None, most):
+        for part, weight in parts:
             idx = part.to(device)
             with training.autocast(device, cfg.amp):
-                out[idx] = learner.score(data, idx).log_probs.float()
+                scored = learner.score(data, idx).log_probs.float()
+            if weight:
+                out[idx] = scored
     return out
 
 
@@ -136,13 +157,16 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
     micro = int(rl.micro_batch or 0) or None  # decisions per forward/backward; gradients accumulate
     clip_c = None if rl.clip_ratio_c is None else float(rl.clip_ratio_c)
     orders = epoch_orders(n, cfg, iteration)
+    most = sharded_forwards(n, info) if sharded else None
+    if most == 0:  # a rank without decisions cannot run the sharded forwards: nobody updates this iteration
+        orders = []
     # sharded parameters' gradients leave the backward averaged over ranks already
     averaged = ([] if sharded else learner.params) + critic_params
-    if data is not None and rl.get("recompute_old_log_probs"):
-        data["old_log_probs"] = rescore(learner, data, cfg, device, orders[0])
-    if data is not None and reference is not None:
+    if data is not None and orders and rl.get("recompute_old_log_probs"):
+        data["old_log_probs"] = rescore(learner, data, cfg, device, orders[0], most)
+    if data is not None and orders and reference is not None:
         with weights_swapped(learner.weights, reference):
-            data["ref_log_probs"] = rescore(learner, data, cfg, device, orders[0])
+            data["ref_log_probs"] = rescore(learner, data, cfg, device, orders[0], most)
     learner.model.eval()  # no dropout: the recomputed log-probs must be those recorded at sampling time
     # Gradients live in buffers of their own and are zeroed in place: a first backward would otherwise adopt a
     # compiled scorer's CUDA-graph output as the gradient, which the next micro-batch's replay overwrites while
@@ -152,10 +176,10 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     for order in orders:
-        for chunk, parts in minibatches(order, int(rl.minibatches), micro):
+        for parts in micro_batch_plan(order, int(rl.minibatches), micro, most):
             opt.zero_grad(set_to_none=False)
-            for part in parts:
-                idx, weight = part.to(device), len(part) / len(chunk)  # token means weighted to the minibatch's
+            for part, weight in parts:  # token means weighted to the minibatch's
+                idx = part.to(device)
                 with training.autocast(device, cfg.amp):
                     scored = learner.score(data, idx)
                 loss, s = ppo_loss(scored.log_probs.float(), data["old_log_probs"][idx], data["advantages"][idx],
@@ -201,6 +225,17 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
             stats[key] /= max(1, n_updates)
     stats["sync"] = sync
     return stats
+
+
+def sharded_forwards(n: int, info) -> int:
+    """Under FSDP: the most decisions any rank holds, which sets how many forwards every rank runs; 0 when a rank
+    holds none (its forwards could score nothing)."""
+    most, fewest_negated = ddist.all_max([float(n), -float(n)], info)
+    if fewest_negated == 0:
+        if info.is_main:
+            log.warning("rl.fsdp: a rank kept no decisions this iteration; no rank updates")
+        return 0
+    return int(most)
 
 
 def metric_names(stats: dict) -> dict:

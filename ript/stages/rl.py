@@ -15,6 +15,7 @@ from pathlib import Path
 from ript.envs.seeds import rank_seed
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
+from ript.rl.learners import check_fsdp
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 from ript.rl.overlap import check_overlap
 from ript.rl.placement import critic_settings, placement_kind
@@ -26,6 +27,7 @@ def run(cfg) -> str:
     family = family_for(cfg)
     device, info = init_rank(cfg)  # first: the model is built on this rank's device
     check_overlap(cfg)
+    check_fsdp(cfg, family)
     kind = placement_kind(cfg)  # an unknown placement is one line before the model loads
     loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
     placement = kind(cfg=cfg, info=info, loaded=loaded, device=device)  # where the rank's rollouts run

@@ -68,12 +68,14 @@ def save_checkpoint(
     training_state: dict[str, Any] | None = None,
     keep_last: int | None = None,
     write_extra: Callable[[Path], None] | None = None,
+    weights_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``checkpoints/<step>`` atomically and point ``last`` at it; then keep the newest ``keep_last``
-    steps (None or 0: all) and always the ones ``last`` and ``best`` point to. Returns the checkpoint dir."""
+    steps (None or 0: all) and always the ones ``last`` and ``best`` point to. Returns the checkpoint dir.
+    ``weights_state``: the weights to write, where ``model`` does not hold them whole (FSDP)."""
     if keep_last is not None and keep_last < 0:
         raise RiptError(f"keep_last={keep_last}: must be 0 (keep every checkpoint) or a positive count")
-    state = host_state(model)
+    state = host_state(model) if weights_state is None else weights_state
     bad = first_non_finite(state)
     if bad is not None:
         raise RiptError(f"refusing to write checkpoint {step}: weight {bad!r} has NaN or inf values "
@@ -205,20 +207,26 @@ def rank_state(**streams: Any) -> dict[str, Any]:
     return {"rng": rng_state(), **streams}
 
 
-def training_state(opt, sched, step: int, run_id: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The one training-state schema of every stage (an RL iteration is a step): optimiser, schedule, step, the
-    logger's run id, and one ``rank_state`` per rank."""
-    return {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "step": step, "logger_run_id": run_id,
+def training_state(optimizer: dict[str, Any], sched, step: int, run_id: str, ranks: list[dict[str, Any]]
+                   ) -> dict[str, Any]:
+    """The one training-state schema of every stage (an RL iteration is a step): the optimiser's state, the
+    schedule, step, the logger's run id, and one ``rank_state`` per rank."""
+    return {"optimizer": optimizer, "scheduler": sched.state_dict(), "step": step, "logger_run_id": run_id,
             "ranks": ranks}
 
 
-def restore_training_state(ckpt: Path, opt, sched, rank: int = 0,
-                           world_size: int = 1) -> tuple[int, str, dict[str, Any]]:
+def restore_training_state(ckpt: Path, opt, sched, rank: int = 0, world_size: int = 1,
+                           load_optimizer: Callable[[Any, dict], None] | None = None
+                           ) -> tuple[int, str, dict[str, Any]]:
     """Load the optimiser, schedule and this rank's RNG states; returns (step, logger run id, this rank's
     streams for the stage to restore). A run resumes with the process count that wrote it (each rank's random
-    streams continue). Reads the layouts written before the schema was shared, too."""
+    streams continue). Reads the layouts written before the schema was shared, too. ``load_optimizer(opt, state)``
+    takes the optimiser's state where ``opt.load_state_dict`` cannot (FSDP: sharded again)."""
     state = load_training_state(ckpt)
-    opt.load_state_dict(state["optimizer"])
+    if load_optimizer is None:
+        opt.load_state_dict(state["optimizer"])
+    else:
+        load_optimizer(opt, state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     if "ranks" in state:
         if len(state["ranks"]) != world_size:

@@ -35,7 +35,7 @@ def init_rank(device: str) -> tuple[str, DistInfo]:
     """This process's device and place in the group torchrun describes (alone: rank 0 of 1). Every entry point
     calls it before building anything, so under torchrun each rank builds on cuda:<local rank>, and NCCL is
     told that device (no guessing the rank-to-GPU mapping); the rank's env workers render on that GPU too
-    (``ript.envs.gl.worker_egl_devices``)."""
+    (``ript.envs.gl.worker_render_gpus``)."""
     device = resolve_device(device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
@@ -87,6 +87,17 @@ def all_sum(values: list[float], info: DistInfo, group=None) -> list[float]:
     if dist.get_backend(group) == "nccl":
         t = t.cuda()
     dist.all_reduce(t, group=group)
+    return t.cpu().tolist()
+
+
+def all_max(values: list[float], info: DistInfo) -> list[float]:
+    """The largest of a few scalars over ranks (one collective)."""
+    if info.world_size == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.cpu().tolist()
 
 

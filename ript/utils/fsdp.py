@@ -27,14 +27,17 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return units
 
 
-def shard_model(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+def shard_model(model: torch.nn.Module, methods: tuple[str, ...] = ()) -> list[torch.nn.Parameter]:
     """Shard ``model`` over the default process group: each stack member, then the rest at the root. Sharding
-    replaces the parameters; returns the new ones in ``model.parameters()`` order."""
-    from torch.distributed.fsdp import fully_shard
+    replaces the parameters; returns the new ones in ``model.parameters()`` order. The root's weights are gathered
+    around its ``forward`` and around each of ``methods`` (the others a caller runs on it directly)."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     for unit in shard_units(model):
         fully_shard(unit)
     fully_shard(model)
+    for name in methods:
+        register_fsdp_forward_method(model, name)
     return list(model.parameters())
 
 
@@ -53,3 +56,57 @@ def whole(t: torch.Tensor) -> torch.Tensor:
 def whole_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A state dict with every sharded tensor gathered whole, on the host (every rank calls it, in one order)."""
     return {k: whole(v).detach().cpu() for k, v in state.items()}
+
+
+def shard_like(own: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """``full`` (a whole tensor of ``own``'s global shape) as ``own`` holds it: this rank's shard where ``own`` is
+    sharded, else ``full`` itself."""
+    if not isinstance(own, DTensor):
+        return full
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(full.to(own.device, own.dtype), own.device_mesh, own.placements)
+
+
+class WholeState:
+    """How checkpoints read and write a model held whole on each rank: rank 0 writes its own copy."""
+
+    def weights(self, module: torch.nn.Module, main: bool) -> dict[str, torch.Tensor] | None:
+        """The state to write (None: the writer takes the module's own), on rank 0."""
+        return None
+
+    def optimizer(self, opt: torch.optim.Optimizer, main: bool) -> dict | None:
+        return opt.state_dict() if main else None
+
+    def load_weights(self, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``state`` as ``module`` takes it."""
+        return state
+
+    def load_optimizer(self, opt: torch.optim.Optimizer, state: dict) -> None:
+        opt.load_state_dict(state)
+
+
+class ShardedState(WholeState):
+    """How checkpoints read and write a model sharded with FSDP: every rank gathers the weights and the
+    optimizer's moments whole (collectives, in one order), rank 0 writes them, and a resume shards them again on
+    however many ranks it runs."""
+
+    def weights(self, module: torch.nn.Module, main: bool) -> dict[str, torch.Tensor] | None:
+        state = whole_state(module.state_dict())
+        return {k: v.contiguous() for k, v in state.items()} if main else None
+
+    def optimizer(self, opt: torch.optim.Optimizer, main: bool) -> dict | None:
+        state = opt.state_dict()
+        moments = {i: {k: whole(v).detach().cpu() for k, v in sorted(per.items())}
+                   for i, per in sorted(state["state"].items())}
+        return {"state": moments, "param_groups": state["param_groups"]} if main else None
+
+    def load_weights(self, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        own = module.state_dict()
+        return {k: shard_like(own[k], v) if k in own and own[k].shape == v.shape else v for k, v in state.items()}
+
+    def load_optimizer(self, opt: torch.optim.Optimizer, state: dict) -> None:
+        params = [p for group in opt.param_groups for p in group["params"]]
+        moments = {i: {k: shard_like(params[i], v) if torch.is_tensor(v) and v.shape == params[i].shape else v
+                       for k, v in per.items()} for i, per in state["state"].items()}
+        opt.load_state_dict({"state": moments, "param_groups": state["param_groups"]})

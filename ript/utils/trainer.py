@@ -19,6 +19,7 @@ from typing import Any
 from ript.errors import RiptError
 from ript.utils import distributed as ddist
 from ript.utils.checkpoint import mark_best, rank_state, restore_training_state, save_checkpoint, training_state
+from ript.utils.fsdp import WholeState
 from ript.utils.locking import release
 from ript.utils.logging import MetricLogger, log
 
@@ -79,10 +80,12 @@ class RunSettings:
 
 class TrainingRun:
     """One run's resume, checkpoints, logger and clock, alone or under torchrun (every rank calls every method;
-    rank 0 writes files and logs)."""
+    rank 0 writes files and logs). ``layout``: how the model and optimizer state are held (``ShardedState``: under
+    FSDP, gathered whole to be written and sharded again on resume)."""
 
-    def __init__(self, settings: RunSettings, info: ddist.DistInfo, opt, sched):
+    def __init__(self, settings: RunSettings, info: ddist.DistInfo, opt, sched, layout: WholeState | None = None):
         self.settings, self.info, self.opt, self.sched = settings, info, opt, sched
+        self.layout = layout or WholeState()
         self.run_dir = Path(settings.run_dir)
         self.start, self.run_id = 0, None
         self.logger: MetricLogger | None = None
@@ -96,7 +99,7 @@ class TrainingRun:
             return None
         load_weights(ckpt)
         self.start, self.run_id, streams = restore_training_state(ckpt, self.opt, self.sched, self.info.rank,
-                                                                  self.info.world_size)
+                                                                  self.info.world_size, self.layout.load_optimizer)
         log.info("%s: resumed from %s at %s %d", self.settings.name, ckpt, self.settings.unit, self.start)
         return streams
 
@@ -118,10 +121,12 @@ class TrainingRun:
         """``checkpoints/<step>``: ``weights``' state, ``config`` as config.json, the training state with every
         rank's ``streams`` (and its RNG states); ``write_extra(folder)`` adds files inside the same atomic write."""
         ranks = ddist.gather_objects(rank_state(**streams), self.info)
-        if self.info.is_main:
-            state = training_state(self.opt, self.sched, step, self.logger.run_id, ranks)
+        main = self.info.is_main
+        whole, optimizer = self.layout.weights(weights, main), self.layout.optimizer(self.opt, main)  # every rank
+        if main:
+            state = training_state(optimizer, self.sched, step, self.logger.run_id, ranks)
             save_checkpoint(self.run_dir, step, weights, config, state, keep_last=self.settings.keep_last,
-                            write_extra=write_extra)
+                            write_extra=write_extra, weights_state=whole)
         ddist.barrier(self.info)
 
     def keep_best(self, step: int, score: float, results_file: Callable[[int], Path]) -> None:

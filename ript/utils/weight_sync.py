@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ript.errors import RiptError
+from ript.utils.fsdp import whole
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ class WeightChannel:
         sent = 0
         with torch.no_grad():
             for members in buckets.values():
-                flat = torch.cat([t.detach().reshape(-1).cpu() for t in members])
+                # a sender sharded with FSDP gathers each tensor whole (a collective of its own ranks, in one order)
+                flat = torch.cat([whole(t).detach().reshape(-1).cpu() for t in members])
                 self.group.broadcast([flat], opts).wait()
                 if self.rank == 1:
                     for t, part in zip(members, flat.split([t.numel() for t in members])):

@@ -96,17 +96,48 @@ def test_overlapped_rollouts_under_torchrun_count_their_groups_beside_the_update
     trains: the rollouts count their groups over a gloo group of their own while the update all-reduces on the
     default one, and both ranks' streams reach the checkpoint written while rollouts run ahead."""
     run_dir = tmp_path / "ddp_overlap"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "ript.cli", "rl",
-           *rl_overrides(stage1_run, run_dir, 2), "rl.groups_per_iteration=2", "rl.num_workers=1",
-           *disaggregated(two_nodes, "processes"), "rl.overlap=true"]
     # with one group for both, the ranks' collectives interleave and the run hangs (ended by the timeout)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun_rl([*rl_overrides(stage1_run, run_dir, 2), "rl.groups_per_iteration=2", "rl.num_workers=1",
+                 *disaggregated(two_nodes, "processes"), "rl.overlap=true"])
     assert [e["iteration"] for e in json.loads((run_dir / "rl_history.json").read_text())] == [1, 2]
     first = run_dir / "checkpoints" / "0000001"
     assert (first / "rollout_weights.safetensors").is_file()  # written while the second iteration's rollouts ran
     state = torch.load(first / "training_state.pt", weights_only=True)
     assert len(state["ranks"]) == 2 and state["ranks"][0]["sampler"] != state["ranks"][1]["sampler"]
+
+
+def torchrun_rl(overrides: list[str]) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "ript.cli", "rl",
+           *overrides]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_rl_sharded_with_fsdp_gives_the_unsharded_updates_and_resumes_on_its_gathered_checkpoint(
+        two_nodes, stage1_run, tmp_path):
+    """Two trainer processes with their rollouts in rollout actors: the model sharded over them (``rl.fsdp``),
+    stopped after the first iteration and resumed from its checkpoint (weights and optimizer moments gathered
+    whole, then sharded again), against the same run unsharded: the same episodes and the same weights. The ranks
+    keep different numbers of decisions, so the sharded forwards run in step only with the padded micro-batches
+    (without them the run hangs until the timeout)."""
+    plain, sharded = tmp_path / "ddp", tmp_path / "fsdp"
+    common = ["rl.groups_per_iteration=2", "rl.num_workers=1", "rl.micro_batch=4", "rl.recompute_old_log_probs=true",
+              *disaggregated(two_nodes, "processes")]
+    torchrun_rl([*rl_overrides(stage1_run, plain, 2), *common])
+    torchrun_rl([*rl_overrides(stage1_run, sharded, 2), *common, "rl.fsdp=true", "rl.stop_after_minutes=0"])
+    assert [e["iteration"] for e in json.loads((sharded / "rl_history.json").read_text())] == [1]
+    torchrun_rl([*rl_overrides(stage1_run, sharded, 2), *common, "rl.fsdp=true", "resume=true"])
+    assert json.loads((plain / "rl_history.json").read_text()) == json.loads((sharded / "rl_history.json").read_text())
+    a, b, start = weights(plain), weights(sharded), load_file(str(stage1_run / "checkpoints" / "last" /
+                                                                  "model.safetensors"))
+    assert sorted(a) == sorted(b) and any(not torch.equal(a[k], start[k]) for k in a if k in start)
+    # whole tensors, loadable by one process. Sharding sums the gradients in another order, and Adam scales
+    # float noise up to a step of rl.lr (1e-3) where a gradient is zero in exact arithmetic (the attention's key
+    # bias: 2e-5 apart); reloading the optimizer's moments wrongly would be a whole step apart
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=5e-5, rtol=0)
+    with pytest.raises(RiptError, match=r"rl.fsdp=true: set placement.mode=disaggregated"):
+        rl.run(compose("rl", rl_overrides(stage1_run, tmp_path / "local", 1) + ["rl.fsdp=true"]))
 
 
 def test_the_two_phase_loop_with_disaggregated_rollouts_or_an_unknown_placement_is_one_line(
