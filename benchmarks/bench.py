@@ -153,10 +153,10 @@ def bench_concurrent_floor(cfg, workers: int) -> dict:
     devices as the runner's workers are: on a GPU host the processes share one device's readbacks, so this,
     not the per-core rate times the workers, is what collection and rollouts can reach (docs/speed.md)."""
     from benchmarks.render_floor import measure
-    from ript.envs.gl import worker_egl_devices
+    from ript.envs.gl import worker_render_gpus
 
-    devices = worker_egl_devices(workers)
-    devices = devices if any(devices) else None
+    devices = worker_render_gpus(workers)
+    devices = devices if any(d is not None for d in devices) else None
     every_rollout = max(1, int(cfg.algo.action_horizon) // int(cfg.algo.frame_stack))
     kw = dict(task=TASKS[1], image_size=int(cfg.task.render.image_size), cameras=tuple(cfg.task.render.cameras),
               seconds=5.0)

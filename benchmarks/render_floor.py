@@ -1,13 +1,13 @@
 """The simulator floor with many processes at once: what N worker processes stepping MetaWorld envs (scripted
 expert) and rendering through EGL reach together, against N x the one-process rate.
 
-    python -m benchmarks.render_floor --procs 1,8,16 --render-every 1,8 [--egl-devices 0 | 0,1] [--envs 1,4]
+    python -m benchmarks.render_floor --procs 1,8,16 --render-every 1,8 [--render-gpus 0 | 0,1] [--envs 1,4]
 
 ``--render-every 1`` is collection's pattern (both cameras every step), 8 a rollout's (the frames a decision
 reads), 0 physics and expert only; ``--envs`` envs per process (each its own renderer context, as the
 runner's workers host them); ``--renderer separate``: one ``mujoco.Renderer`` render and readback per camera
-(the earlier renderer), else MetaWorldTask's side-by-side renderer; ``--egl-devices`` spreads the processes over
-EGL devices round-robin (``MUJOCO_EGL_DEVICE_ID``). Every process starts timing at one barrier and counts steps
+(the earlier renderer), else MetaWorldTask's side-by-side renderer; ``--render-gpus`` spreads the processes over
+the host's GPUs round-robin (``use_render_gpu``). Every process starts timing at one barrier and counts steps
 for ``--seconds``.
 """
 
@@ -63,10 +63,10 @@ def at_once(count, per_process: list[tuple], timeout_s: float, label: str) -> li
 
 
 def _count_steps(task_name: str, size: int, cameras: tuple, envs: int, render_every: int, seconds: float,
-                 egl_device: str | None, renderer: str, barrier) -> tuple:
-    from ript.envs.gl import use_egl_device
+                 render_gpu: int | None, renderer: str, barrier) -> tuple:
+    from ript.envs.gl import use_render_gpu
 
-    use_egl_device(egl_device)
+    use_render_gpu(render_gpu)
     import numpy as np
 
     from ript.envs.metaworld import MetaWorldTask, RenderSettings, expert_policy
@@ -99,7 +99,7 @@ def _count_steps(task_name: str, size: int, cameras: tuple, envs: int, render_ev
     return steps * envs, frames, wall
 
 
-def measure(procs: int, envs: int, render_every: int, devices: list[str] | None, task: str = "drawer-close-v3",
+def measure(procs: int, envs: int, render_every: int, devices: list[int] | None, task: str = "drawer-close-v3",
             image_size: int = 128, cameras: tuple = ("corner", "gripperPOV"), seconds: float = 6.0,
             renderer: str = "side-by-side") -> dict:
     """Env steps/s that ``procs`` processes of ``envs`` envs each reach together, rendering every
@@ -109,7 +109,7 @@ def measure(procs: int, envs: int, render_every: int, devices: list[str] | None,
                                      for i in range(procs)], seconds + 400, "render_floor")
     steps = sum(r[0] for r in results)
     wall = max(r[2] for r in results)
-    return {"procs": procs, "envs_per_proc": envs, "render_every": render_every, "egl_devices": devices,
+    return {"procs": procs, "envs_per_proc": envs, "render_every": render_every, "render_gpus": devices,
             "renderer": renderer,
             "env_steps_per_s": steps / wall, "frames_per_s": sum(r[1] for r in results) / wall,
             "per_proc_steps_per_s": steps / wall / procs}
@@ -123,13 +123,13 @@ def main() -> None:
     p.add_argument("--procs", default="1,8,16")
     p.add_argument("--envs", default="1")
     p.add_argument("--render-every", default="1,8")
-    p.add_argument("--egl-devices", default=None, help="comma list of MUJOCO_EGL_DEVICE_ID values, round-robin")
+    p.add_argument("--render-gpus", default=None, help="comma list of the host's GPUs to render on, round-robin")
     p.add_argument("--renderer", choices=("side-by-side", "separate"), default="side-by-side",
                    help="all cameras in one buffer and one readback (MetaWorldTask's), or mujoco.Renderer per camera")
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    devices = args.egl_devices.split(",") if args.egl_devices else None
+    devices = [int(g) for g in args.render_gpus.split(",")] if args.render_gpus else None
     rows = []
     for every in [int(x) for x in args.render_every.split(",")]:
         for envs in [int(x) for x in args.envs.split(",")]:
@@ -137,7 +137,7 @@ def main() -> None:
                 r = measure(n, envs, every, devices, args.task, args.image_size, tuple(args.cameras.split(",")),
                             args.seconds, args.renderer)
                 rows.append(r)
-                print(f"{args.renderer}: render every {every:>2}, {n:>3} procs x {envs} envs, EGL devices "
+                print(f"{args.renderer}: render every {every:>2}, {n:>3} procs x {envs} envs, GPUs "
                       f"{devices or 'default'}: "
                       f"{r['env_steps_per_s']:>8.0f} env steps/s ({r['per_proc_steps_per_s']:.0f} per process, "
                       f"{r['frames_per_s']:.0f} frames/s)", flush=True)

@@ -65,21 +65,40 @@ def check_reachable(address: str, timeout_s: float = 10.0) -> None:
                         f"with `ray start --head --port={port}`") from None
 
 
-def connect(ray, address: str | None, cpus: int) -> None:
+def connect(ray, address: str | None, cpus: int, busy_gpus: tuple[int, ...] = ()) -> None:
     """Join the Ray cluster at ``address`` or start one on this host, once per process (a second pool of the
-    same process, e.g. an evaluation's beside RL's, uses the same)."""
+    same process, e.g. an evaluation's beside RL's, uses the same). A cluster started here hands out the host's
+    GPUs other than ``busy_gpus`` (those this process computes on)."""
     if ray.is_initialized():
         return
     if address not in (None, "auto"):
         check_reachable(address)
     env_vars = {k: os.environ[k] for k in RENDER_ENV if k in os.environ}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if address is None and busy_gpus:  # Ray counts the GPUs it may hand out from the variable, at start
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in free_gpus(busy_gpus))
     try:
-        ray.init(address=address, num_cpus=None if address else max(cpus, os.cpu_count() or 1),
+        # null: a Ray instance of this job's own ("local"), even where another runs on this host
+        ray.init(address=address or "local", num_cpus=None if address else max(cpus, os.cpu_count() or 1),
                  include_dashboard=False, log_to_driver=False, configure_logging=False,
                  runtime_env={"env_vars": env_vars} if env_vars else None)
     except (ConnectionError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RiptError(f"workers.ray_address={address}: cannot join a Ray cluster there ({first})") from None
+    finally:
+        if visible is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+
+
+def free_gpus(busy: tuple[int, ...]) -> list[int]:
+    """This process's GPUs, as the host numbers them, other than ``busy``."""
+    import torch
+
+    from ript.envs.gl import physical_gpu
+
+    return [g for g in (physical_gpu(i) for i in range(torch.cuda.device_count())) if g not in busy]
 
 
 @WORKER_POOLS.register("ray")
@@ -87,10 +106,11 @@ class RayWorkerPool:
     """Env workers as Ray actors, spread over the cluster's nodes; the interface of ``WorkerPool``."""
 
     shares_memory = False  # frames travel inside the answers
-    egl_devices = None     # where the actors render is their nodes' business: not known here
+    render_gpus = None     # where the actors render is their nodes' business: not known here
 
     def __init__(self, env_fns: list[Callable[[], Any]], timeout_s: float, max_restarts: int,
-                 address: str | None = None):
+                 address: str | None = None, render_gpus: list[int] | None = None):
+        del render_gpus  # each node's actors render where that node's EGL chooses
         self.ray = ray = import_ray()
         connect(ray, address, len(env_fns))
         self.address = address

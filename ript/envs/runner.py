@@ -136,7 +136,7 @@ class EnvRunner:
         if stages == "auto":
             # one stage's decision overlaps the others' simulation only where their rendering leaves the policy's
             # GPU alone (renders_apart); otherwise lock-step is faster
-            apart = renders_apart(policy.device, self.workers.pool.egl_devices)
+            apart = renders_apart(policy.device, self.workers.pool.render_gpus)
             stages = 2 if apart else 1
             if not self.stages_logged:
                 log.info("env runner: %d workers planned in %d pipeline stage(s) (the simulators render %s)",

@@ -199,16 +199,19 @@ class WorkerEnvs:
 @dataclass(frozen=True)
 class PoolSettings:
     """How env workers run (``configs/workers``): a worker silent for ``timeout_s`` or dead is replaced, up to
-    ``max_restarts`` times a run; ``backend`` processes (this host) or ray (``address``: a cluster's nodes)."""
+    ``max_restarts`` times a run; ``backend`` processes (this host) or ray (``address``: a cluster's nodes);
+    ``render_gpus``: the host's GPUs the processes render on (None: chosen, ``ript.envs.gl.worker_render_gpus``)."""
     timeout_s: float = 600.0
     max_restarts: int = 3
     backend: str = "processes"
     address: str | None = None
+    render_gpus: tuple[int, ...] | None = None
 
     @classmethod
     def from_config(cls, workers_cfg) -> PoolSettings:
+        gpus = workers_cfg.get("render_gpus")
         return cls(float(workers_cfg.timeout_s), int(workers_cfg.max_restarts), str(workers_cfg.backend),
-                   workers_cfg.get("ray_address"))
+                   workers_cfg.get("ray_address"), None if gpus is None else tuple(int(g) for g in gpus))
 
 
 class WorkerSet:
@@ -225,7 +228,8 @@ class WorkerSet:
                        for _ in range(num_workers)]
         fns = [functools.partial(WorkerEnvs, suite, render, max_episode_steps, layout, f.name) for f in self.frames]
         try:
-            self.pool = pool_class(fns, pool.timeout_s, pool.max_restarts, pool.address)
+            self.pool = pool_class(fns, pool.timeout_s, pool.max_restarts, pool.address,
+                                   None if pool.render_gpus is None else list(pool.render_gpus))
         except BaseException:
             self._free_frames()
             raise

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ript.envs.gl import use_egl_device, worker_egl_devices
+from ript.envs.gl import use_render_gpu, worker_render_gpus
 from ript.errors import RiptError
 from ript.registry import WORKER_POOLS
 from ript.utils.logging import log
@@ -27,11 +27,11 @@ from ript.utils.processes import die_with_parent
 _CLOSE = "__close__"
 
 
-def _serve(make_env: Callable[[], Any], conn: Connection, egl_device: str | None) -> None:
-    """A worker's loop: build the env (rendering on ``egl_device``), then answer (method, args) calls until
-    told to close."""
+def _serve(make_env: Callable[[], Any], conn: Connection, render_gpu: int | None) -> None:
+    """A worker's loop: build the env (rendering on the host's GPU ``render_gpu``), then answer (method, args)
+    calls until told to close."""
     die_with_parent()
-    use_egl_device(egl_device)
+    use_render_gpu(render_gpu)
     env = make_env()
     try:
         while True:
@@ -89,10 +89,10 @@ class WorkerPool:
     """Env workers as spawned processes of this host, each answering through its own pipe."""
 
     shares_memory = True  # frames come back through shared-memory blocks (``SharedFrames``)
-    egl_devices: list[str | None]  # the EGL device each worker renders on (None: EGL's default)
+    render_gpus: list[int | None]  # the GPU each worker renders on, as the host numbers them (None: EGL's default)
 
     def __init__(self, env_fns: list[Callable[[], Any]], timeout_s: float, max_restarts: int,
-                 address: str | None = None):
+                 address: str | None = None, render_gpus: list[int] | None = None):
         del address  # a Ray setting
         self.env_fns = env_fns
         self.timeout_s = float(timeout_s)
@@ -100,7 +100,7 @@ class WorkerPool:
         self.restarts = 0
         self.busy_s = 0.0  # seconds workers spent inside calls, summed over workers (utilisation = busy / wall)
         self.ctx = mp.get_context("spawn")
-        self.egl_devices = worker_egl_devices(len(env_fns))
+        self.render_gpus = worker_render_gpus(len(env_fns), render_gpus)
         self.procs: list[Any] = [None] * len(env_fns)
         self.conns: list[Connection | None] = [None] * len(env_fns)
         for i in range(len(env_fns)):
@@ -111,7 +111,7 @@ class WorkerPool:
 
     def _start(self, i: int) -> None:
         parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_serve, args=(self.env_fns[i], child, self.egl_devices[i]), daemon=True,
+        proc = self.ctx.Process(target=_serve, args=(self.env_fns[i], child, self.render_gpus[i]), daemon=True,
                                 name=f"ript-env-{i}")
         proc.start()
         child.close()

@@ -25,7 +25,7 @@ import h5py
 import numpy as np
 
 from ript.data.hdf5 import COLLECTION_ATTR, Demo, merge_demo_files, read_file_attrs, write_demo_file
-from ript.envs.gl import use_egl_device, worker_egl_devices
+from ript.envs.gl import use_render_gpu, worker_render_gpus
 from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
@@ -51,7 +51,7 @@ class Job:
     shard_path: str
 
 
-def _exit_with_parent(progress, started, egl_devices: list) -> None:
+def _exit_with_parent(progress, started, render_gpus: list) -> None:
     """Worker initializer: keep the progress queue, take the next EGL device (``started`` counts the workers
     so far), and die with the parent (a killed ``collect`` leaves no orphaned workers behind)."""
     global _progress
@@ -59,7 +59,7 @@ def _exit_with_parent(progress, started, egl_devices: list) -> None:
     with started.get_lock():
         index = started.value
         started.value += 1
-    use_egl_device(egl_devices[index % len(egl_devices)])
+    use_render_gpu(render_gpus[index % len(render_gpus)])
     die_with_parent()
 
 
@@ -344,7 +344,7 @@ def _run_pool(jobs: list[Job], num_workers: int, data_dir: Path, total: int, ini
     progress = ctx.Queue()
     bar = tqdm(total=total, initial=initial, desc="collect", unit="demo")
     with ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_exit_with_parent,
-                             initargs=(progress, ctx.Value("i", 0), worker_egl_devices(num_workers))) as pool:
+                             initargs=(progress, ctx.Value("i", 0), worker_render_gpus(num_workers))) as pool:
         pending = {pool.submit(_run_jobs, run) for run in work_lists(jobs, num_workers)}
         try:
             while pending:

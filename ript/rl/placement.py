@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ript.envs.gl import physical_gpu
 from ript.envs.seeds import rank_seed
 from ript.errors import RiptError
 from ript.registry import PLACEMENTS
@@ -35,6 +36,16 @@ def synced_modules(learner) -> torch.nn.Module:
     if learner.critic is not None:
         parts["critic"] = learner.critic
     return torch.nn.ModuleDict(parts)
+
+
+def actor_config(cfg, device: str) -> dict:
+    """The job's config as its rollout actor reads it. A trainer on a GPU lends it to its actor's simulators: the
+    trainer waits while they render, and another rank's actor computing on a GPU they rendered on would plan
+    several times slower (``ript.envs.gl.renders_apart``)."""
+    settings = to_dict(cfg)
+    if device.startswith("cuda") and cfg.workers.get("render_gpus") is None:
+        settings["workers"]["render_gpus"] = [physical_gpu(torch.device(device).index or 0)]
+    return settings
 
 
 def critic_settings(cfg):
@@ -67,6 +78,7 @@ class RolloutActor:
         from ript.policies.families import family_for
 
         setup_console_logging()
+        self.device = device
         if Path(cwd).is_dir():
             os.chdir(cwd)  # the job's relative paths (checkpoints, data) as the rank reads them
         cfg = OmegaConf.create(cfg_dict)
@@ -81,8 +93,9 @@ class RolloutActor:
     def describe(self) -> dict:
         import ray
 
+        gpu = physical_gpu(torch.cuda.current_device()) if self.device.startswith("cuda") else None
         return {"env_slots": self.runner.env_slots, "shaped_reward": self.runner.shaped_reward,
-                "node": ray.get_runtime_context().get_node_id()}
+                "node": ray.get_runtime_context().get_node_id(), "gpu": gpu}
 
     def join(self, host: str, port: int, timeout_s: float) -> None:
         self.channel = WeightChannel(WeightChannel.connect(host, port, timeout_s), 1, timeout_s)
@@ -123,9 +136,11 @@ class Disaggregated:
                             "actor acts on a GPU of its own, as the rank does), or a share such as 0.5 to put it "
                             "on a GPU beside other work")
         self.ray = ray = import_ray()
-        connect(ray, cfg.workers.ray_address, 1 + (int(cfg.rl.num_workers) if cfg.rl.num_workers != "auto" else 0))
+        own = (physical_gpu(torch.device(device).index or 0),) if device.startswith("cuda") else ()
+        connect(ray, cfg.workers.ray_address, 1 + (int(cfg.rl.num_workers) if cfg.rl.num_workers != "auto" else 0),
+                own if gpus >= 1 else ())
         actor_class = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(RolloutActor)
-        self.actor = actor_class.remote(to_dict(cfg), info, "cuda" if gpus else "cpu", os.getcwd())
+        self.actor = actor_class.remote(actor_config(cfg, device), info, "cuda" if gpus else "cpu", os.getcwd())
         self.timeout_s, self.rank = float(cfg.workers.timeout_s), info.rank
         try:
             described = ray.get(self.actor.describe.remote())
@@ -133,8 +148,14 @@ class Disaggregated:
             ray.kill(self.actor, no_restart=True)
             raise RiptError(f"placement.mode=disaggregated: the rollout actor of rank {info.rank} failed to start: "
                             f"{one_line(e)}") from None
-        log.info("rollouts of rank %d: a Ray actor on node %s with %d env slots", info.rank, described["node"][:12],
-                 described["env_slots"])
+        if gpus >= 1 and described["gpu"] in own and described["node"] == ray.get_runtime_context().get_node_id():
+            ray.kill(self.actor, no_restart=True)
+            raise RiptError(f"placement.rollout_gpus={gpus:g}: Ray gave the rollout actor of rank {info.rank} GPU "
+                            f"{described['gpu']}, which this rank trains on; start Ray with the GPUs the trainers "
+                            f"leave free (CUDA_VISIBLE_DEVICES=<those> ray start --head, docs/distributed.md) or "
+                            f"share it (placement.rollout_gpus=0.5)")
+        log.info("rollouts of rank %d: a Ray actor on node %s (GPU %s) with %d env slots", info.rank,
+                 described["node"][:12], described["gpu"], described["env_slots"])
         self.runner = RemoteRunner(self, described)
         self.channel: WeightChannel | None = None
         self.modules: torch.nn.Module | None = None
