@@ -9,7 +9,8 @@ every count whose trainers and actors fit the host's GPUs; the actors join one R
     python -m benchmarks.scaling [--counts 1,2,4,8] [--task metaworld_ml45_10] [--batch 1024] [--s1-steps 600]
         [--groups 32] [--k 8] [--iterations 2] [--episode-steps 200] [--out runs/scaling] [--cpu]
         [--task-extra task.* ...] [--extra stage-0/1 overrides ...] [--placements disaggregated,disaggregated_overlap]
-        [--stages auto|1|2] [--actor-gpus 1|0.5] [--parts stage1,rl] [--cores-per-gpu 16]
+        [--stages auto|1|2] [--actor-gpus 1|0.5] [--parts stage1,rl] [--cores-per-gpu 16] [--base <stage-1 ckpt>]
+        [--rl-extra rl.* ...]
     python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the
@@ -37,11 +38,15 @@ RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "ti
 RL_SHARES = ("time/inference_share", "time/worker_busy_share")  # where a rollout's wall time went
 
 
-def ript(args: list[str], procs: int = 1, env: dict[str, str] | None = None) -> None:
-    """``ript <job> <overrides>`` as the protocol launches a phase: under torchrun on ``procs`` processes."""
+def ript(args: list[str], procs: int = 1, env: dict[str, str] | None = None, log: Path | None = None) -> None:
+    """``ript <job> <overrides>`` as the protocol launches a phase: under torchrun on ``procs`` processes (its
+    console output to ``log``)."""
     job, *overrides = args
     proc = subprocess.run(Phase(job, job, overrides).command(procs), capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"{job} on {procs} process(es) failed:\n{proc.stderr[-3000:]}")
 
@@ -83,11 +88,13 @@ PLACEMENTS = {"disaggregated": ["placement.mode=disaggregated"],
 
 
 @contextmanager
-def ray_head(gpus: int):
-    """One Ray head on this host for every trainer process's rollout actor (``workers.ray_address=auto``)."""
+def ray_head(gpus: list[int]):
+    """One Ray head on this host for every trainer process's rollout actor (``workers.ray_address=auto``),
+    handing out ``gpus`` only: the torchrun trainers compute on the first GPUs, which Ray does not know."""
     ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]  # the ``ray`` command, wherever pip put its scripts
-    subprocess.run([*ray_cli, "start", "--head", f"--num-gpus={gpus}", f"--num-cpus={os.cpu_count()}",
-                    "--disable-usage-stats"], check=True, capture_output=True)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)} if gpus else None
+    subprocess.run([*ray_cli, "start", "--head", f"--num-gpus={len(gpus)}", f"--num-cpus={os.cpu_count()}",
+                    "--disable-usage-stats"], check=True, capture_output=True, env=env)
     try:
         yield
     finally:
@@ -106,16 +113,19 @@ def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[
     if not names or not fitting:
         return rows
     share = [] if a.cpu else [f"placement.rollout_gpus={a.actor_gpus:g}"]
-    with ray_head(gpus):
-        for name in names:
-            for n in fitting:
+    for n in fitting:
+        # the trainers take GPUs 0..n-1; actors of their own GPUs the next ones, shares the trainers'
+        actor_gpus = [] if a.cpu else list(range(n, n + n * int(a.actor_gpus))) if a.actor_gpus >= 1 \
+            else list(range(n))
+        with ray_head(actor_gpus):
+            for name in names:
                 extra = (*PLACEMENTS[name], *share, *workers, "workers.ray_address=auto")
                 row = rl_speed(a, out, rl_common, base, n, f"{name}_{n}", extra)
                 row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
                     collocated[min(collocated)]["env_steps_per_s_with_training"]
                 rows.setdefault(name, {})[n] = row
                 print(f"{name}, {n} trainer process(es): RL {row['env_steps_per_s_with_training']:.0f} env steps/s "
-                      f"with training", flush=True)
+                      f"with training {json.dumps(row)}", flush=True)
     return rows
 
 
@@ -133,7 +143,8 @@ def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | Non
     env = {"MUJOCO_EGL_DEVICE_ID": "0"} if tag is None and n == 1 and not a.cpu else None
     ript(["rl", *common, f"checkpoint={base}", f"run_dir={run_dir}", f"rl.iterations={a.iterations}",
           f"rl.groups_per_iteration={a.groups}", f"rl.rollouts_per_group={a.k}", "rl.max_sampling_rounds=1",
-          "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0", *extra], n, env)
+          "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0", *extra], n, env,
+         out / "logs" / f"rl_{tag or n}.log")
     s = scalars(run_dir)
     last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, *RL_SHARES, "time/env_steps_per_s") if tag in s}
     rollout_steps = last["time/env_steps_per_s"] * last["time/rollout"]
@@ -202,6 +213,7 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="gloo processes on the CPU (checks the script)")
     ap.add_argument("--task-extra", nargs="*", default=[], help="task.* overrides, for every job")
     ap.add_argument("--extra", nargs="*", default=[], help="overrides for stages 0 and 1 (e.g. algo=...)")
+    ap.add_argument("--rl-extra", nargs="*", default=[], help="overrides for every RL run (e.g. rl.compile=false)")
     ap.add_argument("--stages", default="auto", help="the runner's workers.pipeline_stages for every RL run")
     ap.add_argument("--actor-gpus", type=float, default=1.0,
                     help="GPUs of each rollout actor in --placements runs (a share such as 0.5: beside its trainer)")
@@ -211,6 +223,8 @@ def main() -> None:
     ap.add_argument("--cores-per-gpu", type=int, default=16, help="env workers per GPU of each RL run (the cores "
                     "a host gives each GPU, so that N GPUs bring N times the simulators; 0: this host's cores shared "
                     "among the processes)")
+    ap.add_argument("--base", help="RL's start: this stage-1 checkpoint, made elsewhere (--parts rl; skips the "
+                    "demos and stages 0-1)")
     ap.add_argument("--plot", help="only draw the figure of this scaling.json (beside it)")
     a = ap.parse_args()
     if a.plot:
@@ -226,9 +240,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     task = [f"task={a.task}", *a.task_extra]
     device = ["device=cpu"] if a.cpu else []
-    rl_common = [*task, *device, f"workers.pipeline_stages={a.stages}"]
+    rl_common = [*task, *device, f"workers.pipeline_stages={a.stages}", *a.rl_extra]
     common = [*task, *device, *a.extra]  # stages 0 and 1
-    base = prepare(a, out, task, common)
+    base = Path(a.base) if a.base else prepare(a, out, task, common)
     result = {"host": host_name(a.cpu), "command": " ".join(sys.argv), "stage1": {}, "rl": {}, "rl_placements": {}}
     parts = set(a.parts.split(","))
     for n in counts:
@@ -238,7 +252,7 @@ def main() -> None:
         if "rl" in parts:
             result["rl"][n] = rl_speed(a, out, rl_common, base, n, extra=tuple(workers_per_rank(a, 1)))
             print(f"{n} process(es): RL {result['rl'][n]['env_steps_per_s_with_training']:.0f} env steps/s with "
-                  f"training", flush=True)
+                  f"training {json.dumps(result['rl'][n])}", flush=True)
     if "rl" in parts:
         result["rl_placements"] = placement_rows(a, out, rl_common, base, counts, gpus, result["rl"])
     for rows, key in ((result["stage1"], "samples_per_s"), (result["rl"], "env_steps_per_s_with_training")):
