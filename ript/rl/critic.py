@@ -107,9 +107,10 @@ def explained_variance(predicted: torch.Tensor, returns: torch.Tensor) -> float:
     return float(1 - (returns.float() - predicted.float()).var(unbiased=False) / var)
 
 
-def write_learner_files(learner, folder: Path) -> None:
-    """What an RL checkpoint holds beside the weights: the learner's own files and the critic."""
-    learner.write_extra(folder)
+def write_learner_files(learner, folder: Path, whole: dict | None = None) -> None:
+    """What an RL checkpoint holds beside the weights: the learner's own files (from ``whole``, the weights
+    gathered whole, where the model is sharded) and the critic."""
+    learner.write_extra(folder, whole)
     if learner.critic is not None:
         save_file(host_state(learner.critic), str(folder / CRITIC_FILE))
 

@@ -48,7 +48,7 @@ class FlowLearner:
         policy.attach_critic(self.critic)
         policy.start_recording(observations=self.encodes)
 
-    def write_extra(self, folder: Path) -> None:
+    def write_extra(self, folder: Path, whole: dict[str, torch.Tensor] | None = None) -> None:
         """Nothing beyond the weights: the checkpoint holds the whole flow policy."""
 
     def _level(self, log_probs: torch.Tensor) -> torch.Tensor:

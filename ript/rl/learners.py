@@ -42,7 +42,9 @@ class Learner(Protocol):
     def attach(self, policy: ChunkingPolicy) -> None: ...  # the policy records what collate reads; the critic's too
     def collate(self, decisions: list[dict], device: str) -> dict: ...
     def score(self, data: dict, idx: torch.Tensor) -> Scored: ...
-    def write_extra(self, folder: Path) -> None: ...  # further files every RL checkpoint carries
+    # further files every RL checkpoint carries; ``whole``: ``weights``' state gathered whole where the model is
+    # sharded (rl.fsdp), to read instead of the model's own; else None
+    def write_extra(self, folder: Path, whole: dict[str, torch.Tensor] | None = None) -> None: ...
 
 
 def trainable_parameters(model, prior_only: bool) -> list[torch.nn.Parameter]:
@@ -91,7 +93,7 @@ class ChunkLearner:
         policy.attach_critic(self.critic)
         policy.start_recording(observations=self.encodes)  # the encoders train: their inputs are kept
 
-    def write_extra(self, folder: Path) -> None:
+    def write_extra(self, folder: Path, whole: dict[str, torch.Tensor] | None = None) -> None:
         """Nothing beyond the weights: a chunk-policy checkpoint is complete as it is."""
 
     def collate(self, decisions: list[dict], device: str) -> dict:
@@ -166,11 +168,11 @@ class OFTLearner:
         policy.attach_critic(self.critic)
         policy.start_recording()
 
-    def write_extra(self, folder: Path) -> None:
+    def write_extra(self, folder: Path, whole: dict[str, torch.Tensor] | None = None) -> None:
         """The LoRA adapter and heads in peft's own format, so every RL checkpoint can be evaluated."""
         from ript.models.openvla_oft.lora import save_adapter
 
-        save_adapter(self.model, folder / "adapter", with_action_head=self.train_action_head)
+        save_adapter(self.model, folder / "adapter", with_action_head=self.train_action_head, weights=whole)
 
     def collate(self, decisions: list[dict], device: str) -> dict:
         return {"images": torch.stack([d["images"] for d in decisions]),
@@ -231,7 +233,7 @@ def check_fsdp(cfg, family) -> None:
     elif cfg.environment.get("refresh_every"):
         why = "environment.refresh_every rolls out with the trainer's own model; leave it off"
     elif not family.shards_in_rl:
-        why = f"policy={cfg.policy.name}'s RL checkpoints are written from the whole model; train it unsharded"
+        why = f"policy={cfg.policy.name} is not checked to train sharded yet; train it unsharded"
     if why:
         raise RiptError(f"rl.fsdp=true: {why}")
 

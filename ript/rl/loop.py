@@ -271,8 +271,8 @@ class RLIterations:
         if self.refresh is not None:
             streams["real_env_steps"] = self.refresh.real_env_steps
 
-        def write_extra(folder: Path) -> None:
-            write_learner_files(self.learner, folder)
+        def write_extra(folder: Path, whole: dict | None) -> None:
+            write_learner_files(self.learner, folder, whole)
             if self.ahead_running:
                 self.ahead.write(folder)
 

@@ -7,6 +7,7 @@ and what it evaluates; steps are optimiser steps or RL iterations alike."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -117,16 +118,18 @@ class TrainingRun:
                     disable=not (enabled and self.info.is_main))
 
     def save(self, step: int, weights, config: dict[str, Any], streams: dict[str, Any],
-             write_extra: Callable[[Path], None] | None = None) -> None:
+             write_extra: Callable[[Path, dict | None], None] | None = None) -> None:
         """``checkpoints/<step>``: ``weights``' state, ``config`` as config.json, the training state with every
-        rank's ``streams`` (and its RNG states); ``write_extra(folder)`` adds files inside the same atomic write."""
+        rank's ``streams`` (and its RNG states); ``write_extra(folder, whole)`` adds files inside the same atomic
+        write (``whole``: the weights gathered whole where the layout shards them, else None)."""
         ranks = ddist.gather_objects(rank_state(**streams), self.info)
         main = self.info.is_main
         whole, optimizer = self.layout.weights(weights, main), self.layout.optimizer(self.opt, main)  # every rank
         if main:
             state = training_state(optimizer, self.sched, step, self.logger.run_id, ranks)
+            extra = None if write_extra is None else functools.partial(write_extra, whole=whole)
             save_checkpoint(self.run_dir, step, weights, config, state, keep_last=self.settings.keep_last,
-                            write_extra=write_extra, weights_state=whole)
+                            write_extra=extra, weights_state=whole)
         ddist.barrier(self.info)
 
     def keep_best(self, step: int, score: float, results_file: Callable[[int], Path]) -> None:

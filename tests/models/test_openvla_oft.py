@@ -139,12 +139,19 @@ def test_lora_adapter_save_load_merge(tmp_path, tiny):
     want = model(*args)
     save_adapter(model, tmp_path / "adapter", with_action_head=True)  # RL trained the action head too
     save_adapter(model, tmp_path / "lora_only")
-    for merge in (False, True):
+    # as under FSDP: from the parameters by name (gathered whole there), not from the model
+    trained = {k: p.detach().clone() for k, p in model.named_parameters()
+               if "lora_" in k or k.startswith(("scale_head.", "action_head."))}
+    save_adapter(model, tmp_path / "from_weights", with_action_head=True, weights=trained)
+    adapter, from_weights = tmp_path / "adapter", tmp_path / "from_weights"
+    for folder, merge in ((adapter, False), (adapter, True), (from_weights, False)):
         fresh, _ = load_official(tiny)
-        load_adapter(fresh, tmp_path / "adapter", merge=merge)
+        load_adapter(fresh, folder, merge=merge)
         got = fresh(*args)
         for k in ("mean", "scale"):
             torch.testing.assert_close(got[k], want[k], atol=1e-5 if merge else 0, rtol=1e-4 if merge else 0)
+    assert json.loads((tmp_path / "from_weights" / "adapter_config.json").read_text()) == \
+        json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     fresh, _ = load_official(tiny)
     load_adapter(fresh, tmp_path / "lora_only")  # the official action head: means differ, scales agree
     got = fresh(*args)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from ript.errors import RiptError
 
 
@@ -17,17 +19,46 @@ def add_lora(model, lora_cfg) -> None:
     model.language_model = get_peft_model(model.language_model, config)
 
 
-def save_adapter(model, folder: str | Path, with_action_head: bool = False) -> None:
+def save_adapter(model, folder: str | Path, with_action_head: bool = False,
+                 weights: dict[str, torch.Tensor] | None = None) -> None:
     """peft's adapter files (adapter_config.json, adapter_model.safetensors) plus the heads RL trains: the
-    scale head, and the action head when RL trains it too."""
+    scale head, and the action head when RL trains it too. ``weights``: the model's parameters by name, read
+    instead of the model's own (a model sharded with FSDP holds only its shards; these are gathered whole)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    model.language_model.save_pretrained(str(folder))
-    heads = {f"scale_head.{k}": v for k, v in (model.scale_head.state_dict().items() if model.scale_head else [])}
-    if with_action_head:
-        heads.update({f"action_head.{k}": v for k, v in model.action_head.state_dict().items()})
+    if weights is None:
+        model.language_model.save_pretrained(str(folder))
+        weights = {f"scale_head.{k}": v for k, v in (model.scale_head.state_dict().items() if model.scale_head
+                                                    else [])}
+        weights.update({f"action_head.{k}": v for k, v in model.action_head.state_dict().items()})
+    else:
+        save_lora_from(model.language_model, weights, folder)
+    heads = {k: v for k, v in weights.items()
+             if k.startswith("scale_head.") or (with_action_head and k.startswith("action_head."))}
     save_file({k: v.detach().contiguous().cpu() for k, v in heads.items()}, str(folder / "heads.safetensors"))
+
+
+def save_lora_from(language_model, weights: dict[str, torch.Tensor], folder: Path) -> None:
+    """The files peft's ``save_pretrained`` writes for ``language_model``'s adapter, from ``weights`` (the whole
+    model's parameters by name): the adapter's tensors under peft's names, and its config as saved for
+    inference."""
+    import copy
+
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    prefix = "language_model."
+    own = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    adapter = get_peft_model_state_dict(language_model, state_dict=own)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in adapter.items()}, str(folder / "adapter_model.safetensors"))
+    config = copy.deepcopy(language_model.peft_config["default"])
+    config.inference_mode = True
+    base = type(language_model.get_base_model())  # named where no task type does it, as peft does
+    mapping = {"base_model_class": base.__name__, "parent_library": base.__module__} if config.task_type is None \
+        else None
+    config.save_pretrained(str(folder), auto_mapping_dict=mapping)
 
 
 def load_adapter(model, folder: str | Path, merge: bool = False) -> None:
