@@ -150,8 +150,10 @@ def test_lora_adapter_save_load_merge(tmp_path, tiny):
         got = fresh(*args)
         for k in ("mean", "scale"):
             torch.testing.assert_close(got[k], want[k], atol=1e-5 if merge else 0, rtol=1e-4 if merge else 0)
-    assert json.loads((tmp_path / "from_weights" / "adapter_config.json").read_text()) == \
-        json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    configs = [json.loads((folder / "adapter_config.json").read_text()) for folder in (from_weights, adapter)]
+    for config in configs:  # a set, listed in the process's hash order
+        config["target_modules"] = sorted(config["target_modules"])
+    assert configs[0] == configs[1]
     fresh, _ = load_official(tiny)
     load_adapter(fresh, tmp_path / "lora_only")  # the official action head: means differ, scales agree
     got = fresh(*args)

@@ -127,7 +127,7 @@ class GaussianLearner:
         dist = torch.distributions.Normal(mean, self.std)
         return Scored(dist.log_prob(data["actions"][idx]).flatten(1), dist.entropy().flatten(1).mean(-1), None)
 
-    def write_extra(self, folder) -> None:
+    def write_extra(self, folder, whole=None) -> None:
         (folder / "gaussian.txt").write_text(f"std {self.std}\n")
 
 

@@ -31,7 +31,8 @@ def save_adapter(model, folder: str | Path, with_action_head: bool = False,
         model.language_model.save_pretrained(str(folder))
         weights = {f"scale_head.{k}": v for k, v in (model.scale_head.state_dict().items() if model.scale_head
                                                     else [])}
-        weights.update({f"action_head.{k}": v for k, v in model.action_head.state_dict().items()})
+        if with_action_head:
+            weights.update({f"action_head.{k}": v for k, v in model.action_head.state_dict().items()})
     else:
         save_lora_from(model.language_model, weights, folder)
     heads = {k: v for k, v in weights.items()
