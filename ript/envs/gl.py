@@ -63,7 +63,8 @@ EGL_CUDA_DEVICE_NV = 0x323A  # EGL_NV_device_cuda: the CUDA ordinal of an EGL de
 
 def egl_cuda_ordinals() -> list[int | None]:
     """Each EGL device's CUDA ordinal (None: not a CUDA GPU, e.g. a software renderer), in EGL's order, which
-    need not be CUDA's. NVIDIA's EGL lists only the GPUs ``CUDA_VISIBLE_DEVICES`` lets this process see."""
+    need not be CUDA's. NVIDIA's EGL lists every GPU but reports the ordinals CUDA gives them in this process:
+    renumbered by ``CUDA_VISIBLE_DEVICES``, and none for the GPUs it hides."""
     import ctypes
 
     from mujoco.egl import egl_ext
@@ -84,8 +85,8 @@ def egl_cuda_ordinals() -> list[int | None]:
 @functools.cache
 def host_render_gpus() -> tuple[int, ...]:
     """The GPUs of this host EGL can render on, numbered as the host numbers them (CUDA's ordinals without
-    ``CUDA_VISIBLE_DEVICES``). Asked in a child process where this one sees only some GPUs (a Ray actor): EGL
-    lists what CUDA may see."""
+    ``CUDA_VISIBLE_DEVICES``). Asked in a child process without the variable where this one has it (a Ray
+    actor): EGL reports ordinals as CUDA numbers them here."""
     if os.environ.get("MUJOCO_GL") != "egl":
         return ()
     try:
@@ -168,9 +169,9 @@ def renders_apart(policy_device, render_gpus: list[int | None] | None) -> bool:
 
 def use_render_gpu(gpu: int | None) -> None:
     """In a simulator process, before its first renderer: render on the host's GPU ``gpu`` (None: leave EGL's
-    choice). The process computes nothing on a GPU, so it drops ``CUDA_VISIBLE_DEVICES`` (a Ray actor's, which
-    would hide the other GPUs from EGL) and finds the EGL device of that CUDA ordinal (EGL's order need not be
-    CUDA's: rendering on EGL device i could load another process's GPU)."""
+    choice). The process computes nothing on a GPU, so it drops ``CUDA_VISIBLE_DEVICES`` (a Ray actor's, under
+    which EGL would report renumbered CUDA ordinals) and finds the EGL device of that CUDA ordinal (EGL's order
+    need not be CUDA's: rendering on EGL device i could load another process's GPU)."""
     if gpu is None:
         return
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
