@@ -38,13 +38,13 @@ def synced_modules(learner) -> torch.nn.Module:
     return torch.nn.ModuleDict(parts)
 
 
-def actor_config(cfg, device: str) -> dict:
+def actor_config(cfg, trainer_gpus: tuple[int, ...]) -> dict:
     """The job's config as its rollout actor reads it. A trainer on a GPU lends it to its actor's simulators: the
     trainer waits while they render, and another rank's actor computing on a GPU they rendered on would plan
     several times slower (``ript.envs.gl.renders_apart``)."""
     settings = to_dict(cfg)
-    if device.startswith("cuda") and cfg.workers.get("render_gpus") is None:
-        settings["workers"]["render_gpus"] = [physical_gpu(torch.device(device).index or 0)]
+    if trainer_gpus and cfg.workers.get("render_gpus") is None:
+        settings["workers"]["render_gpus"] = list(trainer_gpus)
     return settings
 
 
@@ -140,7 +140,7 @@ class Disaggregated:
         connect(ray, cfg.workers.ray_address, 1 + (int(cfg.rl.num_workers) if cfg.rl.num_workers != "auto" else 0),
                 own if gpus >= 1 else ())
         actor_class = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(RolloutActor)
-        self.actor = actor_class.remote(actor_config(cfg, device), info, "cuda" if gpus else "cpu", os.getcwd())
+        self.actor = actor_class.remote(actor_config(cfg, own), info, "cuda" if gpus else "cpu", os.getcwd())
         self.timeout_s, self.rank = float(cfg.workers.timeout_s), info.rank
         try:
             described = ray.get(self.actor.describe.remote())

@@ -215,18 +215,14 @@ def training_state(optimizer: dict[str, Any], sched, step: int, run_id: str, ran
             "ranks": ranks}
 
 
-def restore_training_state(ckpt: Path, opt, sched, rank: int = 0, world_size: int = 1,
-                           load_optimizer: Callable[[Any, dict], None] | None = None
-                           ) -> tuple[int, str, dict[str, Any]]:
+def restore_training_state(ckpt: Path, opt, sched, rank: int, world_size: int,
+                           load_optimizer: Callable[[Any, dict], None]) -> tuple[int, str, dict[str, Any]]:
     """Load the optimiser, schedule and this rank's RNG states; returns (step, logger run id, this rank's
     streams for the stage to restore). A run resumes with the process count that wrote it (each rank's random
     streams continue). Reads the layouts written before the schema was shared, too. ``load_optimizer(opt, state)``
-    takes the optimiser's state where ``opt.load_state_dict`` cannot (FSDP: sharded again)."""
+    gives ``opt`` its state (``WholeState.load_optimizer``; under FSDP sharded again)."""
     state = load_training_state(ckpt)
-    if load_optimizer is None:
-        opt.load_state_dict(state["optimizer"])
-    else:
-        load_optimizer(opt, state["optimizer"])
+    load_optimizer(opt, state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     if "ranks" in state:
         if len(state["ranks"]) != world_size:

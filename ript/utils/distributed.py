@@ -81,23 +81,21 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
 
 def all_sum(values: list[float], info: DistInfo, group=None) -> list[float]:
     """Sum a few scalars over ranks (one collective; ``group``: a process group other than the default)."""
+    return _all_reduce(values, info, dist.ReduceOp.SUM, group)
+
+
+def all_max(values: list[float], info: DistInfo) -> list[float]:
+    """The largest of a few scalars over ranks (one collective)."""
+    return _all_reduce(values, info, dist.ReduceOp.MAX)
+
+
+def _all_reduce(values: list[float], info: DistInfo, op, group=None) -> list[float]:
     if info.world_size == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64)
     if dist.get_backend(group) == "nccl":
         t = t.cuda()
-    dist.all_reduce(t, group=group)
-    return t.cpu().tolist()
-
-
-def all_max(values: list[float], info: DistInfo) -> list[float]:
-    """The largest of a few scalars over ranks (one collective)."""
-    if info.world_size == 1:
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=op, group=group)
     return t.cpu().tolist()
 
 
