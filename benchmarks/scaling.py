@@ -36,6 +36,7 @@ from ript.stages.protocol import Phase
 
 RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/iteration")
 RL_SHARES = ("time/inference_share", "time/worker_busy_share")  # where a rollout's wall time went
+RL_MEMORY = ("memory/peak_gib",)  # rank 0's GPU memory over the iteration
 
 
 def ript(args: list[str], procs: int = 1, env: dict[str, str] | None = None, log: Path | None = None) -> None:
@@ -84,7 +85,8 @@ def stage1_speed(a, out: Path, common: list[str], n: int) -> dict:
 # RL with its rollouts in a Ray actor per trainer process (docs/distributed.md); on a GPU host each actor takes
 # --actor-gpus GPUs (1: one of its own; a share such as 0.5: beside its trainer)
 PLACEMENTS = {"disaggregated": ["placement.mode=disaggregated"],
-              "disaggregated_overlap": ["placement.mode=disaggregated", "rl.overlap=true"]}
+              "disaggregated_overlap": ["placement.mode=disaggregated", "rl.overlap=true"],
+              "disaggregated_fsdp": ["placement.mode=disaggregated", "rl.fsdp=true"]}
 
 
 @contextmanager
@@ -146,13 +148,13 @@ def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | Non
           "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0", *extra], n, env,
          out / "logs" / f"rl_{tag or n}.log")
     s = scalars(run_dir)
-    last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, *RL_SHARES, "time/env_steps_per_s") if tag in s}
+    last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, *RL_SHARES, *RL_MEMORY, "time/env_steps_per_s") if tag in s}
     rollout_steps = last["time/env_steps_per_s"] * last["time/rollout"]
     return {"env_steps": rollout_steps, "env_steps_per_s": last["time/env_steps_per_s"],
             "env_steps_per_s_with_training": rollout_steps / last.get("time/iteration",
                                                                       last["time/rollout"] + last["time/train"]),
             "seconds": {tag.split("/")[1]: last[tag] for tag in RL_TIMES if tag in last},
-            **{tag.split("/")[1]: last[tag] for tag in RL_SHARES if tag in last}}
+            **{tag.split("/")[1]: last[tag] for tag in (*RL_SHARES, *RL_MEMORY) if tag in last}}
 
 
 def efficiency(rows: dict[int, dict], key: str) -> None:

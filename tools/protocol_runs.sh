@@ -31,7 +31,9 @@
 #                 with its optimizer and sampler state, which RL resumes from exactly): $R/state/<PROTO>.tar.part*,
 #                 15 MiB each (LIBERO: 4 pieces with the imitation alone, 11 with RL: fetch them 4 at a time with
 #                 `tools/detached_job.sh pieces`)
-#   scaling       benchmarks/scaling.py on this host's GPUs (SCALING_ARGS, e.g. "--counts 1,2,4"): $R/scaling.json
+#   scaling       benchmarks/scaling.py on this host's GPUs for each ';'-separated argument set of SCALING_ARGS (e.g.
+#                 "--counts 1,2,4"): $R/scaling_<n>.json
+#   weights       benchmarks/weight_channel.py between two GPUs (WEIGHTS_ARGS): $R/weight_channel.json
 #   resume        unpacks the pieces carried in .resume*/ (the `state` part's, a folder per command) into
 #                 runs/protocols, so that the same `ript protocol` command
 #                 skips the finished phases and goes on (e.g. to RL, or RL from its last iteration)
@@ -197,9 +199,24 @@ for part in "$@"; do
       keep $p
       [ -z "${NO_CUT_EVAL:-}" ] && eval_rl_cut $p ;;  # NO_CUT_EVAL=1: a run that only carries RL on to another machine
     scaling)
-      phase "scaling"
-      python3 -m benchmarks.scaling ${SCALING_ARGS:-} --out runs/scaling 2>&1 | quiet
-      cp runs/scaling/scaling.json runs/scaling/scaling.png $R/ 2>/dev/null ;;
+      # one run of benchmarks/scaling.py per ';'-separated argument set (a later one may name --base from an
+      # earlier one's runs/scaling/stage1_base and an --out of its own)
+      i=0; mkdir -p $R
+      IFS=';' read -ra sets <<< "${SCALING_ARGS:-}"
+      for args in "${sets[@]:-}"; do
+        i=$((i + 1)); phase "scaling $i: $args"
+        out=$(python3 - $args <<'PY'
+import sys
+a = sys.argv[1:]
+print(a[a.index("--out") + 1] if "--out" in a else "runs/scaling")
+PY
+)
+        python3 -m benchmarks.scaling --out runs/scaling $args 2>&1 | quiet
+        cp $out/scaling.json $R/scaling_$i.json; cp $out/scaling.png $R/scaling_$i.png 2>/dev/null
+      done ;;
+    weights)
+      phase "weight channel"
+      python3 -m benchmarks.weight_channel ${WEIGHTS_ARGS:-} --out $R/weight_channel.json 2>&1 ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
       phase "resume from .resume*"
@@ -211,7 +228,7 @@ for part in "$@"; do
         cat $pieces | tar -xf - -C runs/protocols || exit 1
       done
       ls -la runs/protocols/* ;;
-    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, scaling, state, resume)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, scaling, weights, state, resume)" >&2; exit 2 ;;
   esac
 done
 phase "all done"

@@ -28,6 +28,7 @@ from ript.rl.sampler import InitialConditionSampler
 from ript.rl.update import make_optimizer, metric_names, ppo_update, reference_state, update_batch
 from ript.utils import distributed as ddist
 from ript.utils.checkpoint import load_weights
+from ript.utils.device import take_peak_memory_gib
 from ript.utils.fsdp import ShardedState, WholeState
 from ript.utils.logging import MetricLogger, log, setup_console_logging
 from ript.utils.run_dir import prepare_ranked_run_dir
@@ -233,6 +234,7 @@ class RLIterations:
             "time/inference_share": totals["inference_seconds"] / max(1e-9, t_rollout * self.info.world_size),
             "time/worker_busy_share": totals["worker_busy_share"] / self.info.world_size,  # simulating, not waiting
             "time/env_steps_per_s": totals["env_steps"] / max(1e-9, t_rollout),  # cancelled episodes' steps too
+            **take_peak_memory_gib(self.device),  # this rank's, over the iteration
         }
         for task, (episodes, wins) in per_task(totals, self.names).items():  # over all ranks
             metrics[f"rollout/success/{task}"] = wins / episodes

@@ -27,7 +27,7 @@ from ript.rl.rollout import rollout_environment
 from ript.utils import distributed as ddist
 from ript.utils.containers import to_dict
 from ript.utils.logging import log, setup_console_logging
-from ript.utils.weight_sync import WeightChannel
+from ript.utils.weight_sync import Endpoint, WeightChannel, channel_backend
 
 
 def synced_modules(learner) -> torch.nn.Module:
@@ -97,8 +97,9 @@ class RolloutActor:
         return {"env_slots": self.runner.env_slots, "shaped_reward": self.runner.shaped_reward,
                 "node": ray.get_runtime_context().get_node_id(), "gpu": gpu}
 
-    def join(self, host: str, port: int, timeout_s: float) -> None:
-        self.channel = WeightChannel(WeightChannel.connect(host, port, timeout_s), 1, timeout_s)
+    def join(self, host: str, port: int, timeout_s: float, backend: str) -> None:
+        self.channel = WeightChannel(WeightChannel.connect(host, port, timeout_s), 1, timeout_s, backend,
+                                     self.device)
 
     def receive_weights(self) -> int:
         return self.channel.transfer(synced_modules(self.learner))
@@ -141,7 +142,7 @@ class Disaggregated:
                 own if gpus >= 1 else ())
         actor_class = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(RolloutActor)
         self.actor = actor_class.remote(actor_config(cfg, own), info, "cuda" if gpus else "cpu", os.getcwd())
-        self.timeout_s, self.rank = float(cfg.workers.timeout_s), info.rank
+        self.timeout_s, self.rank, self.device = float(cfg.workers.timeout_s), info.rank, device
         try:
             described = ray.get(self.actor.describe.remote())
         except ray.exceptions.RayError as e:
@@ -154,8 +155,15 @@ class Disaggregated:
                             f"{described['gpu']}, which this rank trains on; start Ray with the GPUs the trainers "
                             f"leave free (CUDA_VISIBLE_DEVICES=<those> ray start --head, docs/distributed.md) or "
                             f"share it (placement.rollout_gpus=0.5)")
-        log.info("rollouts of rank %d: a Ray actor on node %s (GPU %s) with %d env slots", info.rank,
-                 described["node"][:12], described["gpu"], described["env_slots"])
+        try:
+            self.backend = channel_backend(cfg.placement.weight_backend,
+                                           Endpoint(ray.get_runtime_context().get_node_id(), own[0] if own else None),
+                                           Endpoint(described["node"], described["gpu"]))
+        except RiptError:
+            ray.kill(self.actor, no_restart=True)
+            raise
+        log.info("rollouts of rank %d: a Ray actor on node %s (GPU %s) with %d env slots; weights over %s",
+                 info.rank, described["node"][:12], described["gpu"], described["env_slots"], self.backend)
         self.runner = RemoteRunner(self, described)
         self.channel: WeightChannel | None = None
         self.modules: torch.nn.Module | None = None
@@ -164,8 +172,8 @@ class Disaggregated:
         """The learner whose weights the actor acts with; the channel they travel over."""
         host = self.ray.util.get_node_ip_address()
         store = WeightChannel.listen(host, self.timeout_s)
-        joined = self.actor.join.remote(host, store.port, self.timeout_s)
-        self.channel = WeightChannel(store, 0, self.timeout_s)
+        joined = self.actor.join.remote(host, store.port, self.timeout_s, self.backend)
+        self.channel = WeightChannel(store, 0, self.timeout_s, self.backend, self.device)
         self.call(joined, "join the weight channel")
         self.modules = synced_modules(learner)
 

@@ -14,3 +14,16 @@ def resolve_device(device: str) -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RiptError(f"device={device!r} but CUDA is not available")
     return device
+
+
+def take_peak_memory_gib(device: str) -> dict[str, float]:
+    """The most GPU memory this process's tensors held since the last call (``memory/peak_gib``; the allocator's
+    cache on top: ``memory/reserved_gib``), the peak then reset; nothing on the CPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {}
+    peak = {"memory/peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "memory/reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak

@@ -1,22 +1,28 @@
-"""A model's weights from one process to others over a torch.distributed group (NCCL between GPUs, gloo on CPUs):
-the trainer's weights to the processes that roll out with them, when they are not the same processes.
+"""A model's weights from the trainer to the process that rolls out with them (a torchrun rank and its Ray
+rollout actor), over a two-process torch.distributed group of their own: NCCL where both sides hold the weights on
+GPUs of their own, gloo through host memory otherwise.
 
-Before any tensor moves, every rank's signature (each parameter's and buffer's name, shape and dtype, in
-``state_dict`` order) is gathered, and a rank whose model differs from the sender's makes every rank raise the
-same one-line error: no rank is left waiting in a broadcast its peers will never join. The tensors then travel
-as one flat buffer per dtype and device, and, with ``verify``, each rank checks that the sums of what it received
-equal the sender's.
+Before the first tensor moves, the receiver compares the sender's signature (each parameter's and buffer's name,
+shape and dtype, in ``state_dict`` order) with its own, through the store that joined them; a difference is the
+same one-line error on both sides, so neither is left waiting in a broadcast the other will never join. The tensors
+then travel as flat buffers of one dtype and at most ``bucket_bytes`` each, so a 7B model never needs a second
+whole copy on either side.
 """
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from ript.errors import RiptError
 from ript.utils.fsdp import whole
+
+BACKENDS = ("auto", "gloo", "nccl")
+BUCKET_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -49,84 +55,72 @@ def first_difference(sent: list[TensorSpec], held: list[TensorSpec]) -> str | No
     return None
 
 
-def check_signatures(module: torch.nn.Module, src: int, group=None) -> None:
-    """Gather every rank's signature; raise the same RiptError on every rank if any differs from rank ``src``'s."""
-    signatures: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(signatures, signature(module), group=group)
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(signatures)))
-    sent = signatures[ranks.index(src)]
-    for rank, held in zip(ranks, signatures):
-        problem = first_difference(sent, held)
-        if problem is not None:
-            raise RiptError(f"weight sync: rank {rank} {problem} (rank {src} sends); both sides must build the "
-                            f"same model")
+@dataclass(frozen=True)
+class Endpoint:
+    """Where one side of the channel holds its weights: the node and the host's number of its GPU (None: CPU)."""
+    node: str
+    gpu: int | None
 
 
-def sync_weights(module: torch.nn.Module, src: int, group=None, verify: bool = False) -> int:
-    """Every rank of ``group`` calls this: rank ``src``'s weights are copied into the other ranks' ``module`` in
-    place. Returns the bytes sent (per receiver)."""
-    check_signatures(module, src, group)
-    tensors = list(module.state_dict(keep_vars=True).values())
-    buckets: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+def channel_backend(setting: str, sender: Endpoint, receiver: Endpoint) -> str:
+    """``placement.weight_backend`` made concrete: NCCL needs both sides on GPUs, and two GPUs (NCCL refuses two
+    ranks of one group on the same device, as a rollout actor given a share of its trainer's GPU would be)."""
+    if setting not in BACKENDS:
+        raise RiptError(f"placement.weight_backend={setting}: one of {', '.join(BACKENDS)}")
+    on_gpus = sender.gpu is not None and receiver.gpu is not None
+    apart = on_gpus and sender != receiver
+    if setting == "nccl" and not apart:
+        where = "the same GPU" if on_gpus else "the CPU"
+        raise RiptError(f"placement.weight_backend=nccl: the trainer and its rollout actor hold the weights on "
+                        f"{where}; NCCL needs a GPU of each (placement.rollout_gpus=1), else use gloo or auto")
+    if setting == "auto":
+        return "nccl" if apart else "gloo"
+    return setting
+
+
+def buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """The tensors in travel order, grouped by dtype into runs of at most ``bucket_bytes`` (a bigger tensor goes
+    alone)."""
+    by_dtype: dict[torch.dtype, list[list[torch.Tensor]]] = {}
     for t in tensors:
-        buckets.setdefault((t.dtype, t.device), []).append(t)
-    sent = 0
-    with torch.no_grad():
-        for (dtype, _device), members in buckets.items():
-            flat = torch.cat([t.detach().reshape(-1) for t in members])
-            dist.broadcast(flat, src, group=group)
-            if dist.get_rank() != src:
-                for t, part in zip(members, flat.split([t.numel() for t in members])):
-                    t.detach().copy_(part.view_as(t))
-            if verify:
-                _check_sum(flat, src, group, dtype)
-            sent += flat.numel() * flat.element_size()
-    return sent
-
-
-def _check_sum(flat: torch.Tensor, src: int, group, dtype: torch.dtype) -> None:
-    """Does what every rank holds now sum to what the sender sent? Every rank sees every rank's sum, so all of them
-    raise the same error or none does."""
-    total = float(flat.double().sum()) if flat.is_floating_point() else float(flat.long().sum())
-    totals: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(totals, (dist.get_rank(), total), group=group)
-    reference = next(t for r, t in totals if r == src)
-    wrong = [(r, t) for r, t in totals if t != reference]
-    if wrong:
-        rank, got = wrong[0]
-        raise RiptError(f"weight sync: the {dtype} weights rank {rank} received sum to {got!r}, rank {src} sent "
-                        f"{reference!r}")
+        runs = by_dtype.setdefault(t.dtype, [[]])
+        size = t.numel() * t.element_size()
+        if runs[-1] and sum(m.numel() * m.element_size() for m in runs[-1]) + size > bucket_bytes:
+            runs.append([])
+        runs[-1].append(t)
+    return [run for runs in by_dtype.values() for run in runs if run]
 
 
 class WeightChannel:
-    """A sender (rank 0) and one receiver (rank 1) joined by a TCP store and a gloo group of their own, beside
-    any torch.distributed group either process is in (a torchrun rank and the Ray actor that rolls out for it).
-    Tensors travel through host memory as one flat buffer per dtype. On the first transfer the receiver compares
-    the sender's signature with its own, through the store, before any tensor moves; a difference is the same
-    one-line error on both sides.
+    """A sender (rank 0) and one receiver (rank 1) joined by a TCP store and a process group of their own, beside
+    any torch.distributed group either process is in. ``device`` is where this side's weights live: the buffers
+    travel there (NCCL) or through host memory (gloo).
 
-    The sender opens the store (``listen``) and passes its port to the receiver; both then build the channel,
-    which returns once both have joined."""
+    The sender opens the store (``listen``) and passes its port to the receiver; both then build the channel with
+    the same backend."""
 
-    def __init__(self, store: dist.TCPStore, rank: int, timeout_s: float = 300.0):
-        from datetime import timedelta
-
-        self.store, self.rank = store, rank
-        self.group = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=timeout_s))
+    def __init__(self, store: dist.TCPStore, rank: int, timeout_s: float = 300.0, backend: str = "gloo",
+                 device: torch.device | str = "cpu", bucket_bytes: int = BUCKET_BYTES):
+        self.rank, self.backend, self.bucket_bytes = rank, backend, bucket_bytes
+        self.prefixed = prefixed = dist.PrefixStore(f"weights_{backend}", store)
+        if backend == "nccl":
+            self.device = torch.device(device)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timedelta(seconds=timeout_s)
+            self.group = dist.ProcessGroupNCCL(prefixed, rank, 2, options)
+        else:
+            self.device = torch.device("cpu")
+            self.group = dist.ProcessGroupGloo(prefixed, rank, 2, timedelta(seconds=timeout_s))
         self.checked = False
 
     @staticmethod
     def listen(host: str, timeout_s: float = 300.0) -> dist.TCPStore:
         """The sender's store, on a free port of ``host`` (``store.port``)."""
-        from datetime import timedelta
-
         return dist.TCPStore(host, 0, 2, is_master=True, timeout=timedelta(seconds=timeout_s),
                              wait_for_workers=False)
 
     @staticmethod
     def connect(host: str, port: int, timeout_s: float = 300.0) -> dist.TCPStore:
-        from datetime import timedelta
-
         return dist.TCPStore(host, port, 2, is_master=False, timeout=timedelta(seconds=timeout_s))
 
     def transfer(self, module: torch.nn.Module) -> int:
@@ -135,31 +129,28 @@ class WeightChannel:
         if not self.checked:
             self._check(module)
             self.checked = True
-        buckets: dict[torch.dtype, list[torch.Tensor]] = {}
-        for t in module.state_dict(keep_vars=True).values():
-            buckets.setdefault(t.dtype, []).append(t)
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         sent = 0
         with torch.no_grad():
-            for members in buckets.values():
+            for members in buckets(list(module.state_dict(keep_vars=True).values()), self.bucket_bytes):
                 # a sender sharded with FSDP gathers each tensor whole (a collective of its own ranks, in one order)
-                flat = torch.cat([whole(t).detach().reshape(-1).cpu() for t in members])
+                flat = torch.cat([whole(t).detach().reshape(-1).to(self.device) for t in members])
                 self.group.broadcast([flat], opts).wait()
                 if self.rank == 1:
                     for t, part in zip(members, flat.split([t.numel() for t in members])):
                         t.detach().copy_(part.view_as(t))
                 sent += flat.numel() * flat.element_size()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the weights are in place before anything acts with them
         return sent
 
     def _check(self, module: torch.nn.Module) -> None:
-        import pickle
-
         if self.rank == 0:
-            self.store.set("signature", pickle.dumps(signature(module)))
-            problem = self.store.get("verdict").decode()
+            self.prefixed.set("signature", pickle.dumps(signature(module)))
+            problem = self.prefixed.get("verdict").decode()
         else:
-            problem = first_difference(pickle.loads(self.store.get("signature")), signature(module)) or ""
-            self.store.set("verdict", problem)
+            problem = first_difference(pickle.loads(self.prefixed.get("signature")), signature(module)) or ""
+            self.prefixed.set("verdict", problem)
         if problem:
             raise RiptError(f"weight sync: the receiving side {problem}; both sides must build the same model")

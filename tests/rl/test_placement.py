@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 import ray
@@ -23,7 +22,6 @@ from ript.policies.families import family_for
 from ript.rl.placement import placement_kind
 from ript.stages import rl
 from ript.utils.distributed import DistInfo
-from ript.utils.weight_sync import WeightChannel
 from tests.helpers.cli import rl_overrides
 from tests.helpers.ray_cluster import two_node_cluster
 
@@ -172,41 +170,3 @@ def test_a_dead_rollout_actor_ends_the_run_with_one_line(two_nodes, stage1_run):
         placement.runner.close()
 
 
-def exchange(sender: torch.nn.Module, receiver: torch.nn.Module) -> dict[str, object]:
-    """One transfer over a weight channel between two threads: each side's bytes or its error."""
-    store = WeightChannel.listen("127.0.0.1", 30)
-    out: dict[str, object] = {}
-
-    def receive():
-        try:
-            channel = WeightChannel(WeightChannel.connect("127.0.0.1", store.port, 30), 1, 30)
-            out["receiver"] = channel.transfer(receiver)
-        except RiptError as e:
-            out["receiver"] = e
-
-    thread = threading.Thread(target=receive)
-    thread.start()
-    try:
-        out["sender"] = WeightChannel(store, 0, 30).transfer(sender)
-    except RiptError as e:
-        out["sender"] = e
-    thread.join(60)
-    return out
-
-
-def model(width: int, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.BatchNorm1d(width))
-    net.register_buffer("steps", torch.tensor([seed]))
-    return net
-
-
-def test_the_weight_channel_copies_every_tensor_and_refuses_another_model_with_one_line():
-    sender, receiver = model(8, 0), model(8, 1)
-    out = exchange(sender, receiver)
-    assert out["sender"] == out["receiver"] == sum(t.numel() * t.element_size() for t in sender.state_dict().values())
-    assert all(torch.equal(a, b) for a, b in zip(sender.state_dict().values(), receiver.state_dict().values()))
-    out = exchange(model(8, 0), model(16, 1))
-    assert isinstance(out["sender"], RiptError) and str(out["sender"]) == str(out["receiver"])
-    assert "holds 0.weight as torch.float32 [16, 4], the sender as torch.float32 [8, 4]" in str(out["sender"])
-    assert "\n" not in str(out["sender"])

@@ -1,16 +1,17 @@
-"""Weight sync over a real two-process gloo group: the receiver ends with the sender's exact tensors (parameters,
-buffers, several dtypes), and a receiver whose model differs makes both processes fail with the same line instead
-of waiting on each other."""
+"""The trainer-to-rollout weight channel over a real two-sided gloo group (two threads): the receiver ends with
+the sender's exact tensors (parameters, buffers, several dtypes, in several buckets), a receiver whose model
+differs makes both sides fail with the same line instead of waiting on each other, and the backend follows where
+the two sides hold their weights."""
 
 from __future__ import annotations
 
-import io
-import multiprocessing as mp
-import traceback
+import threading
 
+import pytest
 import torch
 
 from ript.errors import RiptError
+from ript.utils.weight_sync import Endpoint, WeightChannel, buckets, channel_backend, first_difference, signature
 
 
 class Small(torch.nn.Module):
@@ -24,66 +25,70 @@ class Small(torch.nn.Module):
         self.register_buffer("steps", torch.tensor([seed], dtype=torch.long))
 
 
-def _rank(rank: int, init: str, width: int, results) -> None:
-    import torch.distributed as dist
+def exchange(sender: torch.nn.Module, receiver: torch.nn.Module, bucket_bytes: int) -> dict[str, object]:
+    """One transfer between two threads: each side's bytes sent or its error."""
+    store = WeightChannel.listen("127.0.0.1", 30)
+    out: dict[str, object] = {}
 
-    from ript.utils.weight_sync import sync_weights
+    def receive():
+        try:
+            channel = WeightChannel(WeightChannel.connect("127.0.0.1", store.port, 30), 1, 30,
+                                    bucket_bytes=bucket_bytes)
+            out["receiver"] = channel.transfer(receiver)
+        except RiptError as e:
+            out["receiver"] = e
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    thread = threading.Thread(target=receive)
+    thread.start()
     try:
-        model = Small(width=width if rank == 1 else 8, seed=rank)
-        sent = sync_weights(model, src=0, verify=True)
-        state = io.BytesIO()  # as bytes: a tensor put on a queue lives in the exiting process's shared memory
-        torch.save(model.state_dict(), state)
-        results.put((rank, "ok", sent, state.getvalue()))
+        out["sender"] = WeightChannel(store, 0, 30, bucket_bytes=bucket_bytes).transfer(sender)
     except RiptError as e:
-        results.put((rank, "error", str(e), None))
-    except Exception:
-        results.put((rank, "crash", traceback.format_exc(), None))
-    finally:
-        dist.destroy_process_group()
-
-
-def run_pair(tmp_path, receiver_width: int) -> dict:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_rank, args=(r, init, receiver_width, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    out = {}
-    for _ in procs:
-        rank, status, detail, state = results.get(timeout=120)  # a hang fails here instead of waiting forever
-        out[rank] = (status, detail, torch.load(io.BytesIO(state)) if state is not None else None)
-    for p in procs:
-        p.join(30)
+        out["sender"] = e
+    thread.join(60)
+    assert not thread.is_alive(), "the receiver is still waiting"
     return out
 
 
-def test_the_receiver_ends_with_the_senders_exact_tensors(tmp_path):
-    out = run_pair(tmp_path, receiver_width=8)
-    assert out[0][0] == out[1][0] == "ok", out
-    sender, receiver = out[0][2], out[1][2]
-    assert list(sender) == list(receiver)
-    for name in sender:
-        assert sender[name].dtype == receiver[name].dtype and torch.equal(sender[name], receiver[name]), name
-    assert int(receiver["steps"]) == 0  # rank 0's buffer, not rank 1's own
-    fresh = Small(seed=1).state_dict()
-    assert not torch.equal(fresh["linear.weight"], receiver["linear.weight"])  # it really changed
-    assert out[1][1] == sum(t.numel() * t.element_size() for t in fresh.values())
+@pytest.mark.parametrize("bucket_bytes", [2**20, 40])  # one bucket per dtype; several of float32
+def test_the_receiver_ends_with_the_senders_exact_tensors(bucket_bytes):
+    sender, receiver = Small(seed=0), Small(seed=1)
+    before = {k: v.clone() for k, v in receiver.state_dict().items()}
+    out = exchange(sender, receiver, bucket_bytes)
+    assert out["sender"] == out["receiver"] == sum(t.numel() * t.element_size() for t in before.values())
+    for (name, a), b in zip(sender.state_dict().items(), receiver.state_dict().values()):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert int(receiver.steps) == 0  # the sender's buffer, not the receiver's own
+    assert not torch.equal(before["linear.weight"], receiver.linear.weight)  # it really changed
 
 
-def test_a_receiver_with_another_model_stops_both_sides_with_one_line(tmp_path):
-    out = run_pair(tmp_path, receiver_width=16)
-    assert out[0][0] == out[1][0] == "error", out
-    message = out[0][1]
-    assert message == out[1][1] and "\n" not in message
-    assert "rank 1 holds linear.weight as torch.float32 [16, 4], the sender as torch.float32 [8, 4]" in message
+def test_a_receiver_with_another_model_stops_both_sides_with_one_line():
+    out = exchange(Small(width=8), Small(width=16), 2**20)
+    assert isinstance(out["sender"], RiptError) and str(out["sender"]) == str(out["receiver"])
+    assert "holds linear.weight as torch.float32 [16, 4], the sender as torch.float32 [8, 4]" in str(out["sender"])
+    assert "\n" not in str(out["sender"])
+
+
+def test_buckets_keep_one_dtype_and_the_size_limit_in_travel_order():
+    f32 = [torch.zeros(4), torch.zeros(4), torch.zeros(10)]  # 16, 16, 40 bytes
+    half = [torch.zeros(2, dtype=torch.bfloat16)]
+    runs = buckets([f32[0], half[0], f32[1], f32[2]], bucket_bytes=32)
+    assert [[id(t) for t in run] for run in runs] == [[id(f32[0]), id(f32[1])], [id(f32[2])], [id(half[0])]]
+
+
+def test_the_backend_is_nccl_only_between_two_gpus():
+    trainer, apart, same, cpu = Endpoint("a", 0), Endpoint("a", 1), Endpoint("a", 0), Endpoint("a", None)
+    assert channel_backend("auto", trainer, apart) == "nccl"
+    assert channel_backend("auto", trainer, Endpoint("b", 0)) == "nccl"  # GPU 0 of another node
+    assert channel_backend("auto", trainer, same) == channel_backend("auto", cpu, cpu) == "gloo"
+    assert channel_backend("gloo", trainer, apart) == "gloo"
+    with pytest.raises(RiptError, match="weight_backend=nccl: the trainer and its rollout actor hold the weights "
+                                        "on the same GPU"):
+        channel_backend("nccl", trainer, same)
+    with pytest.raises(RiptError, match="weight_backend=mpi: one of auto, gloo, nccl"):
+        channel_backend("mpi", trainer, apart)
 
 
 def test_signatures_name_the_first_difference():
-    from ript.utils.weight_sync import first_difference, signature
-
     a, b = signature(Small()), signature(Small())
     assert first_difference(a, b) is None
     assert "has no tensor scale_bf16" in first_difference(a, [s for s in b if s.name != "scale_bf16"])
