@@ -2,10 +2,11 @@
 CUDA graph, a fixed layout of ``n`` rows): its time at several batch sizes and memory layouts, and where an eager
 decision's GPU work goes (the observation encoders, the prior's token sampling, the decoder): the CUDA kernels
 torch.profiler records under each part, counted and their times summed (a graph replays the same kernels, without
-the launch gaps).
+the launch gaps). ``--compile-modes`` also times the decision fused by torch.compile (inductor) and then captured in
+the same CUDA graph: fewer, larger kernels, and the seconds its first decision takes to compile.
 
     python -m benchmarks.decision_speed [--overrides task=metaworld_ml45_10 device=cuda ...] [--batches 1 16 64 128]
-                                        [--layouts default channels_last] [--out DIR]
+                                        [--layouts default channels_last] [--compile-modes default] [--out DIR]
 
 The model is untrained (built on one scripted demo per task): a decision's cost does not depend on its weights.
 """
@@ -36,6 +37,22 @@ def policy_with(model, settings: dict, device: str, n: int, obs: dict, task: str
         policy.reset_env(i, task, i)
         policy.observe(i, obs)
     return policy
+
+
+def compiled(policy, mode: str):
+    """The policy with its decision fused by inductor before the CUDA graph captures it (fewer, larger kernels)."""
+    policy._infer = torch.compile(policy._infer, mode=mode, dynamic=False)
+    return policy
+
+
+def first_decision_s(policy, n: int) -> float:
+    """The first decision's seconds: compiling and capturing."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    policy.plan(list(range(n)))
+    policy.take_record(0)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
 
 
 def decision_ms(policy, n: int, repeat: int = 30) -> float:
@@ -98,6 +115,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 16, 64, 128])
     ap.add_argument("--layouts", nargs="*", default=["default"])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--compile-modes", nargs="*", default=[],
+                    help="also the decision fused by torch.compile in each mode (default, max-autotune-no-cudagraphs), "
+                         "then graphed")
     a = ap.parse_args()
     cfg = compose("stage1", a.overrides)
     device = resolve_device(cfg.device)
@@ -117,9 +137,17 @@ def main() -> None:
         model.to(memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format)
         result["graphed_ms"][layout] = {n: decision_ms(policy_with(model, settings, device, n, obs, task), n)
                                         for n in a.batches}
+        for mode in a.compile_modes:
+            rows = result.setdefault("compiled", {}).setdefault(layout, {}).setdefault(mode, {})
+            for n in a.batches:
+                torch._dynamo.reset()  # each batch size compiles afresh, as a run's one block does
+                policy = compiled(policy_with(model, settings, device, n, obs, task), mode)
+                first = first_decision_s(policy, n)
+                rows[n] = {"first_decision_s": first, "graphed_ms": decision_ms(policy, n)}
         result["eager_parts"][layout] = {n: parts(policy_with(model, settings, device, n, obs, task, False), n)
                                          for n in a.batches}
-        print(layout, json.dumps({k: result[k][layout] for k in ("graphed_ms", "eager_parts")}), flush=True)
+        print(layout, json.dumps({k: result[k][layout] for k in ("graphed_ms", "compiled", "eager_parts")
+                                  if k in result}), flush=True)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         Path(a.out, "decision_speed.json").write_text(json.dumps(result, indent=2))

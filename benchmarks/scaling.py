@@ -123,8 +123,9 @@ def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[
             for name in names:
                 extra = (*PLACEMENTS[name], *share, *workers, "workers.ray_address=auto")
                 row = rl_speed(a, out, rl_common, base, n, f"{name}_{n}", extra)
-                row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
-                    collocated[min(collocated)]["env_steps_per_s_with_training"]
+                if collocated:  # --parts placements alone measures no collocated run to compare with
+                    row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
+                        collocated[min(collocated)]["env_steps_per_s_with_training"]
                 rows.setdefault(name, {})[n] = row
                 print(f"{name}, {n} trainer process(es): RL {row['env_steps_per_s_with_training']:.0f} env steps/s "
                       f"with training {json.dumps(row)}", flush=True)
@@ -175,6 +176,8 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if not (result["stage1"] or result["rl"]):
+        return  # placements alone: no collocated curve to draw them against
     fig, ax = plt.subplots(figsize=(5, 4))
     lines = [*((("stage 1", result["stage1"], "speedup"),) if result["stage1"] else ()),
              ("RL iteration", result["rl"], "speedup"),
@@ -221,7 +224,8 @@ def main() -> None:
                     help="GPUs of each rollout actor in --placements runs (a share such as 0.5: beside its trainer)")
     ap.add_argument("--placements", default="", help=f"RL again with each trainer process's rollouts in a Ray actor, "
                     f"for each of {','.join(PLACEMENTS)} given (comma-separated), at every count that fits")
-    ap.add_argument("--parts", default="stage1,rl", help="what to measure at each count: stage1, rl or both")
+    ap.add_argument("--parts", default="stage1,rl", help="what to measure at each count: stage1, rl (collocated, "
+                    "then --placements), placements (--placements alone)")
     ap.add_argument("--cores-per-gpu", type=int, default=16, help="env workers per GPU of each RL run (the cores "
                     "a host gives each GPU, so that N GPUs bring N times the simulators; 0: this host's cores shared "
                     "among the processes)")
@@ -255,7 +259,7 @@ def main() -> None:
             result["rl"][n] = rl_speed(a, out, rl_common, base, n, extra=tuple(workers_per_rank(a, 1)))
             print(f"{n} process(es): RL {result['rl'][n]['env_steps_per_s_with_training']:.0f} env steps/s with "
                   f"training {json.dumps(result['rl'][n])}", flush=True)
-    if "rl" in parts:
+    if parts & {"rl", "placements"}:
         result["rl_placements"] = placement_rows(a, out, rl_common, base, counts, gpus, result["rl"])
     for rows, key in ((result["stage1"], "samples_per_s"), (result["rl"], "env_steps_per_s_with_training")):
         if rows:

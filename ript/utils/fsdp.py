@@ -33,6 +33,7 @@ def shard_model(model: torch.nn.Module, methods: tuple[str, ...] = ()) -> list[t
     around its ``forward`` and around each of ``methods`` (the others a caller runs on it directly)."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
+    model.to(memory_format=torch.contiguous_format)  # FSDP shards only contiguous weights (not channels_last convs)
     for unit in shard_units(model):
         fully_shard(unit)
     fully_shard(model)
