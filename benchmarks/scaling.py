@@ -35,7 +35,7 @@ from benchmarks.train_compare import scalars
 from ript.stages.protocol import Phase
 
 RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/iteration")
-RL_SHARES = ("time/inference_share", "time/worker_busy_share")  # where a rollout's wall time went
+RL_SHARES = ("time/inference_share", "time/worker_busy_share", "time/driver_idle_share")  # a rollout's wall time
 RL_MEMORY = ("memory/peak_gib",)  # rank 0's GPU memory over the iteration
 
 

@@ -183,6 +183,7 @@ class Schedule:
         self.in_flight: dict[int, Pending] = {}  # worker -> its call not yet answered (at most one each)
         self.env_steps = self.reruns = self.dropped = self.cancelled = self.decisions = 0
         self.build_s, self.startup_s, self.stopping = 0.0, None, False
+        self.idle_s = 0.0  # the driving process waiting for any worker's answer
 
     def slots(self, w: int) -> range:
         return range(w * self.per, (w + 1) * self.per)
@@ -196,7 +197,10 @@ class Schedule:
             self.next_call(w)
         self.plan_stages()
         while self.in_flight:
-            for w in pool.ready(self.in_flight):
+            t = time.perf_counter()
+            ready = pool.ready(self.in_flight)
+            self.idle_s += time.perf_counter() - t
+            for w in ready:
                 self.receive(w)
             self.plan_stages()
         if len(self.episodes) + self.dropped + self.cancelled != self.n_specs:
@@ -363,7 +367,8 @@ class Schedule:
     def summary(self, restarts_before: int, busy_before: float, inference_before: float, calls_before: int
                 ) -> dict[str, Any]:
         """The results, and where the wall time went: workers' share of n x wall busy in the simulator, the
-        policy's share of wall and how long the first episodes took to start, and the workers' seconds spent
+        policy's share of wall, the driving process's share of wall spent waiting for workers (the rest is its own
+        bookkeeping: frames, calls), how long the first episodes took to start, and the workers' seconds spent
         building tasks."""
         seconds = time.perf_counter() - self.t0
         out = {"episodes": sorted(self.episodes, key=lambda e: (e["task"], e["seed"], e["episode"])),
@@ -375,6 +380,7 @@ class Schedule:
                    startup_seconds=self.startup_s or 0.0, task_build_seconds=self.build_s,
                    worker_busy_share=(pool.busy_s - busy_before) / max(1e-9, self.n_workers * out["seconds"]),
                    policy_share=(policy.inference_seconds - inference_before) / max(1e-9, out["seconds"]),
+                   driver_idle_share=self.idle_s / max(1e-9, out["seconds"]),
                    decisions_per_plan=self.decisions / max(1, policy.plan_calls - calls_before),
                    pipeline_stages=-(-self.n_workers // self.per_stage))
         return out

@@ -206,6 +206,7 @@ class RLIterations:
                 "nonzero_advantages": 0 if targets is None else float((targets.episode_advantages != 0).float().sum()),
                 "inference_seconds": batch["inference_seconds"],
                 "worker_busy_share": batch["worker_busy_share"],
+                "driver_idle_share": batch["driver_idle_share"],
                 "env_steps": batch["env_steps"],
                 "returns": 0 if targets is None else len(targets.episode_returns),
                 "returns_sum": 0 if targets is None else float(targets.episode_returns.sum())}
@@ -233,6 +234,8 @@ class RLIterations:
             "time/train_prepare": timer.seconds["train_prepare"], "time/sync": batch["sync"] + stats["sync"],
             "time/inference_share": totals["inference_seconds"] / max(1e-9, t_rollout * self.info.world_size),
             "time/worker_busy_share": totals["worker_busy_share"] / self.info.world_size,  # simulating, not waiting
+            # the driver waiting for workers; 1 - this - inference_share: its own bookkeeping (frames, calls)
+            "time/driver_idle_share": totals["driver_idle_share"] / self.info.world_size,
             "time/env_steps_per_s": totals["env_steps"] / max(1e-9, t_rollout),  # cancelled episodes' steps too
             **take_peak_memory_gib(self.device),  # this rank's, over the iteration
         }

@@ -34,6 +34,8 @@ def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
         assert len(got["decisions"]) == len(want["decisions"]) > 1
         assert all(torch.equal(x["tokens"], y["tokens"]) for x, y in zip(got["decisions"], want["decisions"]))
     assert out["env_steps"] == sum(e["length"] for e in episodes)
+    # the driver's wall time: waiting for workers, planning, and its own bookkeeping, each a part of it
+    assert 0 < out["driver_idle_share"] < 1 and out["driver_idle_share"] + out["policy_share"] < 1
     assert [p.name for p in tmp_path.glob("*.mp4")] == [
         f"button-press-v3_ep0_{'success' if episodes[0]['success'] else 'failure'}.mp4"]
 
