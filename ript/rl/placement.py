@@ -68,6 +68,17 @@ class Collocated:
         pass
 
 
+def normal_priority() -> int:
+    """Ray starts its workers at niceness 15, below every other process of the host; a rollout actor and the env
+    workers it starts are the run's critical path, so they take the default niceness back where the host allows
+    it (raising a priority needs the right to). Returns the niceness they run at."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:
+        pass
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 class RolloutActor:
     """Inside a Ray actor: the rank's policy and environment, built from the job's config as the rank builds them,
     acting with the weights the rank sends."""
@@ -79,6 +90,7 @@ class RolloutActor:
 
         setup_console_logging()
         self.device = device
+        self.niceness = normal_priority()
         if Path(cwd).is_dir():
             os.chdir(cwd)  # the job's relative paths (checkpoints, data) as the rank reads them
         cfg = OmegaConf.create(cfg_dict)
@@ -95,7 +107,7 @@ class RolloutActor:
 
         gpu = physical_gpu(torch.cuda.current_device()) if self.device.startswith("cuda") else None
         return {"env_slots": self.runner.env_slots, "shaped_reward": self.runner.shaped_reward,
-                "node": ray.get_runtime_context().get_node_id(), "gpu": gpu}
+                "node": ray.get_runtime_context().get_node_id(), "gpu": gpu, "niceness": self.niceness}
 
     def join(self, host: str, port: int, timeout_s: float, backend: str) -> None:
         self.channel = WeightChannel(WeightChannel.connect(host, port, timeout_s), 1, timeout_s, backend,
@@ -162,8 +174,9 @@ class Disaggregated:
         except RiptError:
             ray.kill(self.actor, no_restart=True)
             raise
-        log.info("rollouts of rank %d: a Ray actor on node %s (GPU %s) with %d env slots; weights over %s",
-                 info.rank, described["node"][:12], described["gpu"], described["env_slots"], self.backend)
+        log.info("rollouts of rank %d: a Ray actor on node %s (GPU %s, niceness %d) with %d env slots; weights over "
+                 "%s", info.rank, described["node"][:12], described["gpu"], described["niceness"],
+                 described["env_slots"], self.backend)
         self.runner = RemoteRunner(self, described)
         self.channel: WeightChannel | None = None
         self.modules: torch.nn.Module | None = None
