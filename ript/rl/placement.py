@@ -70,8 +70,8 @@ class Collocated:
 
 def normal_priority() -> int:
     """Ray starts its workers at niceness 15, below every other process of the host; a rollout actor and the env
-    workers it starts are the run's critical path, so they take the default niceness back where the host allows
-    it (raising a priority needs the right to). Returns the niceness they run at."""
+    workers it starts are the run's critical path, so they take niceness 0 (a process's default) back where the host
+    allows it (raising a priority needs the right to). Returns the niceness they run at."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, 0)
     except OSError:

@@ -82,12 +82,15 @@ def buckets(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.T
     """The tensors in travel order, grouped by dtype into runs of at most ``bucket_bytes`` (a bigger tensor goes
     alone)."""
     by_dtype: dict[torch.dtype, list[list[torch.Tensor]]] = {}
+    filled: dict[torch.dtype, int] = {}  # the bytes in each dtype's last run
     for t in tensors:
         runs = by_dtype.setdefault(t.dtype, [[]])
         size = t.numel() * t.element_size()
-        if runs[-1] and sum(m.numel() * m.element_size() for m in runs[-1]) + size > bucket_bytes:
+        if runs[-1] and filled[t.dtype] + size > bucket_bytes:
             runs.append([])
+            filled[t.dtype] = 0
         runs[-1].append(t)
+        filled[t.dtype] = filled.get(t.dtype, 0) + size
     return [run for runs in by_dtype.values() for run in runs if run]
 
 
