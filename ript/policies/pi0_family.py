@@ -42,7 +42,9 @@ class Pi0Family(VLAFamily):
             raise RiptError("policy=pi0 needs task=<suite>, e.g. task=libero_spatial (its instructions and cameras)")
         model, folder = load_pi0(cfg, device)
         stats = norm_stats(folder, cfg.policy.asset_id)
-        tokenizer = load_tokenizer(Path(cfg.policy.tokenizer) if cfg.policy.tokenizer else folder)
+        # lerobot's newer folders keep the tokenizer in a folder of its own
+        default = folder / "tokenizer" if (folder / "tokenizer").is_dir() else folder
+        tokenizer = load_tokenizer(Path(cfg.policy.tokenizer) if cfg.policy.tokenizer else default)
         names = task_names(cfg.task)
         metadata = {"suite": cfg.task.suite, "task_names": names,
                     "env_args": {"render": to_dict(cfg.task.render), "max_episode_steps": task_horizon(cfg.task)},

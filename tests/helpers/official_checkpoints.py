@@ -267,3 +267,48 @@ def write_pi0_checkpoint(folder: str | Path, state_dim: int, action_dim: int, wo
     (stats / "norm_stats.json").write_text(json.dumps({"norm_stats": {"state": part(state_dim, 0.5),
                                                                       "actions": part(action_dim, 0.3)}}))
     return folder
+
+
+def write_lerobot_pi0_checkpoint(openpi_folder: str | Path, folder: str | Path, untied_embedding: bool = False) -> Path:
+    """The tiny openpi π0 folder rewritten as lerobot saves its ``pi0`` policy: openpi's weight names under
+    ``model.`` (with ``untied_embedding``, the token embedding also saved under its own name, apart from the
+    lm_head, as lerobot does from 0.5), a ``"type": "pi0"`` config.json, the preprocessor pipeline whose normalizer
+    step names the statistics file, and the tokenizer in a folder of its own."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    source, folder = Path(openpi_folder), Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"model." + k: v for k, v in load_file(str(source / "model.safetensors")).items()}
+    if untied_embedding:
+        lm_head = state["model." + PI0 + "paligemma.lm_head.weight"]
+        state["model." + PI0 + "paligemma.model.language_model.embed_tokens.weight"] = lm_head + 1.0
+    save_file(state, str(folder / "model.safetensors"))
+    openpi = json.loads((source / "config.json").read_text())
+    stats = json.loads(next((source / "assets").glob("**/norm_stats.json")).read_text())["norm_stats"]
+    state_dim, action_dim = len(stats["state"]["mean"]), len(stats["actions"]["mean"])
+    (folder / "config.json").write_text(json.dumps({
+        "type": "pi0", "n_obs_steps": 1, "chunk_size": openpi["action_horizon"],
+        "n_action_steps": openpi["action_horizon"], "max_state_dim": 32, "max_action_dim": openpi["action_dim"],
+        "paligemma_variant": openpi["paligemma_variant"], "action_expert_variant": openpi["action_expert_variant"],
+        "vision_variant": openpi["vision_variant"], "vocab_size": openpi["vocab_size"], "dtype": "float32",
+        "input_features": {"observation.state": {"type": "STATE", "shape": [state_dim]}},
+        "output_features": {"action": {"type": "ACTION", "shape": [action_dim]}},
+        "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}}))
+    stats_file = "policy_preprocessor_step_6_normalizer_processor.safetensors"
+    tensors = {f"{feature}.{stat}": torch.tensor(stats[part][stat], dtype=torch.float32)
+               for part, feature in (("state", "observation.state"), ("actions", "action"))
+               for stat in ("mean", "std", "q01", "q99")}
+    tensors["timestamp.mean"] = torch.zeros(1)  # lerobot saves every feature's statistics, not only the model's
+    save_file(tensors, str(folder / stats_file))
+    (folder / "policy_preprocessor.json").write_text(json.dumps({"name": "policy_preprocessor", "steps": [
+        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+        {"registry_name": "normalizer_processor", "state_file": stats_file,
+         "config": {"eps": 1e-8, "norm_map": {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}}}]}))
+    (folder / "tokenizer").mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, folder / "tokenizer" / name)
+    return folder

@@ -18,7 +18,7 @@ from ript.model_loader import load_model
 from ript.models.pi0.model import time_embedding
 from ript.registry import MODELS
 from ript.stages import evaluate, rl
-from tests.helpers.official_checkpoints import PROMPT_WORDS, write_pi0_checkpoint
+from tests.helpers.official_checkpoints import PROMPT_WORDS, write_lerobot_pi0_checkpoint, write_pi0_checkpoint
 
 WORDS = PROMPT_WORDS + ["press", "button", "drawer", "a", "the", "and", "it", "in"]
 
@@ -81,6 +81,61 @@ def _norm_error(pi0_folder, tmp_path, change) -> str:
     with pytest.raises(RiptError) as e:
         norm_stats(folder, None)
     return str(e.value)
+
+
+def test_lerobots_pi0_folder_gives_the_same_model_and_statistics_and_bad_ones_are_one_line(pi0_folder, tmp_path):
+    from ript.models.pi0.official import norm_stats
+
+    lerobot = write_lerobot_pi0_checkpoint(pi0_folder, tmp_path / "lerobot")
+    ours, theirs = build(pi0_folder).state_dict(), build(lerobot).state_dict()
+    assert list(ours) == list(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    a, b = norm_stats(pi0_folder, None), norm_stats(lerobot, None)
+    assert all(torch.equal(a[part][stat], b[part][stat]) for part in a for stat in ("mean", "std"))
+    untied = write_lerobot_pi0_checkpoint(pi0_folder, tmp_path / "untied", untied_embedding=True)
+    embedding = load_file(str(untied / "model.safetensors"))[
+        "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"]
+    assert torch.equal(build(untied).embed_tokens.weight, embedding)  # the embedding, not the lm_head beside it
+    results = evaluate.run(compose("eval", [f"checkpoint={lerobot}", "policy=pi0", "task=metaworld_quick",
+                                            "task.render.image_size=32", "policy.image_keys=[corner_rgb]",
+                                            "policy.state_keys=[robot_states]", "policy.delta_dims=0",
+                                            "policy.action_horizon=4", "policy.denoise_steps=2",
+                                            "task_names=[drawer-close-v3]", "episodes_per_task=1", "num_workers=1",
+                                            "max_episode_steps=8", f"out_dir={tmp_path / 'eval'}", "n_videos=0"]))
+    assert results["episodes"]  # its own tokenizer folder, statistics and weights, through ript eval
+
+    def broken(change, read=build) -> str:
+        folder = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(lerobot, folder)
+        change(folder)
+        with pytest.raises(RiptError) as e:
+            read(folder)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    def config(**changes):
+        def change(folder):
+            path = folder / "config.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+        return change
+
+    def pipeline(norm_map):
+        def change(folder):
+            path = folder / "policy_preprocessor.json"
+            steps = json.loads(path.read_text())
+            steps["steps"][1]["config"]["norm_map"] = norm_map
+            path.write_text(json.dumps(steps))
+        return change
+
+    def unprefixed(folder):
+        state = load_file(str(folder / "model.safetensors"))
+        save_file({k.removeprefix("model."): v for k, v in state.items()}, str(folder / "model.safetensors"))
+
+    stats = lambda folder: norm_stats(folder, None)  # noqa: E731
+    assert "type='pi05'; only lerobot's \"pi0\" policy is read" in broken(config(type="pi05"))
+    assert "norm_map.STATE='QUANTILES'; π0 reads MEAN_STD" in broken(pipeline({"STATE": "QUANTILES"}), stats)
+    assert "policy_preprocessor.json: no normalizer step" in broken(
+        lambda f: (f / "policy_preprocessor.json").unlink(), stats)
+    assert "is not under 'model.'; not lerobot's pi0 state dict" in broken(unprefixed)
 
 
 @torch.no_grad()

@@ -1,6 +1,12 @@
-"""openpi's PyTorch checkpoint folder for π0: ``model.safetensors`` (openpi's ``PI0Pytorch`` state dict),
-``config.json`` (``action_dim``, ``action_horizon``, ``paligemma_variant``, ``action_expert_variant``) and
-``assets/<asset id>/norm_stats.json`` (``{"norm_stats": {"state": {"mean", "std", ...}, "actions": {...}}}``).
+"""π0 checkpoint folders, in either of two layouts, read without openpi or lerobot installed:
+
+- openpi's PyTorch folder: ``model.safetensors`` (``PI0Pytorch``'s state dict), ``config.json`` (``action_dim``,
+  ``action_horizon``, ``paligemma_variant``, ``action_expert_variant``) and ``assets/<asset id>/norm_stats.json``
+  (``{"norm_stats": {"state": {"mean", "std", ...}, "actions": {...}}}``);
+- lerobot's ``pi0`` policy folder: ``config.json`` (``"type": "pi0"``, ``max_action_dim``, ``chunk_size``, the two
+  variants), ``model.safetensors`` (openpi's names under ``model.``) and ``policy_preprocessor.json``, whose
+  normalizer step names the safetensors file of the dataset's statistics (``observation.state.mean``, ``action.std``).
+
 Every problem with a folder is one line naming the file and key."""
 
 from __future__ import annotations
@@ -27,16 +33,43 @@ RENAMES = (
     (PREFIX + "gemma_expert.model.layers.", "expert_layers."),
 )
 UNUSED = (PREFIX + "gemma_expert.lm_head.weight",)  # saved by openpi, never read (the expert has no vocabulary)
+# the prefix's token embedding, saved as the lm_head tied to it, or under both names (lerobot from 0.5 unties them)
+LM_HEAD, EMBED = "paligemma.lm_head.weight", "paligemma.model.language_model.embed_tokens.weight"
+
+
+# lerobot's config.json keys for openpi's (the model's shape); the extra keys a tiny test folder names pass as they are
+LEROBOT_KEYS = {"max_action_dim": "action_dim", "chunk_size": "action_horizon",
+                "paligemma_variant": "paligemma_variant", "action_expert_variant": "action_expert_variant"}
+LEROBOT_PREFIX = "model."
+
+
+def raw_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not (folder / "model.safetensors").is_file():
+        raise RiptError(f"{folder}: no model.safetensors; not a π0 checkpoint folder (openpi's or lerobot's)")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RiptError(f"{path}: cannot read it ({e})") from None
+
+
+def is_lerobot(folder: Path) -> bool:
+    """lerobot's policy folders name their policy type in config.json; openpi's do not."""
+    return "type" in raw_config(folder)
 
 
 def read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not (folder / "model.safetensors").is_file():
-        raise RiptError(f"{folder}: no model.safetensors; not an openpi PyTorch π0 checkpoint folder")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise RiptError(f"{path}: cannot read it ({e})") from None
+    """The model's shape from either layout's config.json, under openpi's keys."""
+    path, config = folder / "config.json", raw_config(folder)
+    if "type" in config:
+        if config["type"] != "pi0":
+            raise RiptError(f"{path}: type={config['type']!r}; only lerobot's \"pi0\" policy is read (π0.5's "
+                            f"adaptive norms and quantile statistics are another model)")
+        missing = [k for k in LEROBOT_KEYS if k not in config]
+        if missing:
+            raise RiptError(f"{path}: no {missing[0]!r}; a lerobot pi0 config.json names {', '.join(LEROBOT_KEYS)}")
+        return {**{k: v for k, v in config.items() if k not in LEROBOT_KEYS},
+                **{ours: config[theirs] for theirs, ours in LEROBOT_KEYS.items()}}
     missing = [k for k in CONFIG_KEYS if k not in config]
     if missing:
         raise RiptError(f"{path}: no {missing[0]!r}; an openpi π0 config.json names {', '.join(CONFIG_KEYS)}")
@@ -44,8 +77,10 @@ def read_config(folder: Path) -> dict:
 
 
 def norm_stats(folder: Path, asset_id: str | None) -> dict[str, dict[str, torch.Tensor]]:
-    """{"state": {"mean", "std"}, "actions": {...}} from ``assets/<asset id>/norm_stats.json`` (the only one, or
-    ``asset_id``'s)."""
+    """{"state": {"mean", "std"}, "actions": {...}}: openpi's ``assets/<asset id>/norm_stats.json`` (the only one,
+    or ``asset_id``'s), or lerobot's normalizer statistics."""
+    if is_lerobot(folder):
+        return lerobot_norm_stats(folder)
     found = sorted((folder / "assets").glob("**/norm_stats.json"))
     if asset_id is not None:
         found = [p for p in found if p.parent == folder / "assets" / asset_id]
@@ -61,14 +96,48 @@ def norm_stats(folder: Path, asset_id: str | None) -> dict[str, dict[str, torch.
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise RiptError(f"{path}: not openpi's norm_stats layout ({type(e).__name__}: {e}); expected "
                         f"norm_stats.state/actions.mean/std") from None
+    return checked_stats(out, path)
+
+
+def checked_stats(out: dict, path: Path) -> dict:
     for part, entry in out.items():
         if entry["mean"].shape != entry["std"].shape or not bool(torch.isfinite(entry["mean"]).all()):
-            raise RiptError(f"{path}: norm_stats.{part}: mean and std differ in length or are not finite")
+            raise RiptError(f"{path}: {part}: mean and std differ in length or are not finite")
     return out
 
 
-def renamed(key: str) -> str | None:
-    """This model's name for an openpi key (None: a key it does not read)."""
+def lerobot_norm_stats(folder: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """The state's and the actions' mean and std from the file the normalizer step of ``policy_preprocessor.json``
+    names; π0 normalizes both by mean and std (lerobot's ``MEAN_STD``)."""
+    pipeline = folder / "policy_preprocessor.json"
+    try:
+        steps = json.loads(pipeline.read_text())["steps"]
+        step = next(s for s in steps if s.get("registry_name") == "normalizer_processor")
+        norm_map, state_file = step["config"].get("norm_map", {}), step["state_file"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, StopIteration) as e:
+        raise RiptError(f"{pipeline}: no normalizer step with a state_file ({type(e).__name__}); a lerobot pi0 "
+                        f"folder saves its preprocessor there") from None
+    for kind in ("STATE", "ACTION"):
+        if norm_map.get(kind, "MEAN_STD") != "MEAN_STD":
+            raise RiptError(f"{pipeline}: norm_map.{kind}={norm_map[kind]!r}; π0 reads MEAN_STD statistics")
+    path = folder / state_file
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            out = {part: {stat: f.get_tensor(f"{feature}.{stat}").float().flatten() for stat in ("mean", "std")}
+                   for part, feature in (("state", "observation.state"), ("actions", "action"))}
+    except (OSError, RuntimeError, KeyError) as e:
+        raise RiptError(f"{path}: cannot read observation.state/action mean and std ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    return checked_stats(out, path)
+
+
+def renamed(key: str, lerobot: bool = False) -> str | None:
+    """This model's name for an openpi key, or a lerobot one (openpi's under ``model.``); None: a key it does not
+    read."""
+    if lerobot:
+        if not key.startswith(LEROBOT_PREFIX):
+            raise RiptError(f"key {key!r} is not under {LEROBOT_PREFIX!r}; not lerobot's pi0 state dict")
+        key = key[len(LEROBOT_PREFIX):]
     if key in UNUSED:
         return None
     for old, new in RENAMES:
@@ -78,18 +147,22 @@ def renamed(key: str) -> str | None:
 
 
 def load_weights(model, folder: Path) -> None:
-    """openpi's ``model.safetensors`` into ``model``: every weight it needs present with its shape (the noise head,
-    RL's own, keeps its initial values)."""
-    path = folder / "model.safetensors"
+    """The folder's ``model.safetensors`` (openpi's names, or lerobot's under ``model.``) into ``model``: every
+    weight it needs present with its shape (the noise head, RL's own, keeps its initial values)."""
+    path, lerobot = folder / "model.safetensors", is_lerobot(folder)
     own = model.state_dict()
     vision_inner = next((k.split("vision.", 1)[1].split("embeddings")[0] for k in own if k.startswith("vision.")), "")
     loaded: set[str] = set()
     try:
         with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                name = renamed(key)
-                if name is None:
-                    continue
+            keys = list(f.keys())
+            for key in keys:
+                try:
+                    name = renamed(key, lerobot)
+                except RiptError as e:
+                    raise RiptError(f"{path}: {e}") from None
+                if name is None or (key.endswith(LM_HEAD) and key.replace(LM_HEAD, EMBED) in keys):
+                    continue  # the embedding itself where both are saved (lerobot from 0.5 unties them)
                 if name.startswith("vision."):
                     name = "vision." + vision_inner + name[len("vision."):]
                 if name not in own:
