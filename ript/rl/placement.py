@@ -174,9 +174,13 @@ class Disaggregated:
         except RiptError:
             ray.kill(self.actor, no_restart=True)
             raise
-        log.info("rollouts of rank %d: a Ray actor on node %s (GPU %s, niceness %d) with %d env slots; weights over "
-                 "%s", info.rank, described["node"][:12], described["gpu"], described["niceness"],
-                 described["env_slots"], self.backend)
+        # every rank's actor, said by the first (the others' console says warnings only)
+        line = (f"rollouts of rank {info.rank}: a Ray actor on node {described['node'][:12]} (GPU {described['gpu']}, "
+                f"niceness {described['niceness']}) with {described['env_slots']} env slots; weights over "
+                f"{self.backend}")
+        for said in ddist.gather_objects(line, info):
+            if info.is_main:
+                log.info("%s", said)
         self.runner = RemoteRunner(self, described)
         self.channel: WeightChannel | None = None
         self.modules: torch.nn.Module | None = None

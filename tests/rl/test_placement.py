@@ -95,8 +95,9 @@ def test_overlapped_rollouts_under_torchrun_count_their_groups_beside_the_update
     default one, and both ranks' streams reach the checkpoint written while rollouts run ahead."""
     run_dir = tmp_path / "ddp_overlap"
     # with one group for both, the ranks' collectives interleave and the run hangs (ended by the timeout)
-    torchrun_rl([*rl_overrides(stage1_run, run_dir, 2), "rl.groups_per_iteration=2", "rl.num_workers=1",
-                 *disaggregated(two_nodes, "processes"), "rl.overlap=true"])
+    said = torchrun_rl([*rl_overrides(stage1_run, run_dir, 2), "rl.groups_per_iteration=2", "rl.num_workers=1",
+                        *disaggregated(two_nodes, "processes"), "rl.overlap=true"])
+    assert all(f"rollouts of rank {rank}: a Ray actor on node" in said for rank in (0, 1))  # where each actor runs
     assert [e["iteration"] for e in json.loads((run_dir / "rl_history.json").read_text())] == [1, 2]
     first = run_dir / "checkpoints" / "0000001"
     assert (first / "rollout_weights.safetensors").is_file()  # written while the second iteration's rollouts ran
@@ -104,11 +105,13 @@ def test_overlapped_rollouts_under_torchrun_count_their_groups_beside_the_update
     assert len(state["ranks"]) == 2 and state["ranks"][0]["sampler"] != state["ranks"][1]["sampler"]
 
 
-def torchrun_rl(overrides: list[str]) -> None:
+def torchrun_rl(overrides: list[str]) -> str:
+    """Two trainer ranks under torchrun; their console output."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "ript.cli", "rl",
            *overrides]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr
 
 
 def test_rl_sharded_with_fsdp_gives_the_unsharded_updates_and_resumes_on_its_gathered_checkpoint(
