@@ -95,12 +95,7 @@ def test_lerobots_pi0_folder_gives_the_same_model_and_statistics_and_bad_ones_ar
     embedding = load_file(str(untied / "model.safetensors"))[
         "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"]
     assert torch.equal(build(untied).embed_tokens.weight, embedding)  # the embedding, not the lm_head beside it
-    results = evaluate.run(compose("eval", [f"checkpoint={lerobot}", "policy=pi0", "task=metaworld_quick",
-                                            "task.render.image_size=32", "policy.image_keys=[corner_rgb]",
-                                            "policy.state_keys=[robot_states]", "policy.delta_dims=0",
-                                            "policy.action_horizon=4", "policy.denoise_steps=2",
-                                            "task_names=[drawer-close-v3]", "episodes_per_task=1", "num_workers=1",
-                                            "max_episode_steps=8", f"out_dir={tmp_path / 'eval'}", "n_videos=0"]))
+    results = evaluate.run(compose("eval", pi0_eval_overrides(lerobot, tmp_path / "eval")))
     assert results["episodes"]  # its own tokenizer folder, statistics and weights, through ript eval
 
     def broken(change, read=build) -> str:
@@ -199,6 +194,14 @@ def pi0_rl_overrides(folder, run_dir, iterations: int, *extra: str) -> list[str]
             "rl.advantage=gae", *extra]
 
 
+def pi0_eval_overrides(checkpoint, out_dir) -> list[str]:
+    """``ript eval`` of a π0 folder or RL run: one short MetaWorld episode."""
+    return [f"checkpoint={checkpoint}", "policy=pi0", "task=metaworld_quick", "task.render.image_size=32",
+            "policy.image_keys=[corner_rgb]", "policy.state_keys=[robot_states]", "policy.delta_dims=0",
+            "policy.action_horizon=4", "policy.denoise_steps=2", "task_names=[drawer-close-v3]", "episodes_per_task=1",
+            "num_workers=1", "max_episode_steps=8", f"out_dir={out_dir}", "n_videos=0"]
+
+
 @pytest.mark.parametrize("method", ["flow_noise", "flow_sde"])
 def test_pi0_trains_its_action_expert_one_rl_iteration_and_the_run_evaluates(pi0_folder, tmp_path, method):
     run = tmp_path / "rl"
@@ -209,10 +212,5 @@ def test_pi0_trains_its_action_expert_one_rl_iteration_and_the_run_evaluates(pi0
     base = build(pi0_folder).float()
     assert not torch.equal(trained.action_out_proj.weight, base.action_out_proj.weight)  # the expert learnt
     assert torch.equal(trained.prefix_layers[0].mlp.up_proj.weight, base.prefix_layers[0].mlp.up_proj.weight)
-    results = evaluate.run(compose("eval", [f"checkpoint={run}", "policy=pi0", "task=metaworld_quick",
-                                            "task.render.image_size=32", "policy.image_keys=[corner_rgb]",
-                                            "policy.state_keys=[robot_states]", "policy.delta_dims=0",
-                                            "policy.action_horizon=4", "policy.denoise_steps=2",
-                                            "task_names=[drawer-close-v3]", "episodes_per_task=1", "num_workers=1",
-                                            "max_episode_steps=8", f"out_dir={tmp_path / 'eval'}", "n_videos=0"]))
+    results = evaluate.run(compose("eval", pi0_eval_overrides(run, tmp_path / "eval")))
     assert results["sampling"] == {"action_horizon": 4, "denoise_steps": 2, "ode": True} and results["episodes"]
