@@ -208,14 +208,10 @@ for part in "$@"; do
       IFS=';' read -ra sets <<< "${SCALING_ARGS:-}"
       for args in "${sets[@]:-}"; do
         i=$((i + 1)); phase "scaling $i: $args"
-        out=$(python3 - $args <<'PY'
-import sys
-a = sys.argv[1:]
-print(a[a.index("--out") + 1] if "--out" in a else "runs/scaling")
-PY
-)
+        dest=runs/scaling; prev=  # the folder the run writes: its own --out, if the set names one
+        for word in $args; do [ "$prev" = --out ] && dest=$word; prev=$word; done
         python3 -m benchmarks.scaling --out runs/scaling $args 2>&1 | quiet
-        cp $out/scaling.json $R/scaling_$i.json; cp $out/scaling.png $R/scaling_$i.png 2>/dev/null
+        cp $dest/scaling.json $R/scaling_$i.json; cp $dest/scaling.png $R/scaling_$i.png 2>/dev/null
       done ;;
     actor)
       phase "rollouts in this process and in a Ray actor"
