@@ -24,7 +24,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from benchmarks.bench import demo_dataset, make_prior
+from benchmarks.bench import demo_dataset, make_prior, prior_sampling
 from ript.config import compose, resolve_device, task_names
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import PoolSettings
@@ -43,7 +43,7 @@ def measure(a, data_dir: str, niceness: int | None) -> dict:
     device = resolve_device(cfg.device)
     ds = demo_dataset(cfg, Path(data_dir), 1, task_names(cfg.task)[: a.tasks])
     model = make_prior(cfg, ds).to(device)
-    settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
+    settings = prior_sampling(cfg)
     policy = make_policy(model, settings, device, seed=0)
     policy.start_recording()
     render = None if a.render_gpu is None else (a.render_gpu,)

@@ -74,6 +74,11 @@ def bench_data(ds: ChunkDataset, batch: int, device: str) -> dict:
     return {"dataset_samples_per_s": batch / sec}
 
 
+def prior_sampling(cfg) -> dict:
+    """The chunk policy's sampling settings as the config's algo gives them (its action horizon, temperature, top-k)."""
+    return {"action_horizon": int(cfg.algo.action_horizon), **to_dict(cfg.algo.sampling)}
+
+
 def make_prior(cfg, ds: ChunkDataset) -> SkillPrior:
     shapes = ds.obs_shapes()
     return SkillPrior(autoencoder=autoencoder_kwargs(cfg), task_names=ds.task_names,

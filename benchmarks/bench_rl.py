@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
-from benchmarks.bench import demo_dataset, make_prior
+from benchmarks.bench import demo_dataset, make_prior, prior_sampling
 from ript.config import compose, resolve_device
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import PoolSettings
@@ -85,7 +84,7 @@ def bench_rl(cfg, workers: list[int], device: str, groups: int, k: int, horizon:
     with tempfile.TemporaryDirectory() as tmp:
         ds = demo_dataset(cfg, Path(tmp), 2)
         model = make_prior(cfg, ds).to(device)
-        settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
+        settings = prior_sampling(cfg)
         learner = ChunkLearner(model, settings, prior_only=True)
         opt = torch.optim.AdamW(learner.params, lr=1e-5)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: 1.0)

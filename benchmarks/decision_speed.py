@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.bench import demo_dataset, make_prior
+from benchmarks.bench import demo_dataset, make_prior, prior_sampling
 from ript.config import compose, resolve_device, task_names
 from ript.envs.suites import get_suite
 from ript.policies.build import make_policy
@@ -131,7 +131,7 @@ def main() -> None:
     env = get_suite(str(cfg.task.suite)).make_task(task, OmegaConf.to_container(cfg.task.render), 10)
     obs = env.reset(0, render=True)
     env.close()
-    settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
+    settings = prior_sampling(cfg)
     result = {"device": torch.cuda.get_device_name(0), "overrides": a.overrides, "graphed_ms": {}, "eager_parts": {}}
     for layout in a.layouts:
         model.to(memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.bench import demo_dataset, make_prior
+from benchmarks.bench import demo_dataset, make_prior, prior_sampling
 from ript.config import compose, resolve_device, task_names
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.suites import get_suite
@@ -142,7 +142,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ds = demo_dataset(cfg, Path(tmp), 1, task_names(cfg.task)[: args.tasks])
         model = make_prior(cfg, ds).to(device)
-    settings = {"action_horizon": int(cfg.algo.action_horizon), **OmegaConf.to_container(cfg.algo.sampling)}
+    settings = prior_sampling(cfg)
     policy = make_policy(model, settings, device, seed=0)
     if args.record:
         policy.start_recording()
