@@ -178,9 +178,10 @@ class Disaggregated:
         line = (f"rollouts of rank {info.rank}: a Ray actor on node {described['node'][:12]} (GPU {described['gpu']}, "
                 f"niceness {described['niceness']}) with {described['env_slots']} env slots; weights over "
                 f"{self.backend}")
-        for said in ddist.gather_objects(line, info):
-            if info.is_main:
-                log.info("%s", said)
+        said = ddist.gather_objects(line, info)
+        if info.is_main:
+            for each in said:
+                log.info("%s", each)
         self.runner = RemoteRunner(self, described)
         self.channel: WeightChannel | None = None
         self.modules: torch.nn.Module | None = None
