@@ -135,8 +135,12 @@ def validate(model, objective: Objective, dataset, cfg, device: str, info: ddist
             sums[k] = sums.get(k, 0.0) + float(v) * len(idx)
         n += len(idx)
     model.train()
-    totals = sum_by_name({**sums, "n": float(n)}, info)
-    return {f"val/{k}": totals[k] / totals["n"] for k in sums}
+    # every rank's sums, whole: a split smaller than the ranks' batches leaves some ranks none, hence no names,
+    # and a reduction over name lists that differ would pair the ranks' collectives wrongly
+    ranks = ddist.gather_objects((sums, n), info)
+    total = sum(count for _, count in ranks)
+    names = list(dict.fromkeys(k for rank_sums, _ in ranks for k in rank_sums))
+    return {f"val/{k}": sum(rank_sums.get(k, 0.0) for rank_sums, _ in ranks) / total for k in names}
 
 
 class Evaluation:

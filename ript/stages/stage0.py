@@ -49,7 +49,9 @@ def validate(model: ActionAutoencoder, dataset, batch_size: int, device: str, am
         n += len(idx)
         all_idx.append(out["indices"].flatten())
     model.train()
-    counts = torch.bincount(torch.cat(all_idx), minlength=model.codebook_size).float().cpu()
+    # a split smaller than the ranks' batches leaves some ranks none: they add no codes
+    counts = torch.bincount(torch.cat(all_idx), minlength=model.codebook_size).float().cpu() if all_idx \
+        else torch.zeros(model.codebook_size)
     sums = sum_by_name({"l1": l1, "n": float(n), **{f"count/{i}": c for i, c in enumerate(counts.tolist())}}, info)
     counts = torch.tensor([sums[f"count/{i}"] for i in range(model.codebook_size)])
     return {"val/l1": sums["l1"] / sums["n"], **{f"val/{k}": v for k, v in metrics_of_counts(counts).items()}}

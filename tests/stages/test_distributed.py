@@ -14,14 +14,14 @@ import torch
 from ript.config import compose
 from ript.errors import RiptError
 from ript.stages import stage1
-from tests.helpers.cli import stage1_overrides, train_overrides
+from tests.helpers.cli import first_scalar, ript, stage1_overrides, task_overrides, train_overrides
 from tests.helpers.weights import assert_same_weights, weights
 
 
-def torchrun(*args: str) -> None:
+def torchrun(*args: str, timeout: int = 600) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "ript.cli", *args], capture_output=True, text=True, timeout=600, env=env)
+                           "-m", "ript.cli", *args], capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
@@ -52,6 +52,35 @@ def test_stage1_on_two_processes_resumes_exactly_and_equals_one(tiny_data, stage
     # one process cannot continue a two-process run: its ranks' random streams would be lost
     with pytest.raises(RiptError, match="written by 2 process"):
         stage1.run(compose("stage1", s1(tmp_path / "part") + ["resume=true"]))
+
+
+def run_job(procs: int, *args: str) -> None:
+    if procs == 2:
+        torchrun(*args, timeout=240)  # a hang fails in minutes
+    else:
+        code, _, err = ript(*args)
+        assert code == 0, err[-20:]
+
+
+def test_a_validation_split_smaller_than_the_batch_is_scored_by_two_processes_as_by_one(tmp_path):
+    """Five demos a task hold one out: a validation split of fewer samples than a batch, so the second process
+    scores none of it (it used to pair its reduction with the first's wrongly and wait forever, or fail)."""
+    data = tmp_path / "data"
+    demos = [*(o for o in task_overrides(data) if not o.startswith("task.demos_per_task")), "task.demos_per_task=5"]
+    assert ript("collect", *demos, "episodes_per_job=5", "num_workers=2")[0] == 0
+
+    def settings(run_dir, steps):
+        training = [o for o in train_overrides(data, run_dir, steps)
+                    if not o.startswith(("task.", "task=", "data.val_fraction", "train.batch_size"))]
+        return [*demos, *training, "data.val_fraction=0.2", "train.batch_size=512", "device=cpu"]
+
+    for procs in (1, 2):
+        run = tmp_path / f"procs{procs}"
+        run_job(procs, "stage0", *settings(run / "stage0", 2))
+        run_job(procs, "stage1", *settings(run / "stage1", 2), f"stage0_checkpoint={run / 'stage0'}")
+    for stage, tag in (("stage0", "val/l1"), ("stage1", "val/ce")):
+        assert first_scalar(tmp_path / "procs2" / stage, tag) == pytest.approx(
+            first_scalar(tmp_path / "procs1" / stage, tag), rel=1e-3), stage
 
 
 def test_batch_share_splits_the_global_batch_evenly():
