@@ -16,7 +16,9 @@ every count whose trainers and actors fit the host's GPUs; the actors join one R
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the
 run's TensorBoard log: stage 1's median samples/s after its first ``--warmup`` steps, RL's last iteration (the
 first one compiles). The demos, stage 0 and the one-process stage 1 that RL starts from are made once in
-``--out`` and reused.
+``--out`` and reused. Every run's console output is kept in ``--out``/logs; a run that fails becomes a row that
+says why (its first error line), the curve goes on without it, ``scaling.json`` is rewritten after every row, and
+the script exits non-zero at the end.
 """
 
 from __future__ import annotations
@@ -39,9 +41,13 @@ RL_SHARES = ("time/inference_share", "time/worker_busy_share", "time/driver_idle
 RL_MEMORY = ("memory/peak_gib",)  # rank 0's GPU memory over the iteration
 
 
+class RunFailed(RuntimeError):
+    """A measured run that exited non-zero: its row records the error and the curve goes on without it."""
+
+
 def ript(args: list[str], procs: int = 1, env: dict[str, str] | None = None, log: Path | None = None) -> None:
-    """``ript <job> <overrides>`` as the protocol launches a phase: under torchrun on ``procs`` processes (its
-    console output to ``log``)."""
+    """``ript <job> <overrides>`` as the protocol launches a phase: under torchrun on ``procs`` processes, its
+    console output kept whole in ``log``."""
     job, *overrides = args
     proc = subprocess.run(Phase(job, job, overrides).command(procs), capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
@@ -49,7 +55,16 @@ def ript(args: list[str], procs: int = 1, env: dict[str, str] | None = None, log
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(proc.stderr)
     if proc.returncode != 0:
-        raise SystemExit(f"{job} on {procs} process(es) failed:\n{proc.stderr[-3000:]}")
+        raise RunFailed(f"{job} on {procs} process(es) failed ({log or 'no log kept'}): {first_error(proc.stderr)}")
+
+
+def first_error(output: str) -> str:
+    """The line that says what went wrong: the first error-like line of any process (a rank's NCCL message
+    comes before the C++ frames and torchrun's summary, which a tail of the output would show instead)."""
+    marks = ("error: ", "Error: ", "Error ", "Exception", "NCCL", "Watchdog", "Killed", "Signal ")
+    lines = [line.strip() for line in output.splitlines()]
+    found = next((line for line in lines if any(m in line for m in marks) and not line.startswith("frame #")), None)
+    return (found or (lines[-1] if lines else "no output"))[:600]
 
 
 def fresh(run_dir: Path) -> Path:
@@ -62,10 +77,12 @@ def prepare(a, out: Path, task: list[str], common: list[str]) -> Path:
     """The demos, stage 0 and a one-process stage 1 (RL's starting point), made once."""
     base = out / "stage1_base"
     if not (out / "stage0" / "checkpoints" / "last").exists():
-        ript(["collect", *task, f"num_workers={os.cpu_count()}", "episodes_per_job=5"])
-        ript(["stage0", *common, f"run_dir={out / 'stage0'}", f"train.steps={a.s1_steps}", "progress=false"])
+        ript(["collect", *task, f"num_workers={os.cpu_count()}", "episodes_per_job=5"],
+             log=out / "logs" / "collect.log")
+        ript(["stage0", *common, f"run_dir={out / 'stage0'}", f"train.steps={a.s1_steps}", "progress=false"],
+             log=out / "logs" / "stage0.log")
     if not (base / "checkpoints" / "last").exists():
-        ript(["stage1", *common, *stage1_args(a, out, base, a.s1_steps)])
+        ript(["stage1", *common, *stage1_args(a, out, base, a.s1_steps)], log=out / "logs" / "stage1_base.log")
     return base
 
 
@@ -77,7 +94,7 @@ def stage1_args(a, out: Path, run_dir: Path, steps: int) -> list[str]:
 
 def stage1_speed(a, out: Path, common: list[str], n: int) -> dict:
     run_dir = fresh(out / f"stage1_{n}")
-    ript(["stage1", *common, *stage1_args(a, out, run_dir, a.s1_steps)], n)
+    ript(["stage1", *common, *stage1_args(a, out, run_dir, a.s1_steps)], n, log=out / "logs" / f"stage1_{n}.log")
     speed = [v for step, v in scalars(run_dir)["time/samples_per_s"] if step > a.warmup]
     return {"samples_per_s": statistics.median(speed), "per_process_batch": a.batch // n}
 
@@ -104,9 +121,9 @@ def ray_head(gpus: list[int]):
 
 
 def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[int], gpus: int,
-                   collocated: dict) -> dict:
+                   collocated: dict, save) -> dict:
     """Each --placements entry at every count whose trainers and actors fit the host's GPUs, with its speed-up
-    over the collocated run of one process."""
+    over the collocated run of one process (``save()`` after each row)."""
     rows: dict = {}
     per_rank = 0 if a.cpu else 1 + (a.actor_gpus if a.actor_gpus >= 1 else 0)
     workers = workers_per_rank(a, max(1, int(per_rank)))
@@ -122,14 +139,29 @@ def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[
         with ray_head(actor_gpus):
             for name in names:
                 extra = (*PLACEMENTS[name], *share, *workers, "workers.ray_address=auto")
-                row = rl_speed(a, out, rl_common, base, n, f"{name}_{n}", extra)
-                if collocated:  # --parts placements alone measures no collocated run to compare with
+                row = measured(f"{name}, {n} trainer process(es): RL", rl_speed, a, out, rl_common, base, n,
+                               f"{name}_{n}", extra)
+                one = collocated.get(min(collocated)) if collocated else None  # --parts placements: none
+                if one and "failed" not in one and "failed" not in row:
                     row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
-                        collocated[min(collocated)]["env_steps_per_s_with_training"]
+                        one["env_steps_per_s_with_training"]
                 rows.setdefault(name, {})[n] = row
-                print(f"{name}, {n} trainer process(es): RL {row['env_steps_per_s_with_training']:.0f} env steps/s "
-                      f"with training {json.dumps(row)}", flush=True)
+                save()
     return rows
+
+
+def measured(what: str, measure, *args, **kwargs) -> dict:
+    """``measure(*args, **kwargs)``'s row, printed; a run that failed gives a row that says so, and the curve goes
+    on."""
+    try:
+        row = measure(*args, **kwargs)
+    except RunFailed as e:
+        print(f"{what}: {e}", flush=True)
+        return {"failed": str(e)}
+    speed = row.get("samples_per_s", row.get("env_steps_per_s_with_training"))
+    unit = "samples/s" if "samples_per_s" in row else "env steps/s with training"
+    print(f"{what} {speed:.0f} {unit} {json.dumps(row)}", flush=True)
+    return row
 
 
 def workers_per_rank(a, gpus_per_rank: int) -> list[str]:
@@ -159,10 +191,14 @@ def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | Non
 
 
 def efficiency(rows: dict[int, dict], key: str) -> None:
-    """Each row's speed-up over the fewest processes measured and that speed-up per process added."""
-    first = min(rows)
-    for n, row in rows.items():
-        row["speedup"] = row[key] / rows[first][key]
+    """Each row's speed-up over the fewest processes measured and that speed-up per process added (failed runs
+    left out)."""
+    done = {n: row for n, row in rows.items() if "failed" not in row}
+    if not done:
+        return
+    first = min(done)
+    for n, row in done.items():
+        row["speedup"] = row[key] / done[first][key]
         row["efficiency"] = row["speedup"] / (n / first)
 
 
@@ -183,8 +219,9 @@ def plot(result: dict, path: Path) -> None:
              ("RL iteration", result["rl"], "speedup"),
              *((f"RL, {name}", rows, "speedup_over_one_process") for name, rows in result["rl_placements"].items())]
     for name, rows, key in lines:
-        counts = sorted(int(n) for n in rows)
-        ax.plot(counts, [rows[n][key] if n in rows else rows[str(n)][key] for n in counts], "o-", label=name)
+        done = {int(n): row for n, row in rows.items() if key in row}  # failed runs have no point
+        counts = sorted(done)
+        ax.plot(counts, [done[n][key] for n in counts], "o-", label=name)
     counts = sorted(int(n) for n in result["stage1"] or result["rl"])
     ax.plot(counts, [n / counts[0] for n in counts], "k:", label="linear")
     ax.set_xlabel("processes (GPUs)")
@@ -248,27 +285,36 @@ def main() -> None:
     device = ["device=cpu"] if a.cpu else []
     rl_common = [*task, *device, f"workers.pipeline_stages={a.stages}", *a.rl_extra]
     common = [*task, *device, *a.extra]  # stages 0 and 1
-    base = Path(a.base) if a.base else prepare(a, out, task, common)
+    try:
+        base = Path(a.base) if a.base else prepare(a, out, task, common)
+    except RunFailed as e:  # nothing to measure without the demos and stages 0-1
+        raise SystemExit(str(e)) from None
     result = {"host": host_name(a.cpu), "command": " ".join(sys.argv), "stage1": {}, "rl": {}, "rl_placements": {}}
+
+    def save() -> None:  # after each row: a host taken back mid-curve still leaves the rows measured so far
+        (out / "scaling.json").write_text(json.dumps(result, indent=2))
+
     parts = set(a.parts.split(","))
     for n in counts:
         if "stage1" in parts:
-            result["stage1"][n] = stage1_speed(a, out, common, n)
-            print(f"{n} process(es): stage 1 {result['stage1'][n]['samples_per_s']:.0f} samples/s", flush=True)
+            result["stage1"][n] = measured(f"{n} process(es): stage 1", stage1_speed, a, out, common, n)
+            save()
         if "rl" in parts:
-            result["rl"][n] = rl_speed(a, out, rl_common, base, n, extra=tuple(workers_per_rank(a, 1)))
-            print(f"{n} process(es): RL {result['rl'][n]['env_steps_per_s_with_training']:.0f} env steps/s with "
-                  f"training {json.dumps(result['rl'][n])}", flush=True)
+            result["rl"][n] = measured(f"{n} process(es): RL", rl_speed, a, out, rl_common, base, n,
+                                       extra=tuple(workers_per_rank(a, 1)))
+            save()
     if parts & {"rl", "placements"}:
-        result["rl_placements"] = placement_rows(a, out, rl_common, base, counts, gpus, result["rl"])
+        result["rl_placements"] = placement_rows(a, out, rl_common, base, counts, gpus, result["rl"], save)
     for rows, key in ((result["stage1"], "samples_per_s"), (result["rl"], "env_steps_per_s_with_training")):
-        if rows:
-            efficiency(rows, key)
-    (out / "scaling.json").write_text(json.dumps(result, indent=2))
+        efficiency(rows, key)
+    save()
     plot(result, out / "scaling.png")
-    print(json.dumps({part: {n: round(r["speedup"], 2) for n, r in rows.items()}
+    print(json.dumps({part: {n: round(r["speedup"], 2) for n, r in rows.items() if "speedup" in r}
                       for part, rows in (("stage1", result["stage1"]), ("rl", result["rl"]))}))
-
+    failed = [row["failed"] for part in ("stage1", "rl") for row in result[part].values() if "failed" in row] + \
+        [row["failed"] for rows in result["rl_placements"].values() for row in rows.values() if "failed" in row]
+    if failed:
+        raise SystemExit(f"{len(failed)} run(s) failed; the first: {failed[0]}")
 
 if __name__ == "__main__":
     main()

@@ -211,7 +211,10 @@ for part in "$@"; do
         dest=runs/scaling; prev=  # the folder the run writes: its own --out, if the set names one
         for word in $args; do [ "$prev" = --out ] && dest=$word; prev=$word; done
         python3 -m benchmarks.scaling --out runs/scaling $args 2>&1 | quiet
+        failed=$?
         cp $dest/scaling.json $R/scaling_$i.json; cp $dest/scaling.png $R/scaling_$i.png 2>/dev/null
+        # a run failed: the end of each run's console output comes back too
+        [ $failed -ne 0 ] && for log in $dest/logs/*.log; do tail -n 150 $log > $R/scaling_${i}_$(basename $log); done
       done ;;
     actor)
       phase "rollouts in this process and in a Ray actor"
