@@ -23,6 +23,7 @@ from ript.envs.seeds import rank_seed
 from ript.errors import RiptError
 from ript.registry import PLACEMENTS
 from ript.rl.advantages import build_estimator
+from ript.rl.episode_transfer import pack_episodes, unpack_episodes
 from ript.rl.rollout import rollout_environment
 from ript.utils import distributed as ddist
 from ript.utils.containers import to_dict
@@ -126,7 +127,7 @@ class RolloutActor:
         policy.generator.set_state(generator_state)
         seconds, calls = policy.inference_seconds, policy.plan_calls
         results = self.runner.run(policy, video_dir=video_dir, specs=specs, stop=stop)
-        return (results, policy.generator.get_state(), stop, policy.inference_seconds - seconds,
+        return (pack_episodes(results), policy.generator.get_state(), stop, policy.inference_seconds - seconds,
                 policy.plan_calls - calls)
 
     def close(self) -> None:
@@ -252,12 +253,12 @@ class RemoteRunner:
             raise RiptError("placement.mode=disaggregated keeps no episode steps for a caller (use collocated)")
         placement = self.placement
         ref = placement.actor.run.remote(policy.generator.get_state(), video_dir, specs, stop)
-        results, generator_state, stop_after, seconds, calls = placement.call(ref, "run its rollouts")
+        packed, generator_state, stop_after, seconds, calls = placement.call(ref, "run its rollouts")
         policy.generator.set_state(generator_state)
         policy.count_inference(seconds, calls)
         if stop is not None:
             vars(stop).update(vars(stop_after))  # the rule's state is its fields, as the episodes left them
-        return results
+        return unpack_episodes(packed, placement.device)
 
     def close(self) -> None:
         self.placement.close()
