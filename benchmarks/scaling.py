@@ -316,5 +316,6 @@ def main() -> None:
     if failed:
         raise SystemExit(f"{len(failed)} run(s) failed; the first: {failed[0]}")
 
+
 if __name__ == "__main__":
     main()

@@ -34,7 +34,7 @@ def pack(decisions: list[dict]) -> dict:
     stacked: dict[str, dict] = {}
     for name in decisions[0] if decisions else ():
         values = [d.get(name) for d in decisions]
-        if all(isinstance(v, dict) for v in values) and values and all(v.keys() == values[0].keys() for v in values):
+        if all(isinstance(v, dict) and v.keys() == values[0].keys() for v in values):
             parts = {k: _stacked([v[k] for v in values]) for k in values[0]}
             if all(p is not None for p in parts.values()):
                 stacked[name] = {"dict": parts}
