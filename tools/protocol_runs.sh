@@ -35,6 +35,7 @@
 #                 "--counts 1,2,4"): $R/scaling_<n>.json
 #   weights       benchmarks/weight_channel.py between two GPUs (WEIGHTS_ARGS): $R/weight_channel.json
 #   actor         benchmarks/actor_rollout.py (ACTOR_ARGS, e.g. "--render-gpu 1" on two GPUs): $R/actor_rollout.json
+#   transfer      benchmarks/episode_transfer.py (TRANSFER_ARGS): $R/episode_transfer.json
 #   decision      benchmarks/decision_speed.py on ten ML45 tasks, eager parts and graphed, also compiled
 #                 (DECISION_ARGS replaces its batches and compile modes): $R/decision/decision_speed.json
 #   resume        unpacks the pieces carried in .resume*/ (the `state` part's, a folder per command) into
@@ -219,6 +220,9 @@ for part in "$@"; do
     actor)
       phase "rollouts in this process and in a Ray actor"
       python3 -m benchmarks.actor_rollout ${ACTOR_ARGS:-} --out $R/actor_rollout.json 2>&1 | quiet ;;
+    transfer)
+      phase "episode transfer from a Ray actor"
+      python3 -m benchmarks.episode_transfer ${TRANSFER_ARGS:-} --out $R/episode_transfer.json 2>&1 | quiet ;;
     decision)
       phase "decision speed"
       python3 -m benchmarks.decision_speed --overrides task=metaworld_ml45_10 device=cuda ${DECISION_ARGS:---batches 16 64 \
@@ -237,7 +241,7 @@ for part in "$@"; do
         cat $pieces | tar -xf - -C runs/protocols || exit 1
       done
       ls -la runs/protocols/* ;;
-    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, scaling, weights, actor, decision, state, resume)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, scaling, weights, actor, transfer, decision, state, resume)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
