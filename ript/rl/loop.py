@@ -103,7 +103,11 @@ def train_loop(run: RLRun) -> str:
                     data, targets = update_batch(rl.learner, batch["kept"], rl.estimator, rl.cfg, rl.device, rl.info)
                 stats = ppo_update(rl.learner, rl.opt, rl.sched, data, rl.cfg, rl.info, it, rl.device,
                                    rl.reference, rl.sharded)
-            timer.seconds["iteration"] = time.perf_counter() - t0
+            done = time.perf_counter()
+            timer.seconds["iteration"] = done - t0
+            if rl.update_end is not None:  # since the previous update: its log, checkpoint and evaluation too
+                timer.seconds["cycle"] = done - rl.update_end
+            rl.update_end = done
             totals = rl.totals(batch, targets)
             rl.log(it + 1, rl.metrics(batch, stats, totals, timer), stats, totals, videos)
             rl.checkpoint(it + 1)
@@ -143,6 +147,7 @@ class RLIterations:
                                ShardedState() if self.sharded else WholeState())
         self.reference = reference_state(learner, cfg)  # rl.kl_coef: the weights loaded from the checkpoint
         self.env_steps = 0  # env steps of the counted episodes, over all ranks
+        self.update_end: float | None = None  # when the previous iteration's update ended (time/cycle)
         streams = self.run.resume(self.load_weights)
         if streams is not None:
             self.sampler.load_state_dict(streams["sampler"])
@@ -231,6 +236,9 @@ class RLIterations:
             "time/rollout": t_rollout, "time/train": timer.seconds["train"],
             "time/iteration": timer.seconds["iteration"],  # refresh, rollouts and update, as the run waited for them
             "time/rollout_wait": timer.seconds["rollout_wait"],  # rl.overlap: the rollouts' part not under the update
+            # one iteration's wall time in a steady run (from the second iteration of a process on): what rl.overlap
+            # hides under the previous update, log, checkpoint and evaluation is not counted twice
+            **({"time/cycle": timer.seconds["cycle"]} if "cycle" in timer.seconds else {}),
             "time/train_prepare": timer.seconds["train_prepare"], "time/sync": batch["sync"] + stats["sync"],
             "time/inference_share": totals["inference_seconds"] / max(1e-9, t_rollout * self.info.world_size),
             "time/worker_busy_share": totals["worker_busy_share"] / self.info.world_size,  # simulating, not waiting

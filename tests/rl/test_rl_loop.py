@@ -252,6 +252,9 @@ def test_rl_iteration_checkpoint_and_exact_resume(stage1_run, tmp_path):
     events.Reload()
     gifs = events.Images("rollout/video/0")  # each iteration's rollout video, playable in TensorBoard
     assert [g.step for g in gifs] == [1, 2] and all(g.encoded_image_string.startswith(b"GIF89a") for g in gifs)
+    # an iteration's wall time since the previous update: from the second on, the first one's checkpoint included
+    cycle, iteration = ({e.step: e.value for e in events.Scalars(tag)} for tag in ("time/cycle", "time/iteration"))
+    assert list(cycle) == [2] and cycle[2] > iteration[2]
     config = json.loads((full / "checkpoints" / "last" / "config.json").read_text())
     assert config["stage"] == "rl" and config["step"] == 2
     state = torch.load(full / "checkpoints" / "last" / "training_state.pt", weights_only=True)
