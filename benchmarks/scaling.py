@@ -7,18 +7,18 @@ Ray actor of its own, on ``--actor-gpus`` GPUs (and with the next iteration's ro
 every count whose trainers and actors fit the host's GPUs; the actors join one Ray head the script starts.
 
     python -m benchmarks.scaling [--counts 1,2,4,8] [--task metaworld_ml45_10] [--batch 1024] [--s1-steps 600]
-        [--groups 32] [--k 8] [--iterations 2] [--episode-steps 200] [--out runs/scaling] [--cpu]
+        [--groups 32] [--k 8] [--iterations 3] [--episode-steps 200] [--out runs/scaling] [--cpu]
         [--task-extra task.* ...] [--extra stage-0/1 overrides ...] [--placements disaggregated,disaggregated_overlap]
         [--stages auto|1|2] [--actor-gpus 1|0.5] [--parts stage1,rl] [--cores-per-gpu 16] [--base <stage-1 ckpt>]
         [--rl-extra rl.* ...]
     python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
-Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the
-run's TensorBoard log: stage 1's median samples/s after its first ``--warmup`` steps, RL's last iteration (the
-first one compiles). The demos, stage 0 and the one-process stage 1 that RL starts from are made once in
-``--out`` and reused. Every run's console output is kept in ``--out``/logs; a run that fails becomes a row that
-says why (its first error line), the curve goes on without it, ``scaling.json`` is rewritten after every row, and
-the script exits non-zero at the end.
+Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the run's
+TensorBoard log: stage 1's median samples/s after its first ``--warmup`` steps, RL's last iteration (the first one
+compiles), over its wall time since the previous update (``time/cycle``: checkpoint included). The demos, stage 0
+and the one-process stage 1 that RL starts from are made once in ``--out`` and reused. Every run's console output is
+kept in ``--out``/logs; a run that fails becomes a row that says why (its first error line), the curve goes on
+without it, ``scaling.json`` is rewritten after every row, and the script exits non-zero at the end.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 from benchmarks.train_compare import scalars
 from ript.stages.protocol import Phase
 
-RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/iteration")
+RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/iteration", "time/cycle")
 RL_SHARES = ("time/inference_share", "time/worker_busy_share", "time/driver_idle_share")  # a rollout's wall time
 RL_MEMORY = ("memory/peak_gib",)  # rank 0's GPU memory over the iteration
 
@@ -145,6 +145,7 @@ def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[
                 if one and "failed" not in one and "failed" not in row:
                     row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
                         one["env_steps_per_s_with_training"]
+                row["gpus"] = n if a.cpu else int(n * per_rank)  # the trainers' and their actors'
                 rows.setdefault(name, {})[n] = row
                 save()
     return rows
@@ -183,9 +184,11 @@ def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | Non
     s = scalars(run_dir)
     last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, *RL_SHARES, *RL_MEMORY, "time/env_steps_per_s") if tag in s}
     rollout_steps = last["time/env_steps_per_s"] * last["time/rollout"]
+    # the last iteration's wall time since the previous update (its checkpoint included): rollouts overlapping the
+    # update also run under the checkpoint, which an iteration's own time leaves out
+    wall = last.get("time/cycle", last.get("time/iteration", last["time/rollout"] + last["time/train"]))
     return {"env_steps": rollout_steps, "env_steps_per_s": last["time/env_steps_per_s"],
-            "env_steps_per_s_with_training": rollout_steps / last.get("time/iteration",
-                                                                      last["time/rollout"] + last["time/train"]),
+            "env_steps_per_s_with_training": rollout_steps / wall,
             "seconds": {tag.split("/")[1]: last[tag] for tag in RL_TIMES if tag in last},
             **{tag.split("/")[1]: last[tag] for tag in (*RL_SHARES, *RL_MEMORY) if tag in last}}
 
@@ -219,12 +222,12 @@ def plot(result: dict, path: Path) -> None:
              ("RL iteration", result["rl"], "speedup"),
              *((f"RL, {name}", rows, "speedup_over_one_process") for name, rows in result["rl_placements"].items())]
     for name, rows, key in lines:
-        done = {int(n): row for n, row in rows.items() if key in row}  # failed runs have no point
-        counts = sorted(done)
-        ax.plot(counts, [done[n][key] for n in counts], "o-", label=name)
+        # failed runs have no point; a placement's at the GPUs its trainers and actors hold
+        done = sorted((int(row.get("gpus", n)), row[key]) for n, row in rows.items() if key in row)
+        ax.plot([g for g, _ in done], [v for _, v in done], "o-", label=name)
     counts = sorted(int(n) for n in result["stage1"] or result["rl"])
     ax.plot(counts, [n / counts[0] for n in counts], "k:", label="linear")
-    ax.set_xlabel("processes (GPUs)")
+    ax.set_xlabel("GPUs")
     ax.set_ylabel("speed-up")
     ax.set_xticks(counts)
     ax.set_title(result["host"])
@@ -249,7 +252,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200, help="stage-1 steps left out of the speed (compiling)")
     ap.add_argument("--groups", type=int, default=32, help="RL groups per iteration, over all processes")
     ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--iterations", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=3, help="RL iterations per run; the last is measured (the "
+                    "first compiles, and rollouts running ahead reach their steady state in the third)")
     ap.add_argument("--episode-steps", type=int, default=200)
     ap.add_argument("--out", default="runs/scaling")
     ap.add_argument("--cpu", action="store_true", help="gloo processes on the CPU (checks the script)")
