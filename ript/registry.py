@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,12 @@ class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, Callable[..., Any]] = {}
+        self._modules: dict[str, str] = {}  # name -> the module that registers it when imported (``declare``)
+
+    def declare(self, modules: dict[str, str]) -> None:
+        """Names whose modules are imported only when the name is first asked for: a part that brings heavy
+        libraries (transformers for the VLA models) costs nothing to the jobs that never use it."""
+        self._modules.update(modules)
 
     def register(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def deco(obj: Callable[..., Any]) -> Callable[..., Any]:
@@ -23,6 +30,10 @@ class Registry:
         return deco
 
     def get(self, name: str) -> Callable[..., Any]:
+        if name not in self._entries and name in self._modules:
+            importlib.import_module(self._modules[name])
+            if name not in self._entries:
+                raise ValueError(f"{self.kind} {name!r}: its module {self._modules[name]} registers no such name")
         if name not in self._entries:
             raise RiptError(f"unknown {self.kind} {name!r}; registered: {', '.join(self.names())}")
         return self._entries[name]
@@ -31,7 +42,7 @@ class Registry:
         return self.get(name)(**kwargs)
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted({*self._entries, *self._modules})
 
 
 MODELS = Registry("model")

@@ -116,7 +116,7 @@ def test_the_graph_is_read():
     graph = import_graph()
     assert "ript.utils.seeding" in graph["ript.utils.checkpoint"]  # a top-level import
     assert "ript.models.openvla_oft.official" in graph["ript.models.openvla_oft"]  # a function-level one
-    assert "ript.models.prior" in graph["ript.models"]  # `from package import submodule`
+    assert "ript.stages.rl" in graph["ript.stages.oft"]  # `from package import submodule`
 
 
 def test_cycles_are_found():
@@ -135,3 +135,34 @@ def test_utils_is_a_leaf():
                      if name.startswith("ript.utils") for target in targets
                      if not target.startswith("ript.utils") and target not in UTILS_MAY_IMPORT)
     assert not outside, "ript/utils/ imports the rest of ript: " + "; ".join(outside)
+
+
+def test_the_chunk_policy_jobs_load_no_vla_library_and_a_declared_model_loads_when_asked_for():
+    """The VLA models and families are declared, not imported: stages 0-1 and RL of the chunk policy start without
+    transformers (seconds of every job's start), and asking for ``pi0`` imports its module then."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, ript.stages.stage0, ript.stages.stage1, ript.stages.rl, ript.model_loader\n"
+             "from ript.policies.families import family_for\n"
+             "print('transformers' in sys.modules, 'ript.models.pi0' in sys.modules)\n"
+             "from ript.registry import MODELS\n"
+             "MODELS.get('pi0')\n"
+             "print('ript.models.pi0' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False", "True"]
+
+
+def test_a_declared_name_its_module_does_not_register_is_refused():
+    import pytest
+
+    from ript.errors import RiptError
+    from ript.registry import Registry
+
+    things = Registry("thing")
+    things.declare({"widget": "ript.errors"})
+    assert things.names() == ["widget"]
+    with pytest.raises(ValueError, match="thing 'widget': its module ript.errors registers no such name"):
+        things.get("widget")
+    with pytest.raises(RiptError, match="unknown thing 'gadget'; registered: widget"):
+        things.get("gadget")

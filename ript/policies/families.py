@@ -1,6 +1,7 @@
 """Which policy family a checkpoint holds, by name: a ript checkpoint's recorded ``model_name`` (stage 1,
-finetune and RL record it), or an official OpenVLA(-OFT) folder's contents. Importing this module registers
-every family in ``ript.registry.POLICIES``."""
+finetune and RL record it), or an official OpenVLA(-OFT) folder's contents. Importing this module declares every
+family in ``ript.registry.POLICIES``; a family's module (the VLA ones bring transformers) is imported when the
+family is first asked for."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-import ript.policies.flow_family  # noqa: F401  (registers flow)
-import ript.policies.pi0_family  # noqa: F401  (registers pi0)
-import ript.policies.skill_prior_family  # noqa: F401  (registers skill_prior)
-import ript.policies.vla_family  # noqa: F401  (registers openvla_oft, openvla)
 from ript.errors import RiptError
 from ript.models.openvla_oft import model_family
 from ript.policies.family import PolicyFamily
 from ript.registry import POLICIES
 from ript.utils.checkpoint import read_checkpoint_config, resolve_checkpoint_dir
+
+POLICIES.declare({"skill_prior": "ript.policies.skill_prior_family", "flow": "ript.policies.flow_family",
+                  "pi0": "ript.policies.pi0_family", "openvla_oft": "ript.policies.vla_family",
+                  "openvla": "ript.policies.vla_family"})
 
 
 def checkpoint_model(path: str) -> str | None:
