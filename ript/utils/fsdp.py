@@ -8,8 +8,9 @@ first, so that it loads on any number of ranks.
 
 from __future__ import annotations
 
+import sys
+
 import torch
-from torch.distributed.tensor import DTensor
 
 
 def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -49,9 +50,16 @@ def same_parameters(model: torch.nn.Module, before: list[torch.nn.Parameter],
     return [now[names_before[id(p)]] for p in before]
 
 
+def sharded(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a DTensor. Torch's DTensor module is imported by sharding (``fully_shard``), not here: it
+    takes most of a second, which every job would pay at start, and no tensor is sharded before it is loaded."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
 def whole(t: torch.Tensor) -> torch.Tensor:
     """A sharded tensor gathered whole (a collective: every rank calls it), anything else as it is."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    return t.full_tensor() if sharded(t) else t
 
 
 def whole_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -62,7 +70,7 @@ def whole_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def shard_like(own: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
     """``full`` (a whole tensor of ``own``'s global shape) as ``own`` holds it: this rank's shard where ``own`` is
     sharded, else ``full`` itself."""
-    if not isinstance(own, DTensor):
+    if not sharded(own):
         return full
     from torch.distributed.tensor import distribute_tensor
 
