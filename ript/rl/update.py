@@ -179,23 +179,7 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
         for parts in micro_batch_plan(order, int(rl.minibatches), micro, most):
             opt.zero_grad(set_to_none=False)
             for part, weight in parts:  # token means weighted to the minibatch's
-                idx = part.to(device)
-                with training.autocast(device, cfg.amp):
-                    scored = learner.score(data, idx)
-                loss, s = ppo_loss(scored.log_probs.float(), data["old_log_probs"][idx], data["advantages"][idx],
-                                   float(rl.clip_low), float(rl.clip_high), clip_c)
-                s["policy_loss"], s["entropy"] = loss.detach(), scored.entropy.float().mean().detach()
-                loss = loss - float(rl.entropy_coef) * scored.entropy.float().mean()
-                if reference is not None:
-                    kl = reference_kl(scored.log_probs.float(), data["ref_log_probs"][idx])
-                    s["kl_to_reference"] = kl.detach()
-                    loss = loss + float(rl.kl_coef) * kl
-                if critic is not None:
-                    v_loss, vs = value_loss(scored.values.float(), data["old_values"][idx], data["returns"][idx],
-                                            None if rl.critic.value_clip is None else float(rl.critic.value_clip),
-                                            str(rl.critic.loss), float(rl.critic.huber_delta))
-                    s.update(vs, value_loss=v_loss.detach())
-                    loss = loss + float(rl.critic.value_coef) * v_loss
+                loss, s = micro_batch_loss(learner, data, part.to(device), cfg, device, clip_c, reference)
                 (loss * weight).backward()
                 for key, v in s.items():  # on the device: no host synchronisation per micro-batch
                     stats[key] = torch.maximum(torch.as_tensor(stats[key], device=v.device), v.detach()) \
@@ -203,16 +187,7 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
             t = time.perf_counter()
             ddist.average_gradients(averaged, info)
             sync += time.perf_counter() - t
-            norms = torch.stack([whole(torch.nn.utils.clip_grad_norm_(group, float(rl.grad_clip))).float()
-                                 for group in (learner.params, critic_params) if group])
-            # one host synchronisation per optimiser step: the norms and the loss so far, checked together
-            checked = torch.cat([norms, torch.as_tensor(stats["policy_loss"], device=norms.device).reshape(1)])
-            values = checked.tolist()
-            norm, critic_norm = values[0], values[1] if critic_params else 0.0
-            if not all(math.isfinite(v) for v in values):
-                raise training.NonFiniteLoss(
-                    f"non-finite PPO loss or gradient (norm {norm}, critic {critic_norm}) in iteration "
-                    f"{iteration + 1}; no update applied, checkpoints/last is the last good checkpoint; lower rl.lr")
+            norm, critic_norm = clipped_norms(learner.params, critic_params, stats["policy_loss"], rl, iteration)
             stats["grad_norm"] += norm
             if critic is not None:
                 stats["critic_grad_norm"] += critic_norm
@@ -225,6 +200,44 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
             stats[key] /= max(1, n_updates)
     stats["sync"] = sync
     return stats
+
+
+def micro_batch_loss(learner, data: dict, idx: torch.Tensor, cfg, device: str, clip_c: float | None,
+                     reference: dict[str, torch.Tensor] | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch's loss: PPO's clipped objective less the entropy bonus, with the KL penalty to the reference
+    (``reference``) and the critic's value loss where there are; and its statistics, still on the device."""
+    rl = cfg.rl
+    with training.autocast(device, cfg.amp):
+        scored = learner.score(data, idx)
+    loss, s = ppo_loss(scored.log_probs.float(), data["old_log_probs"][idx], data["advantages"][idx],
+                       float(rl.clip_low), float(rl.clip_high), clip_c)
+    s["policy_loss"], s["entropy"] = loss.detach(), scored.entropy.float().mean().detach()
+    loss = loss - float(rl.entropy_coef) * scored.entropy.float().mean()
+    if reference is not None:
+        kl = reference_kl(scored.log_probs.float(), data["ref_log_probs"][idx])
+        s["kl_to_reference"] = kl.detach()
+        loss = loss + float(rl.kl_coef) * kl
+    if learner.critic is not None:
+        v_loss, vs = value_loss(scored.values.float(), data["old_values"][idx], data["returns"][idx],
+                                None if rl.critic.value_clip is None else float(rl.critic.value_clip),
+                                str(rl.critic.loss), float(rl.critic.huber_delta))
+        s.update(vs, value_loss=v_loss.detach())
+        loss = loss + float(rl.critic.value_coef) * v_loss
+    return loss, s
+
+
+def clipped_norms(params: list, critic_params: list, policy_loss, rl, iteration: int) -> tuple[float, float]:
+    """The policy's and the critic's gradient norms before clipping them to ``rl.grad_clip``, read with the loss so
+    far in one host synchronisation per optimiser step; a non-finite one of them stops the run before the step."""
+    norms = torch.stack([whole(torch.nn.utils.clip_grad_norm_(group, float(rl.grad_clip))).float()
+                         for group in (params, critic_params) if group])
+    values = torch.cat([norms, torch.as_tensor(policy_loss, device=norms.device).reshape(1)]).tolist()
+    norm, critic_norm = values[0], values[1] if critic_params else 0.0
+    if not all(math.isfinite(v) for v in values):
+        raise training.NonFiniteLoss(
+            f"non-finite PPO loss or gradient (norm {norm}, critic {critic_norm}) in iteration "
+            f"{iteration + 1}; no update applied, checkpoints/last is the last good checkpoint; lower rl.lr")
+    return norm, critic_norm
 
 
 def sharded_forwards(n: int, info) -> int:
