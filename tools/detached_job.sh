@@ -8,7 +8,7 @@
 #   bash tools/detached_job.sh carry <pieces dir>   (on the machine the pieces go to: into .resume1, .resume2, ...,
 #        3 pieces each, so that each folder can travel with one command)
 # poll waits until the chain ends or <seconds> pass, then copies the log, the evaluation results and whatever
-# the chain has written to <results dir> so far to $COPY_BACK_DIR.
+# the chain has written to <results dir> so far to $COPY_BACK_DIR (and every 30 s while it waits).
 set -uo pipefail
 LOG=/tmp/gpu_chain.log
 BACK=${COPY_BACK_DIR:-copy_back}  # what the caller takes back
@@ -27,13 +27,20 @@ case "${1:-}" in
     limit=$2 run=$3 results=${4:-}; mkdir -p "$BACK"
     # a fresh machine has no chain: say so now, not after <seconds> of waiting
     [ -f "$LOG" ] || { echo "no chain on this machine ($LOG is missing): start it again" >&2; exit 3; }
-    while [ "$SECONDS" -lt "$limit" ] && ! grep -q CHAIN_EXIT "$LOG"; do sleep 5; done
-    # the progress bars are carriage-return lines: keep the last state of each; drop the import-time warnings every
-    # LIBERO worker prints (robosuite's macro file, its logo's escape sequence), which bury the progress lines
-    tr '\r' '\n' <"$LOG" | grep -v -E '^\s*(collect|rollout|eval):\s+[0-9]+%' \
-      | grep -v -E 'robosuite WARNING|__logo__ = |SyntaxWarning: invalid escape' >"$BACK/chain.log"
-    for d in eval eval_rl; do [ -f "$run/$d/results.json" ] && cp "$run/$d/results.json" "$BACK/$d.json"; done
-    [ -n "$results" ] && [ -d "$results" ] && cp -r "$results" "$BACK/results"
+    # what has come so far is copied every 30 s too, so that a command cut short by its caller still brings it
+    copy_back() {
+      # the progress bars are carriage-return lines: keep the last state of each; drop the import-time warnings
+      # every LIBERO worker prints (robosuite's macro file, its logo's escape sequence), which bury the progress
+      tr '\r' '\n' <"$LOG" | grep -v -E '^\s*(collect|rollout|eval):\s+[0-9]+%' \
+        | grep -v -E 'robosuite WARNING|__logo__ = |SyntaxWarning: invalid escape' >"$BACK/chain.log"
+      for d in eval eval_rl; do [ -f "$run/$d/results.json" ] && cp "$run/$d/results.json" "$BACK/$d.json"; done
+      [ -n "$results" ] && [ -d "$results" ] && rm -rf "$BACK/results" && cp -r "$results" "$BACK/results"
+      return 0
+    }
+    while [ "$SECONDS" -lt "$limit" ] && ! grep -q CHAIN_EXIT "$LOG"; do
+      sleep 5; [ $((SECONDS % 30)) -lt 5 ] && copy_back
+    done
+    copy_back
     tail -25 "$BACK/chain.log" ;;
   pieces)
     # a run folder moved in pieces no larger than 15 MiB, <count> of them per command: a LIBERO run state with
