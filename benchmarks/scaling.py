@@ -10,7 +10,7 @@ every count whose trainers and actors fit the host's GPUs; the actors join one R
         [--groups 32] [--k 8] [--iterations 3] [--episode-steps 200] [--out runs/scaling] [--cpu]
         [--task-extra task.* ...] [--extra stage-0/1 overrides ...] [--placements disaggregated,disaggregated_overlap]
         [--stages auto|1|2] [--actor-gpus 1|0.5] [--parts stage1,rl] [--cores-per-gpu 16] [--base <stage-1 ckpt>]
-        [--rl-extra rl.* ...]
+        [--rl-extra rl.* ...] [--pin-cores]
     python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the run's
@@ -45,12 +45,13 @@ class RunFailed(RuntimeError):
     """A measured run that exited non-zero: its row records the error and the curve goes on without it."""
 
 
-def ript(args: list[str], procs: int = 1, env: dict[str, str] | None = None, log: Path | None = None) -> None:
+def ript(args: list[str], procs: int = 1, env: dict[str, str] | None = None, log: Path | None = None,
+         cores: list[int] | None = None) -> None:
     """``ript <job> <overrides>`` as the protocol launches a phase: under torchrun on ``procs`` processes, its
-    console output kept whole in ``log``."""
+    console output kept whole in ``log``; with ``cores``, it and every process it starts run on those alone."""
     job, *overrides = args
     proc = subprocess.run(Phase(job, job, overrides).command(procs), capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, preexec_fn=pinned(cores))
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(proc.stderr)
@@ -65,6 +66,19 @@ def first_error(output: str) -> str:
     lines = [line.strip() for line in output.splitlines()]
     found = next((line for line in lines if any(m in line for m in marks) and not line.startswith("frame #")), None)
     return (found or (lines[-1] if lines else "no output"))[:600]
+
+
+def pinned(cores: list[int] | None):
+    """A child's start-up that confines it (and its children) to ``cores``; None: the host's."""
+    return None if cores is None else lambda: os.sched_setaffinity(0, cores)
+
+
+def host_share(a, gpus: int) -> list[int] | None:
+    """With --pin-cores, the cores a host of --cores-per-gpu cores per GPU gives ``gpus`` GPUs (on the CPU, per
+    process): a run on fewer GPUs does not borrow the cores the others would bring."""
+    if not a.pin_cores or not a.cores_per_gpu:
+        return None
+    return list(range(min(os.cpu_count() or 1, a.cores_per_gpu * gpus)))
 
 
 def fresh(run_dir: Path) -> Path:
@@ -94,7 +108,8 @@ def stage1_args(a, out: Path, run_dir: Path, steps: int) -> list[str]:
 
 def stage1_speed(a, out: Path, common: list[str], n: int) -> dict:
     run_dir = fresh(out / f"stage1_{n}")
-    ript(["stage1", *common, *stage1_args(a, out, run_dir, a.s1_steps)], n, log=out / "logs" / f"stage1_{n}.log")
+    ript(["stage1", *common, *stage1_args(a, out, run_dir, a.s1_steps)], n, log=out / "logs" / f"stage1_{n}.log",
+         cores=host_share(a, n))
     speed = [v for step, v in scalars(run_dir)["time/samples_per_s"] if step > a.warmup]
     return {"samples_per_s": statistics.median(speed), "per_process_batch": a.batch // n}
 
@@ -107,13 +122,15 @@ PLACEMENTS = {"disaggregated": ["placement.mode=disaggregated"],
 
 
 @contextmanager
-def ray_head(gpus: list[int]):
+def ray_head(gpus: list[int], cores: list[int] | None = None):
     """One Ray head on this host for every trainer process's rollout actor (``workers.ray_address=auto``),
-    handing out ``gpus`` only: the torchrun trainers compute on the first GPUs, which Ray does not know."""
+    handing out ``gpus`` only: the torchrun trainers compute on the first GPUs, which Ray does not know; with
+    ``cores``, its actors run on those alone."""
     ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]  # the ``ray`` command, wherever pip put its scripts
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)} if gpus else None
-    subprocess.run([*ray_cli, "start", "--head", f"--num-gpus={len(gpus)}", f"--num-cpus={os.cpu_count()}",
-                    "--disable-usage-stats"], check=True, capture_output=True, env=env)
+    subprocess.run([*ray_cli, "start", "--head", f"--num-gpus={len(gpus)}",
+                    f"--num-cpus={len(cores) if cores else os.cpu_count()}", "--disable-usage-stats"],
+                   check=True, capture_output=True, env=env, preexec_fn=pinned(cores))
     try:
         yield
     finally:
@@ -136,16 +153,17 @@ def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[
         # the trainers take GPUs 0..n-1; actors of their own GPUs the next ones, shares the trainers'
         actor_gpus = [] if a.cpu else list(range(n, n + n * int(a.actor_gpus))) if a.actor_gpus >= 1 \
             else list(range(n))
-        with ray_head(actor_gpus):
+        held = n if a.cpu else int(n * per_rank)  # GPUs of the trainers and their actors
+        with ray_head(actor_gpus, host_share(a, held)):
             for name in names:
                 extra = (*PLACEMENTS[name], *share, *workers, "workers.ray_address=auto")
                 row = measured(f"{name}, {n} trainer process(es): RL", rl_speed, a, out, rl_common, base, n,
-                               f"{name}_{n}", extra)
+                               f"{name}_{n}", extra, held)
                 one = collocated.get(min(collocated)) if collocated else None  # --parts placements: none
                 if one and "failed" not in one and "failed" not in row:
                     row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
                         one["env_steps_per_s_with_training"]
-                row["gpus"] = n if a.cpu else int(n * per_rank)  # the trainers' and their actors'
+                row["gpus"] = held
                 rows.setdefault(name, {})[n] = row
                 save()
     return rows
@@ -172,7 +190,8 @@ def workers_per_rank(a, gpus_per_rank: int) -> list[str]:
 
 
 def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | None = None,
-             extra: tuple[str, ...] = ()) -> dict:
+             extra: tuple[str, ...] = (), held: int | None = None) -> dict:
+    """One RL run on ``n`` trainer processes (``held``: the GPUs they and their rollout actors hold; ``n``)."""
     run_dir = fresh(out / f"rl_{tag or n}")
     # one collocated process renders on its own GPU, as on a host of one GPU (alone on a host of several, it
     # would render on the others); each torchrun rank renders on its own GPU anyway
@@ -180,7 +199,7 @@ def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | Non
     ript(["rl", *common, f"checkpoint={base}", f"run_dir={run_dir}", f"rl.iterations={a.iterations}",
           f"rl.groups_per_iteration={a.groups}", f"rl.rollouts_per_group={a.k}", "rl.max_sampling_rounds=1",
           "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0", *extra], n, env,
-         out / "logs" / f"rl_{tag or n}.log")
+         out / "logs" / f"rl_{tag or n}.log", host_share(a, held or n))
     s = scalars(run_dir)
     last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, *RL_SHARES, *RL_MEMORY, "time/env_steps_per_s") if tag in s}
     rollout_steps = last["time/env_steps_per_s"] * last["time/rollout"]
@@ -270,6 +289,8 @@ def main() -> None:
     ap.add_argument("--cores-per-gpu", type=int, default=16, help="env workers per GPU of each RL run (the cores "
                     "a host gives each GPU, so that N GPUs bring N times the simulators; 0: this host's cores shared "
                     "among the processes)")
+    ap.add_argument("--pin-cores", action="store_true", help="run each measurement on --cores-per-gpu cores per "
+                    "GPU it holds (per process on the CPU) and no more, as hosts of that many cores per GPU would")
     ap.add_argument("--base", help="RL's start: this stage-1 checkpoint, made elsewhere (--parts rl; skips the "
                     "demos and stages 0-1)")
     ap.add_argument("--plot", help="only draw the figure of this scaling.json (beside it)")
