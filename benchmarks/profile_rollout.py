@@ -112,7 +112,7 @@ def plan_ms_under_load(policy, cfg, task_name: str, obs: dict, sizes: list[int],
     return {"plan_ms": ms, "load_env_steps_per_s": sum(c.value for c in counters) / seconds}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--overrides", nargs="*", default=[])
     ap.add_argument("--tasks", type=int, default=2, help="the suite's first N tasks")
@@ -129,7 +129,39 @@ def main() -> None:
     ap.add_argument("--pipeline-stages", default="auto", help="groups of workers planned in turn (the runner's)")
     ap.add_argument("--load-procs", type=int, default=0, help="background simulator processes (0: skip)")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def timed_run(runner: EnvRunner, policy) -> tuple[dict, list[int]]:
+    """One run with every ``plan()`` timed: the runner's figures and the batch sizes the policy saw."""
+    log: list = []
+    timed_plans(policy, log)
+    res = runner.run(policy)
+    policy.plan = type(policy).plan.__get__(policy)  # untimed again
+    sizes = sorted({n for n, _, _ in log})
+    median_ms = lambda col, n: 1000 * float(np.median([row[col] for row in log if row[0] == n]))  # noqa: E731
+    return {"seconds": res["seconds"], "inference_share": sum(r[1] for r in log) / res["seconds"],
+            "env_steps_per_s": res["env_steps_per_second"], "worker_busy_share": res["worker_busy_share"],
+            "policy_share": res["policy_share"], "plan_calls": len(log), "plan_s_total": sum(r[1] for r in log),
+            "plan_ms_by_batch": {n: median_ms(1, n) for n in sizes},
+            "plan_gpu_ms_by_batch": {n: median_ms(2, n) for n in sizes}}, sizes
+
+
+def torch_profile(runner: EnvRunner, policy, out_dir: str | None) -> None:
+    """One more run under torch.profiler: the top CPU and CUDA ops, printed (and written to ``out_dir``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner.run(policy)
+    table_cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    table_cuda = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15)
+    print(table_cpu, "\n", table_cuda, flush=True)
+    if out_dir:
+        Path(out_dir, "profile_tables.txt").write_text(table_cpu + "\n\n" + table_cuda)
+
+
+def main() -> None:
+    args = parse_args()
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     cfg = compose("stage1", args.overrides)
@@ -142,8 +174,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ds = demo_dataset(cfg, Path(tmp), 1, task_names(cfg.task)[: args.tasks])
         model = make_prior(cfg, ds).to(device)
-    settings = prior_sampling(cfg)
-    policy = make_policy(model, settings, device, seed=0)
+    policy = make_policy(model, prior_sampling(cfg), device, seed=0)
     if args.record:
         policy.start_recording()
     policy.cuda_graph = policy.cuda_graph and bool(args.cuda_graph)
@@ -155,29 +186,10 @@ def main() -> None:
                        pipeline_stages=args.pipeline_stages if args.pipeline_stages == "auto"
                        else int(args.pipeline_stages)))
     runner.run(policy)  # warm-up: spawn workers, build envs, first kernels
-    log: list = []
-    timed_plans(policy, log)
-    res = runner.run(policy)
-    sizes = sorted({n for n, _, _ in log})
-    median_ms = lambda col, n: 1000 * float(np.median([row[col] for row in log if row[0] == n]))  # noqa: E731
-    out["runner"] = {"seconds": res["seconds"], "inference_share": sum(r[1] for r in log) / res["seconds"],
-                     "env_steps_per_s": res["env_steps_per_second"], "worker_busy_share": res["worker_busy_share"],
-                     "policy_share": res["policy_share"], "plan_calls": len(log),
-                     "plan_s_total": sum(r[1] for r in log),
-                     "plan_ms_by_batch": {n: median_ms(1, n) for n in sizes},
-                     "plan_gpu_ms_by_batch": {n: median_ms(2, n) for n in sizes}}
+    out["runner"], sizes = timed_run(runner, policy)
     print(json.dumps(out["runner"], indent=2), flush=True)
-    policy.plan = type(policy).plan.__get__(policy)
     if device.startswith("cuda") and args.torch_profile:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            runner.run(policy)
-        table_cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
-        table_cuda = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15)
-        print(table_cpu, "\n", table_cuda, flush=True)
-        if args.out:
-            Path(args.out, "profile_tables.txt").write_text(table_cpu + "\n\n" + table_cuda)
+        torch_profile(runner, policy, args.out)
     task_name = ds.task_names[0]
     task = get_suite(suite).make_task(task_name, OmegaConf.to_container(cfg.task.render), args.steps)
     obs = task.reset(0, render=True)
