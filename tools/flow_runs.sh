@@ -13,6 +13,7 @@
 set -uo pipefail
 R=${RESULTS:-runs/protocol_results}
 mkdir -p "$R"
+failed=0
 protocol() {  # protocol $1 with FLOW_EXTRA's and the further overrides given
   local p=$1; shift
   python3 -m ript.cli protocol "$p" "+phases.collect.num_workers=$(nproc)" "${quiet[@]}" ${FLOW_EXTRA:-} "$@" 2>&1 \
@@ -36,9 +37,10 @@ for p in "$@"; do
       overwrite=true ${WM_EVAL_EXTRA:-} 2>&1 | grep -v -E 'robosuite WARNING' | tail -20
     PROTO=$p bash tools/protocol_runs.sh state
   fi
-  protocol "$p"
+  protocol "$p" || failed=1
   cp "runs/protocols/$p/results.json" "$R/$p.json" 2>/dev/null
   cp "runs/protocols/$p/protocol.json" "$R/$p.protocol.json" 2>/dev/null
   cp "runs/protocols/$p/rl/rl_history.json" "$R/$p.rl_history.json" 2>/dev/null
 done
 echo "== done at ${SECONDS}s"
+exit $failed

@@ -165,7 +165,8 @@ def test_a_flow_protocol_wires_its_evaluations_and_rl_to_the_flow_policy(tmp_pat
     phases = {phase.name: phase for phase in protocol.plan(cfg)}
     assert list(phases) == ["collect", "flow", "eval", "rl", "eval_rl"] and protocol.imitation_dir(cfg) == root / "flow"
     jobs = {name: compose(phase.job, phase.overrides) for name, phase in phases.items()}
-    assert jobs["flow"].algo.name == "flow" and jobs["flow"].data.demos_per_task == 5
+    assert jobs["flow"].algo.name == "flow" and jobs["flow"].data.demos_per_task == 2
+    assert jobs["collect"].task.demos_per_task == 2, "few-shot: only the demos the policy trains on are collected"
     for name in ("eval", "rl", "eval_rl"):
         assert jobs[name].policy.name == "flow", name
     assert jobs["rl"].checkpoint == str(root / "flow") and jobs["rl"].policy.noise_method == "flow_sde"
