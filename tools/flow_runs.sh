@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Flow-policy protocols on a GPU host, as a detached job (tools/detached_job.sh): each argument is a protocol
-# with a flow phase (configs/protocol/*flow*.yaml, *world_model.yaml) run with FLOW_EXTRA's overrides; its results.json and protocol.json are copied to
-# $RESULTS (runs/protocol_results). Protocols of one suite share its demos (a second collect skips them).
+# with a flow phase (configs/protocol/*flow*.yaml, *world_model.yaml) run with FLOW_EXTRA's overrides; its
+# results.json and protocol.json are copied to $RESULTS (runs/protocol_results). Protocols of one suite share its demos (a second collect skips them).
 #   bash tools/detached_job.sh start .libero/preamble.sh tools/flow_runs.sh libero_object_flow libero_object_flow_fewshot
 #   bash tools/detached_job.sh poll 560 runs/protocols/libero_object_flow runs/protocol_results
-# A world-model protocol's state after its world model is measured (protocol.json, the evaluation, the flow
-# policy's and the world model's checkpoints) is written in 15 MiB pieces to $RESULTS/state, so that another machine
-# can run its RL and last evaluation: carried there in .resume1, .resume2, ... (tools/detached_job.sh carry), the
-# same command with RESUME=1 unpacks them and goes straight to RL (COLLECT_TASK=<task config>: the suite's demos
-# collected again first, with COLLECT_EXTRA's overrides, for RL that reads them, e.g.
-# FLOW_EXTRA=+phases.rl.environment.starts=demo_frames).
+# Each protocol's state (protocol.json, the evaluations, the last checkpoints of its training phases) is written in
+# 15 MiB pieces to $RESULTS/state after its first evaluation (a world-model protocol's: after its world model is
+# measured) and again after RL, so that another machine can go on from there: carried there in .resume1,
+# .resume2, ... (tools/detached_job.sh carry), the same command with RESUME=1 unpacks them and runs the phases the
+# state has not finished (COLLECT_TASK=<task config>: the suite's demos collected again first, with COLLECT_EXTRA's
+# overrides, for RL that reads them, e.g. FLOW_EXTRA=+phases.rl.environment.starts=demo_frames).
 set -uo pipefail
 R=${RESULTS:-runs/protocol_results}
 mkdir -p "$R"
@@ -27,14 +27,19 @@ for p in "$@"; do
     if [[ -n ${COLLECT_TASK:-} ]]; then
       python3 -m ript.cli collect task="$COLLECT_TASK" num_workers="$(nproc)" episodes_per_job=5 ${COLLECT_EXTRA:-} 2>&1 | tail -3
     fi
-  elif [[ $p == *world_model* ]]; then
-    # the world model is measured (fidelity, its success head, side-by-side videos) as soon as it is trained, so
-    # that its figures exist even if the host is lost during RL; the same protocol then goes on to RL
-    quiet+=(+phases.world_model.progress=false)
-    protocol "$p" phases.rl=null phases.eval_rl=null
-    echo "== world-model-eval at ${SECONDS}s"
-    python3 -m ript.cli world-model-eval checkpoint="runs/protocols/$p/world_model" out_dir="$R/$p.world_model_eval" \
-      overwrite=true ${WM_EVAL_EXTRA:-} 2>&1 | grep -v -E 'robosuite WARNING' | tail -20
+  else
+    # the protocol's state (tools/protocol_runs.sh state) is kept after imitation and its evaluation, and again
+    # after RL, so that a host lost later costs only what came after (RESUME=1 on another machine goes on from it)
+    [[ $p == *world_model* ]] && quiet+=(+phases.world_model.progress=false)
+    protocol "$p" phases.rl=null phases.eval_rl=null || { failed=1; continue; }
+    if [[ $p == *world_model* ]]; then
+      # the world model is measured (fidelity, its success head, side-by-side videos) as soon as it is trained
+      echo "== world-model-eval at ${SECONDS}s"
+      python3 -m ript.cli world-model-eval checkpoint="runs/protocols/$p/world_model" out_dir="$R/$p.world_model_eval" \
+        overwrite=true ${WM_EVAL_EXTRA:-} 2>&1 | grep -v -E 'robosuite WARNING' | tail -20
+    fi
+    PROTO=$p bash tools/protocol_runs.sh state
+    protocol "$p" phases.eval_rl=null || { failed=1; continue; }
     PROTO=$p bash tools/protocol_runs.sh state
   fi
   protocol "$p" || failed=1

@@ -59,7 +59,7 @@ keep_ckpt() { local stage; mkdir -p $R/ckpt; for stage in stage0 stage1; do
 # the flow policy's; ~51 MiB for LIBERO's stage 1), the world model's if the protocol has one, and RL's last
 # checkpoint with its optimizer state (~150 MiB more) if RL ran, in pieces that travel in .resume1, .resume2, ...
 keep_state() {
-  local run=$1 dir step files; mkdir -p $R/state
+  local run=$1 dir step files; mkdir -p $R/state; rm -f $R/state/$run.tar.part*  # a smaller state leaves none
   files="$run/protocol.json $(cd runs/protocols && ls $run/eval*/results.json 2>/dev/null)"
   for dir in stage1 finetune flow world_model rl; do
     [ -L runs/protocols/$run/$dir/checkpoints/last ] || continue
