@@ -8,6 +8,7 @@ libraries in .whl/gl/.
     python -m pip wheel --no-deps -w .whl easydict future termcolor pydantic pydantic-core \
         annotated-types typing-inspection typing-extensions
     python -m tools.libero_bundle --suites libero_object      # writes .libero/ (git-ignored)
+    python -m tools.libero_bundle --suites libero_spatial --out .libero_spatial   # one bundle per suite
     # on the GPU host (carry .libero):  source .libero/preamble.sh && python3 -m ript.cli ...
 
 ``--check`` unpacks the bundle into a temporary folder and builds every task again from there alone.
@@ -122,17 +123,19 @@ def write_bundle(out: Path, files: list[str], root: Path) -> None:
 
 
 PREAMBLE = """# Source at the start of a command on the offline GPU host: unpacks LIBERO and installs the wheels into
-# /tmp/site, renders through the carried EGL loader (written by tools/libero_bundle.py).
-python3 -c "import tarfile; tarfile.open('.libero/site.tar.xz').extractall('/tmp/site', filter='data')" || return 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-.libero/whl/*.whl || return 1
+# /tmp/site, renders through the carried EGL loader (written by tools/libero_bundle.py; the bundle is the folder
+# this file is in, so bundles of different suites can sit side by side).
+_bundle=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('/tmp/site', filter='data')" \\
+"$_bundle/site.tar.xz" || return 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
+"$_bundle"/whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-_gl=$PWD/.libero/gl/usr/lib/x86_64-linux-gnu
+_gl=$_bundle/gl/usr/lib/x86_64-linux-gnu
 ln -sf libEGL.so.1 "$_gl/libEGL.so"; ln -sf libGL.so.1 "$_gl/libGL.so"; ln -sf libOpenGL.so.0 "$_gl/libOpenGL.so"
 export LD_LIBRARY_PATH=$_gl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl PYTHONUNBUFFERED=1
 """
-
 
 def check(out: Path, suites: list[str]) -> None:
     """Build every task again with the bundle's robosuite/libero and none of the installed ones on the path
