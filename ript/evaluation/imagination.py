@@ -86,14 +86,34 @@ class Counts:
                 "false_positives": self.fp}
 
 
+# the success thresholds a world model's head is scored at (environment.success_threshold picks one)
+THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(1, 20))
+
+
+def threshold_curve(probs: torch.Tensor, labels: torch.Tensor, thresholds=THRESHOLDS) -> dict:
+    """The success head's precision, recall and F1 at each threshold over these chunk ends (``labels``: the
+    episode ended there with success), and the threshold of the best F1, the lowest of equals: the
+    ``environment.success_threshold`` at which this model ends imagined episodes most like the real ones."""
+    rows = []
+    for threshold in thresholds:
+        fired = probs >= threshold
+        tp, fp, fn = (int((fired & labels).sum()), int((fired & ~labels).sum()), int((~fired & labels).sum()))
+        precision, recall = tp / max(1, tp + fp), tp / max(1, tp + fn)
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+        rows.append({"threshold": threshold, "precision": precision, "recall": recall, "f1": f1})
+    best = max(rows, key=lambda row: row["f1"])  # the first of equals: the lowest threshold
+    return {"curve": rows, "best_threshold": best["threshold"], "best_f1": best["f1"]}
+
+
 @torch.no_grad()
 def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Tensor, threshold: float,
                       device: str, batch_size: int = 64, n_videos: int = 0, video_dir: Path | None = None) -> dict:
     """Open-loop imagination from real frames with the demos' own actions: PSNR/SSIM per chunk of horizon (and
-    for a model that predicts no change), and the success head on the imagined frames."""
+    for a model that predicts no change), and the success head on the imagined frames, at ``threshold`` and over
+    the thresholds of ``threshold_curve``."""
     horizon = dataset.spec.future_count
     sums = {k: torch.zeros(horizon, dtype=torch.float64) for k in ("psnr", "ssim", "psnr_still", "ssim_still", "n")}
-    head, videos = Counts(), 0
+    head, videos, probs, labels = Counts(), 0, [], []
     for i in range(0, len(starts), batch_size):
         batch = dataset.get_batch(starts[i:i + batch_size])
         obs = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
@@ -111,6 +131,8 @@ def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Te
                 sums[name][n] += float(value[live].sum())
             sums["n"][n] += float(live.sum())
             head.add(prob >= threshold, done, live)
+            probs.append(prob[live].float().cpu())
+            labels.append(done[live].bool().cpu())
             frames.append((real, imagined))
             live = live & ~done
         for j in range(min(len(first), n_videos - videos)):
@@ -120,7 +142,8 @@ def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Te
     n = sums.pop("n").clamp(min=1)
     table = [{"chunks": h + 1, **{k: float(v[h] / n[h]) for k, v in sums.items()}, "segments": int(n[h])}
              for h in range(horizon)]
-    return {"fidelity": table, "head_on_imagined": head.summary()}
+    return {"fidelity": table, "head_on_imagined": head.summary(),
+            "head_calibration": threshold_curve(torch.cat(probs), torch.cat(labels))}
 
 
 @torch.no_grad()

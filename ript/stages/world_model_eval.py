@@ -54,6 +54,9 @@ def run(cfg) -> dict[str, Any]:
     print(fidelity_table(results))
     print(head_line("real frames", results["head_on_real"]))
     print(head_line("imagined frames", results["head_on_imagined"]))
+    calibration = results["head_calibration"]
+    print(f"success head on imagined frames: best F1 {calibration['best_f1']:.2f} at threshold "
+          f"{calibration['best_threshold']:g} (environment.success_threshold; {threshold:g} above)")
     speed = results["speed"]
     print(f"imagined: {speed['env_steps_per_second']:.0f} env steps/s ({speed['envs']} envs on {device})")
     log.info("world-model-eval: results in %s", out_dir / "results.json")

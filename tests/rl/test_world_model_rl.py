@@ -22,6 +22,7 @@ from ript.envs.demo_starts import DemoFrames, start_frame
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
 from ript.envs.worker_env import EpisodeSpec, PoolSettings
 from ript.errors import RiptError
+from ript.evaluation.imagination import THRESHOLDS, threshold_curve
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
 from ript.stages import rl, world_model
@@ -160,7 +161,28 @@ def test_world_model_eval_measures_fidelity_the_head_and_speed(world_model_run, 
     assert results["speed"]["env_steps"] == 4 * 2 * 2 and results["speed"]["env_steps_per_second"] > 0
     assert len(list((out / "videos").glob("*.mp4"))) == 1
     assert "PSNR" in stdout and "success head on real frames" in stdout
+    calibration = results["head_calibration"]
+    assert [row["threshold"] for row in calibration["curve"]] == list(THRESHOLDS)
+    assert calibration["best_f1"] == max(row["f1"] for row in calibration["curve"])
+    assert f"best F1 {calibration['best_f1']:.2f} at threshold {calibration['best_threshold']:g}" in stdout
     assert_one_line_error(ript(*args), "results.json exists", "overwrite=true")
+
+
+def test_the_head_calibration_scores_every_threshold_and_picks_the_lowest_of_the_best_f1():
+    """Four chunk ends, two of them successes: probabilities 0.9 / 0.6 for the successes, 0.7 / 0.2 for the
+    others. Counted by hand: at 0.1 all four fire (precision 1/2, recall 1, F1 2/3); at 0.5 two of three firings
+    are right (precision 2/3, recall 1, F1 0.8); at 0.65 one of two (F1 1/2); at 0.8 one of one (precision 1,
+    recall 1/2, F1 2/3); at 0.95 none fires."""
+    probs = torch.tensor([0.9, 0.6, 0.7, 0.2])
+    labels = torch.tensor([True, True, False, False])
+    result = threshold_curve(probs, labels, thresholds=(0.1, 0.5, 0.65, 0.8, 0.95))
+    f1 = {row["threshold"]: row["f1"] for row in result["curve"]}
+    assert f1[0.1] == pytest.approx(2 / 3)
+    assert f1[0.5] == pytest.approx(0.8) and f1[0.65] == pytest.approx(0.5) and f1[0.8] == pytest.approx(2 / 3)
+    assert f1[0.95] == 0.0
+    assert result["best_threshold"] == 0.5 and result["best_f1"] == pytest.approx(0.8)
+    tied = threshold_curve(torch.tensor([0.9, 0.1]), torch.tensor([True, False]), thresholds=(0.3, 0.5, 0.8))
+    assert tied["best_threshold"] == 0.3  # every threshold separates them: the lowest is kept
 
 
 def test_recorded_episodes_become_demonstration_files_a_world_model_trains_on(stage1_run, tiny_data, tmp_path):
