@@ -94,11 +94,12 @@ def threshold_curve(probs: torch.Tensor, labels: torch.Tensor, thresholds=THRESH
     """The success head's precision, recall and F1 at each threshold over these chunk ends (``labels``: the
     episode ended there with success), and the threshold of the best F1, the lowest of equals: the
     ``environment.success_threshold`` at which this model ends imagined episodes most like the real ones."""
-    rows = []
+    rows, every = [], torch.ones_like(labels)
     for threshold in thresholds:
-        fired = probs >= threshold
-        tp, fp, fn = (int((fired & labels).sum()), int((fired & ~labels).sum()), int((~fired & labels).sum()))
-        precision, recall = tp / max(1, tp + fp), tp / max(1, tp + fn)
+        counts = Counts()
+        counts.add(probs >= threshold, labels, every)
+        summary = counts.summary()
+        precision, recall = summary["precision"], summary["recall"]
         f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
         rows.append({"threshold": threshold, "precision": precision, "recall": recall, "f1": f1})
     best = max(rows, key=lambda row: row["f1"])  # the first of equals: the lowest threshold
@@ -113,7 +114,7 @@ def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Te
     the thresholds of ``threshold_curve``."""
     horizon = dataset.spec.future_count
     sums = {k: torch.zeros(horizon, dtype=torch.float64) for k in ("psnr", "ssim", "psnr_still", "ssim_still", "n")}
-    head, videos, probs, labels = Counts(), 0, [], []
+    videos, probs, labels = 0, [], []
     for i in range(0, len(starts), batch_size):
         batch = dataset.get_batch(starts[i:i + batch_size])
         obs = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
@@ -130,7 +131,6 @@ def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Te
                                 ("psnr_still", psnr(first, real)), ("ssim_still", ssim(first, real))):
                 sums[name][n] += float(value[live].sum())
             sums["n"][n] += float(live.sum())
-            head.add(prob >= threshold, done, live)
             probs.append(prob[live].float().cpu())
             labels.append(done[live].bool().cpu())
             frames.append((real, imagined))
@@ -142,8 +142,12 @@ def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Te
     n = sums.pop("n").clamp(min=1)
     table = [{"chunks": h + 1, **{k: float(v[h] / n[h]) for k, v in sums.items()}, "segments": int(n[h])}
              for h in range(horizon)]
-    return {"fidelity": table, "head_on_imagined": head.summary(),
-            "head_calibration": threshold_curve(torch.cat(probs), torch.cat(labels))}
+    # every live chunk end's head probability and whether it ended the episode: the head at ``threshold`` and
+    # over the calibration's thresholds, counted from the same lists
+    probs, labels = torch.cat(probs), torch.cat(labels)
+    head = Counts()
+    head.add(probs >= threshold, labels, torch.ones_like(labels))
+    return {"fidelity": table, "head_on_imagined": head.summary(), "head_calibration": threshold_curve(probs, labels)}
 
 
 @torch.no_grad()
