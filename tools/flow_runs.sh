@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Flow-policy protocols on a GPU host, as a detached job (tools/detached_job.sh): each argument is a protocol
 # with a flow phase (configs/protocol/*flow*.yaml, *world_model.yaml) run with FLOW_EXTRA's overrides; its
-# results.json and protocol.json are copied to $RESULTS (runs/protocol_results). Protocols of one suite share its demos (a second collect skips them).
-#   bash tools/detached_job.sh start .libero/preamble.sh tools/flow_runs.sh libero_object_flow libero_object_flow_fewshot
+# results.json and protocol.json are copied to $RESULTS (runs/protocol_results). Protocols of one suite share its
+# demos (a second collect skips them).
+#   bash tools/detached_job.sh start .libero/preamble.sh tools/flow_runs.sh libero_object_flow_fewshot
 #   bash tools/detached_job.sh poll 560 runs/protocols/libero_object_flow runs/protocol_results
 # Each protocol's state (protocol.json, the evaluations, the last checkpoints of its training phases) is written in
 # 15 MiB pieces to $RESULTS/state after its first evaluation (a world-model protocol's: after its world model is

@@ -137,6 +137,7 @@ export LD_LIBRARY_PATH=$_gl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl PYTHONUNBUFFERED=1
 """
 
+
 def check(out: Path, suites: list[str]) -> None:
     """Build every task again with the bundle's robosuite/libero and none of the installed ones on the path
     (the other installed packages are linked into a folder that leaves those out; -S skips site-packages)."""
