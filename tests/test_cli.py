@@ -6,17 +6,17 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.helpers.cli import assert_one_line_error, ript, task_overrides
+from tests.helpers.cli import assert_one_line_error, ript, ript_here, task_overrides
 
 
 def test_unknown_config_key_and_task():
-    assert_one_line_error(ript("stage1", "algo.n_layers=4"), "algo.n_layers")
-    assert_one_line_error(ript("collect", "task=metaworld_ml46"), "task/metaworld_ml46")
-    assert_one_line_error(ript("collect", "task.task_names=[pick-plaec-v3]"), "pick-plaec-v3", "task.task_names")
+    assert_one_line_error(ript_here("stage1", "algo.n_layers=4"), "algo.n_layers")
+    assert_one_line_error(ript_here("collect", "task=metaworld_ml46"), "task/metaworld_ml46")
+    assert_one_line_error(ript_here("collect", "task.task_names=[pick-plaec-v3]"), "pick-plaec-v3", "task.task_names")
 
 
 def test_missing_dataset(tmp_path):
-    assert_one_line_error(ript("stage0", f"task.data_dir={tmp_path}/nothing", f"run_dir={tmp_path}/run"),
+    assert_one_line_error(ript_here("stage0", f"task.data_dir={tmp_path}/nothing", f"run_dir={tmp_path}/run"),
                           "nothing/button-press-v3.hdf5", "does not exist")
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -39,13 +39,13 @@ def test_damaged_dataset_files(tiny_data, tmp_path, damage):
             f["data/demo_0/actions"] = np.zeros((len(f["data/demo_0/rewards"]), 7), dtype=np.float32)
         expected = ["data/demo_0/actions", "action dim 7"]
     overrides = [o for o in task_overrides(data)] + [f"run_dir={tmp_path}/run", "algo=quest_small"]
-    assert_one_line_error(ript("stage0", *overrides), *expected)
+    assert_one_line_error(ript_here("stage0", *overrides), *expected)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_wrong_stage_checkpoint_for_eval_and_stage1(stage0_run, tiny_data, tmp_path):
-    assert_one_line_error(ript("eval", f"checkpoint={stage0_run}"), "stage 'stage0'", "is needed")
-    assert_one_line_error(ript("eval", f"checkpoint={tmp_path}/nope"), "nope does not exist")
+    assert_one_line_error(ript_here("eval", f"checkpoint={stage0_run}"), "stage 'stage0'", "is needed")
+    assert_one_line_error(ript_here("eval", f"checkpoint={tmp_path}/nope"), "nope does not exist")
 
 
 def test_corrupt_weights_are_reported(stage1_run, tmp_path):
@@ -53,7 +53,7 @@ def test_corrupt_weights_are_reported(stage1_run, tmp_path):
     shutil.copytree(stage1_run / "checkpoints" / "last", copy)
     weights = copy / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    assert_one_line_error(ript("eval", f"checkpoint={copy}"), "model.safetensors")
+    assert_one_line_error(ript_here("eval", f"checkpoint={copy}"), "model.safetensors")
 
 
 def test_help_lists_the_jobs():
@@ -76,7 +76,7 @@ def test_every_policy_family_composes_for_rl_and_eval_and_a_mismatch_is_one_line
         assert type(family_for(compose(job, [f"checkpoint={stage1_run}"]))) is POLICIES.get("skill_prior")
     oft = compose("oft")  # the oft-* shorthands: RL's config with OpenVLA-OFT's keys and a LIBERO task
     assert oft.policy.name == "openvla_oft" and oft.task.suite == "libero_spatial" and "lora" in oft.policy
-    assert_one_line_error(ript("eval", f"checkpoint={stage1_run}", "policy=openvla_oft", "task=libero_spatial"),
+    assert_one_line_error(ript_here("eval", f"checkpoint={stage1_run}", "policy=openvla_oft", "task=libero_spatial"),
                           "holds the skill_prior policy family's model", "policy=skill_prior")
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ript.errors import RiptError
-from tests.helpers.cli import assert_one_line_error, ript, task_overrides, train_overrides
+from tests.helpers.cli import assert_one_line_error, ript, ript_here, task_overrides, train_overrides
 
 
 @pytest.mark.parametrize("job,override,fragment", [
@@ -49,7 +49,8 @@ def test_out_of_range_values_are_refused_with_the_key(job, override, fragment):
 
 
 def test_invalid_value_through_the_cli_creates_nothing(tmp_path):
-    assert_one_line_error(ript("stage0", "train.steps=0", f"run_dir={tmp_path}/run"), "train.steps=0", "greater than 0")
+    assert_one_line_error(ript_here("stage0", "train.steps=0", f"run_dir={tmp_path}/run"), "train.steps=0",
+                          "greater than 0")
     assert not (tmp_path / "run").exists()
 
 
@@ -98,14 +99,14 @@ def test_the_best_checkpoint_is_never_pruned_and_its_score_survives_a_resume(tmp
 def test_failed_start_leaves_no_folder_and_a_stub_resumes(tiny_data, tmp_path):
     run = tmp_path / "run"
     bad = task_overrides(tmp_path / "missing") + ["algo=quest_small", f"run_dir={run}"]
-    assert_one_line_error(ript("stage0", *bad), "does not exist")
+    assert_one_line_error(ript_here("stage0", *bad), "does not exist")
     assert not run.exists()
     # what a start killed before its first checkpoint leaves: resume=true starts it over, a fresh start refuses
     run.mkdir()
     (run / "config.json").write_text("{}")
     (run / "tb").mkdir()
     overrides = train_overrides(tiny_data, run, 2)
-    assert_one_line_error(ript("stage0", *overrides), "already exists", "resume=true")
+    assert_one_line_error(ript_here("stage0", *overrides), "already exists", "resume=true")
     code, _, err = ript("stage0", *overrides, "resume=true")
     assert code == 0, err
     assert (run / "checkpoints" / "last" / "model.safetensors").is_file()
@@ -113,14 +114,14 @@ def test_failed_start_leaves_no_folder_and_a_stub_resumes(tiny_data, tmp_path):
 
 def test_run_dir_that_is_a_file(tiny_data, tmp_path):
     (tmp_path / "file").write_text("x")
-    assert_one_line_error(ript("stage0", *train_overrides(tiny_data, tmp_path / "file", 2)), "is a file")
+    assert_one_line_error(ript_here("stage0", *train_overrides(tiny_data, tmp_path / "file", 2)), "is a file")
 
 
 def test_resume_refuses_changes_that_alter_the_result(stage0_run, tiny_data, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(stage0_run, run)
     base = train_overrides(tiny_data, run, 4) + ["resume=true"]
-    assert_one_line_error(ript("stage0", *base[:-1], "train.batch_size=8", "seed=3", "resume=true"),
+    assert_one_line_error(ript_here("stage0", *base[:-1], "train.batch_size=8", "seed=3", "resume=true"),
                           "seed=0", "seed=3", "1 more: train.batch_size",
                           "resume_allow_changes=[seed,train.batch_size]")
     # run-control keys may change; an allowed key is accepted
@@ -133,13 +134,13 @@ def test_eval_output_stays_in_its_run_and_is_not_replaced(stage1_run, tmp_path):
     copy = tmp_path / "copied_checkpoint"
     shutil.copytree(stage1_run / "checkpoints" / "last", copy)
     args = ["episodes_per_task=1", "num_workers=1", "max_episode_steps=8", "n_videos=0"]
-    assert_one_line_error(ript("eval", f"checkpoint={copy}", *args), "not inside a run folder", "out_dir=")
+    assert_one_line_error(ript_here("eval", f"checkpoint={copy}", *args), "not inside a run folder", "out_dir=")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copied_checkpoint"]  # nothing written beside it
     out = tmp_path / "out"
     code, _, err = ript("eval", f"checkpoint={copy}", f"out_dir={out}", *args)
     assert code == 0, err
     first = (out / "results.json").read_text()
-    assert_one_line_error(ript("eval", f"checkpoint={copy}", f"out_dir={out}", "seed=1", *args),
+    assert_one_line_error(ript_here("eval", f"checkpoint={copy}", f"out_dir={out}", "seed=1", *args),
                           "results.json exists", "overwrite=true")
     assert (out / "results.json").read_text() == first
     code, _, err = ript("eval", f"checkpoint={copy}", f"out_dir={out}", "seed=1", "overwrite=true", *args)

@@ -10,7 +10,7 @@ from tests.helpers.cli import (
     assert_one_line_error,
     assert_round_trip,
     first_scalar,
-    ript,
+    ript_here,
     task_overrides,
     train_overrides,
 )
@@ -56,12 +56,12 @@ def test_export_then_import_gives_the_demos_back(tiny_data, tmp_path):
 def test_export_and_import_refuse_bad_folders_in_one_line(tiny_data, tmp_path):
     out = tmp_path / "lerobot"
     out.mkdir()
-    assert_one_line_error(ript("export", *task_overrides(tiny_data), f"out={out}"), str(out), "exists")
-    assert_one_line_error(ript("import", f"src={tmp_path / 'nothing'}", f"data_dir={tmp_path / 'd'}"),
+    assert_one_line_error(ript_here("export", *task_overrides(tiny_data), f"out={out}"), str(out), "exists")
+    assert_one_line_error(ript_here("import", f"src={tmp_path / 'nothing'}", f"data_dir={tmp_path / 'd'}"),
                           "info.json", "not a LeRobot dataset")
     (out / "meta").mkdir()
     (out / "meta" / "info.json").write_text(json.dumps({"codebase_version": "v2.1"}))
-    assert_one_line_error(ript("import", f"src={out}", f"data_dir={tmp_path / 'd'}"), "v2.1", "v3.0")
+    assert_one_line_error(ript_here("import", f"src={out}", f"data_dir={tmp_path / 'd'}"), "v2.1", "v3.0")
     assert not (tmp_path / "d").exists()
 
 
@@ -138,7 +138,7 @@ def test_a_malformed_lerobot_folder_is_one_line(exported, tmp_path, damage, frag
 
 def test_a_half_written_lerobot_folder_through_the_cli(exported, tmp_path):
     folder = _damaged(exported, tmp_path, lambda f: _truncate(f / "meta/episodes/chunk-000/file-000.parquet", 0.5))
-    assert_one_line_error(ript("import", f"src={folder}", f"data_dir={tmp_path / 'd'}"), "unreadable parquet")
+    assert_one_line_error(ript_here("import", f"src={folder}", f"data_dir={tmp_path / 'd'}"), "unreadable parquet")
 
 
 def test_the_decoded_copy_follows_the_videos_not_only_info_json(exported, tmp_path):

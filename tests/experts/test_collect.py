@@ -146,12 +146,12 @@ def test_finished_files_are_reused_only_with_their_settings(tiny_data, tmp_path)
     run stops with one line naming the file, the setting and the way out, and touches nothing."""
     import shutil
 
-    from tests.helpers.cli import assert_one_line_error, ript
+    from tests.helpers.cli import assert_one_line_error, ript_here
 
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
     before = _demo_contents(data / "button-press-v3.hdf5")
-    assert_one_line_error(ript(*_collect_cmd(data, "noise=0.1")[3:]), "button-press-v3.hdf5",
+    assert_one_line_error(ript_here(*_collect_cmd(data, "noise=0.1")[3:]), "button-press-v3.hdf5",
                           "noise=0.2 (this run: 0.1)", "task.data_dir", "delete")
     from dataclasses import replace
 
@@ -174,7 +174,7 @@ def test_finished_files_are_reused_only_with_their_settings(tiny_data, tmp_path)
         assert words in str(e.value)
     with h5py.File(data / "drawer-close-v3.hdf5", "a") as f:
         del f["data"].attrs["collection"]  # as files written before the settings were recorded
-    assert_one_line_error(ript(*_collect_cmd(data, "task.task_names=[drawer-close-v3]")[3:]),
+    assert_one_line_error(ript_here(*_collect_cmd(data, "task.task_names=[drawer-close-v3]")[3:]),
                           "drawer-close-v3.hdf5", "records no collection settings")
     assert _demo_contents(data / "button-press-v3.hdf5") == before
     assert not list(data.glob(".*"))
@@ -191,7 +191,7 @@ def test_disk_full_while_merging_a_task_file_is_one_line_and_keeps_the_shards(ti
     from ript.config import compose, to_dict
     from ript.envs.suites import task_horizon
     from ript.experts.collect import Collection, job_settings
-    from tests.helpers.cli import assert_one_line_error, ript
+    from tests.helpers.cli import assert_one_line_error, ript, ript_here
     from tests.helpers.faults import fill_disk
 
     fs = tmp_path / "fs"
@@ -211,7 +211,7 @@ def test_disk_full_while_merging_a_task_file_is_one_line_and_keeps_the_shards(ti
         (fs / "spare").write_bytes(b"\0" * 65536)
         fill_disk(fs)
         (fs / "spare").unlink()  # room to create the merged file, not to fill it
-        assert_one_line_error(ript("collect", *args), "no space left", ".button-press-v3.hdf5")
+        assert_one_line_error(ript_here("collect", *args), "no space left", ".button-press-v3.hdf5")
         assert sorted(p.name for p in fs.iterdir()) == [shard.name, "filler"]
         (fs / "filler").unlink()
         code, _, err = ript("collect", *args)

@@ -17,6 +17,34 @@ def ript(*args, cwd=None):
     return proc.returncode, proc.stdout, proc.stderr.strip().splitlines()
 
 
+def ript_here(*args):
+    """The ``ript`` command run in this process, for the jobs that end in an error before their work starts: the
+    same exit code and the same lines on stderr as ``ript()`` (the logger writes to whatever stderr is), without
+    a new interpreter's imports. What a job may set for its process is put back, and the folders it locked for
+    the process's life are let go as its end would."""
+    import os
+    import threading
+
+    import torch
+    from typer.testing import CliRunner
+
+    from ript.cli import app
+    from ript.utils.locking import release_all
+
+    environ, excepthook = dict(os.environ), threading.excepthook
+    deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        threading.excepthook = excepthook
+        torch.use_deterministic_algorithms(deterministic)
+        torch.set_num_threads(threads)
+        release_all()
+    return result.exit_code, result.stdout, result.stderr.strip().splitlines()
+
+
 def assert_one_line_error(result, *fragments):
     code, _, err = result
     assert code == 2, err

@@ -18,7 +18,7 @@ from ript.models.flow_denoise import Denoising
 from ript.policies.flow_policy import FlowPolicy
 from ript.rl.flow_learner import FlowLearner
 from ript.stages import rl
-from tests.helpers.cli import assert_one_line_error, ript
+from tests.helpers.cli import assert_one_line_error, ript, ript_here
 
 CRITIC = OmegaConf.create({"hidden": 16, "detach_input": True})
 
@@ -96,10 +96,10 @@ def test_flow_checkpoints_evaluate_through_the_cli_and_token_settings_are_refuse
     assert code == 0, err  # the checkpoint names its family: no policy= needed
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert results["sampling"] == {"action_horizon": 4, "denoise_steps": 4, "ode": True} and results["episodes"]
-    assert_one_line_error(ript("eval", f"checkpoint={flow_run}", "sampling.temperature=2.0",
+    assert_one_line_error(ript_here("eval", f"checkpoint={flow_run}", "sampling.temperature=2.0",
                                f"out_dir={tmp_path / 'e2'}"), "sampling.temperature=2.0", "samples no tokens")
-    assert_one_line_error(ript("rl", f"checkpoint={flow_run}", "policy=skill_prior", f"run_dir={tmp_path / 'r'}"),
+    assert_one_line_error(ript_here("rl", f"checkpoint={flow_run}", "policy=skill_prior", f"run_dir={tmp_path / 'r'}"),
                           "flow policy family", "policy=flow")
-    assert_one_line_error(ript("rl", f"checkpoint={flow_run}", "policy.noise_method=flow_cps",
+    assert_one_line_error(ript_here("rl", f"checkpoint={flow_run}", "policy.noise_method=flow_cps",
                                f"run_dir={tmp_path / 'r'}"), "noise_method='flow_cps'")
     assert not (tmp_path / "r").exists()

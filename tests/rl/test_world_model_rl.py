@@ -27,7 +27,7 @@ from ript.model_loader import load_model
 from ript.policies.build import make_policy
 from ript.stages import rl, world_model
 from ript.stages.evaluate import run as evaluate
-from tests.helpers.cli import assert_one_line_error, ript, rl_overrides, world_model_overrides
+from tests.helpers.cli import assert_one_line_error, ript, ript_here, rl_overrides, world_model_overrides
 
 SPECS = [EpisodeSpec("drawer-close-v3", seed, j) for seed in (3, 4) for j in range(2)]
 
@@ -103,7 +103,7 @@ def test_an_rl_iteration_in_the_world_model_resumes_exactly(stage1_run, world_mo
 
 def test_a_missing_foreign_or_mismatched_world_model_is_one_line(stage1_run, world_model_run, tmp_path):
     base = [*rl_overrides(stage1_run, tmp_path / "r", 1), "environment=world_model"]
-    assert_one_line_error(ript("rl", *base), "environment=world_model needs environment.checkpoint")
+    assert_one_line_error(ript_here("rl", *base), "environment=world_model needs environment.checkpoint")
     foreign = tmp_path / "libero_world_model"
     shutil.copytree(world_model_run, foreign)
     config_file = foreign / "checkpoints" / "last" / "config.json"
@@ -165,7 +165,7 @@ def test_world_model_eval_measures_fidelity_the_head_and_speed(world_model_run, 
     assert [row["threshold"] for row in calibration["curve"]] == list(THRESHOLDS)
     assert calibration["best_f1"] == max(row["f1"] for row in calibration["curve"])
     assert f"best F1 {calibration['best_f1']:.2f} at threshold {calibration['best_threshold']:g}" in stdout
-    assert_one_line_error(ript(*args), "results.json exists", "overwrite=true")
+    assert_one_line_error(ript_here(*args), "results.json exists", "overwrite=true")
 
 
 def test_the_head_calibration_scores_every_threshold_and_picks_the_lowest_of_the_best_f1():

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers.cli import assert_one_line_error, ript, stage1_overrides, train_overrides
+from tests.helpers.cli import assert_one_line_error, ript, ript_here, stage1_overrides, train_overrides
 from tests.helpers.faults import env_workers, fill_disk
 
 
@@ -24,7 +24,7 @@ def test_nan_weights_are_refused_on_load(stage1_run, tmp_path):
     name = next(k for k, v in state.items() if v.is_floating_point() and v.numel() > 1)
     state[name][0] = float("nan")
     save_file(state, str(copy / "model.safetensors"))
-    assert_one_line_error(ript("eval", f"checkpoint={copy}", f"out_dir={tmp_path / 'out'}"), "model.safetensors",
+    assert_one_line_error(ript_here("eval", f"checkpoint={copy}", f"out_dir={tmp_path / 'out'}"), "model.safetensors",
                           repr(name), "NaN")
     assert not (tmp_path / "out").exists()
 
@@ -40,7 +40,8 @@ def test_nan_language_cache_is_refused(tiny_data, stage0_run, tmp_path):
     state = {k: torch.full_like(v, float("nan")) for k, v in state.items()}
     save_file(state, str(cache))
     run = tmp_path / "run"
-    assert_one_line_error(ript("stage1", *stage1_overrides(tiny_data, run, stage0_run), f"lang.cache_file={cache}"),
+    assert_one_line_error(ript_here("stage1", *stage1_overrides(tiny_data, run, stage0_run),
+                                    f"lang.cache_file={cache}"),
                           str(cache), "NaN", "delete")
     assert not run.exists()
 
@@ -122,15 +123,16 @@ def test_disk_full_while_saving_is_one_line_and_loses_nothing(stage0_run, tiny_d
     fill_disk(small_tmpfs)
     before = {p.name for p in (run / "checkpoints").iterdir()}
     args = [*train_overrides(tiny_data, run, 6), "resume=true", "resume_allow_changes=[train.steps]"]
-    assert_one_line_error(ript("stage0", *args), "no space left on the device")  # TensorBoard's first write
-    assert_one_line_error(ript("stage0", *args, "logger.tensorboard=false"), "cannot write checkpoint", "resume=true")
+    assert_one_line_error(ript_here("stage0", *args), "no space left on the device")  # TensorBoard's first write
+    assert_one_line_error(ript_here("stage0", *args, "logger.tensorboard=false"), "cannot write checkpoint",
+                          "resume=true")
     assert {p.name for p in (run / "checkpoints").iterdir()} == before  # no partial folder, last untouched
     assert (run / "checkpoints" / "last" / "model.safetensors").is_file()
 
 
 def test_read_only_run_folder_is_one_line(tiny_data, small_tmpfs):
     subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
-    assert_one_line_error(ript("stage0", *train_overrides(tiny_data, small_tmpfs / "run", 2)),
+    assert_one_line_error(ript_here("stage0", *train_overrides(tiny_data, small_tmpfs / "run", 2)),
                           str(small_tmpfs / "run"), "read-only")
 
 

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from ript.config import compose
 from ript.stages import flow
-from tests.helpers.cli import assert_one_line_error, flow_overrides, ript
+from tests.helpers.cli import assert_one_line_error, flow_overrides, ript_here
 
 
 def test_flow_training_resumes_exactly(tiny_data, flow_run, tmp_path):
@@ -23,8 +23,8 @@ def test_flow_training_resumes_exactly(tiny_data, flow_run, tmp_path):
 
 def test_flow_settings_are_checked_before_a_folder_appears(tiny_data, tmp_path):
     run = tmp_path / "run"
-    assert_one_line_error(ript("flow", *flow_overrides(tiny_data, run, 2), "algo.action_horizon=9"),
+    assert_one_line_error(ript_here("flow", *flow_overrides(tiny_data, run, 2), "algo.action_horizon=9"),
                           "algo.action_horizon=9", "algo.chunk_size=8")
-    assert_one_line_error(ript("flow", *flow_overrides(tiny_data, run, 2), "algo.model.time_sampling=logit"),
+    assert_one_line_error(ript_here("flow", *flow_overrides(tiny_data, run, 2), "algo.model.time_sampling=logit"),
                           "algo.model.time_sampling")
     assert not run.exists()

@@ -154,11 +154,11 @@ def test_quickstart_passes_algo_overrides_to_every_stage():
 def test_finetune_refuses_algo_settings_it_would_not_apply(stage1_run, tiny_data, tmp_path):
     """Fine-tuning keeps the base's model and replanning: another architecture or action horizon would be
     recorded in the checkpoint while the base's is trained and used."""
-    from tests.helpers.cli import assert_one_line_error, ript
+    from tests.helpers.cli import assert_one_line_error, ript_here
 
     run_dir = tmp_path / "ft"
     args = [*train_overrides(tiny_data, run_dir, 2), f"checkpoint={stage1_run}", "task.task_names=[drawer-close-v3]"]
-    assert_one_line_error(ript("finetune", *args, "algo=quest"),
+    assert_one_line_error(ript_here("finetune", *args, "algo=quest"),
                           "algo.name='quest' differs from the base checkpoint's 'quest_small'", "algo=quest_small")
     for override, fragment in [("algo.prior.n_layer=4", "algo.prior.n_layer=4 differs from the base checkpoint's 2"),
                                ("algo.action_horizon=2", "algo.action_horizon=2 differs from the base checkpoint's 8")]:
@@ -185,10 +185,10 @@ def test_a_hand_edited_protocol_record_is_one_line(tmp_path, state, fragment):
 
 
 def test_a_protocol_over_a_record_without_overrides_stops_in_one_line(tmp_path):
-    from tests.helpers.cli import assert_one_line_error, ript
+    from tests.helpers.cli import assert_one_line_error, ript_here
 
     (tmp_path / "protocol.json").write_text(json.dumps({"phases": {"collect": {"seconds": 3.0, "gpus": 1}}}))
-    assert_one_line_error(ript("protocol", "ml45_multitask", f"run_root={tmp_path}"), "protocol.json",
+    assert_one_line_error(ript_here("protocol", "ml45_multitask", f"run_root={tmp_path}"), "protocol.json",
                           "phases.collect.overrides")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["protocol.json"]
 
@@ -198,7 +198,7 @@ def test_a_training_split_smaller_than_a_batch_is_one_line(tiny_data, stage0_run
     for (an IndexError before)."""
     import h5py
 
-    from tests.helpers.cli import assert_one_line_error, ript
+    from tests.helpers.cli import assert_one_line_error, ript_here
 
     data = tmp_path / "short"
     data.mkdir()
@@ -213,7 +213,7 @@ def test_a_training_split_smaller_than_a_batch_is_one_line(tiny_data, stage0_run
                 demo.visititems(first_step)
                 dst[f"data/{name}"].attrs.update(demo.attrs)
     run_dir = tmp_path / "s1"
-    assert_one_line_error(ript("stage1", *train_overrides(data, run_dir, 2), f"stage0_checkpoint={stage0_run}"),
+    assert_one_line_error(ript_here("stage1", *train_overrides(data, run_dir, 2), f"stage0_checkpoint={stage0_run}"),
                           "train.batch_size=16 is larger than the training split: 4 samples from 4 demos",
                           "shorter than two steps")
     assert not run_dir.exists()
@@ -224,7 +224,7 @@ def test_resume_over_changed_data_files_is_refused(tiny_data, tmp_path):
     other data without a word."""
     import h5py
 
-    from tests.helpers.cli import assert_one_line_error, ript
+    from tests.helpers.cli import assert_one_line_error, ript_here
 
     data, run_dir = tmp_path / "data", tmp_path / "s0"
     shutil.copytree(tiny_data, data)
@@ -232,6 +232,6 @@ def test_resume_over_changed_data_files_is_refused(tiny_data, tmp_path):
     with h5py.File(data / "drawer-close-v3.hdf5", "a") as f:
         del f["data/demo_2"]
     resume = [*train_overrides(data, run_dir, 4), "resume=true", "resume_allow_changes=[train.steps]"]
-    assert_one_line_error(ript("stage0", *resume), "drawer-close-v3.hdf5 with 2 demos", "now has 1 demos",
+    assert_one_line_error(ript_here("stage0", *resume), "drawer-close-v3.hdf5 with 2 demos", "now has 1 demos",
                           "resume_allow_changes=[data]")
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["0000002", "last"]

@@ -13,7 +13,7 @@ from ript import cli
 from ript.config import compose, override
 from ript.errors import RiptError
 from ript.stages import protocol
-from tests.helpers.cli import assert_one_line_error, ript, task_overrides
+from tests.helpers.cli import assert_one_line_error, ript_here, task_overrides
 
 EVAL = "{episodes_per_task: 2, num_workers: 1, max_episode_steps: 16, n_videos: 0}"
 TRAIN = "steps: 4, batch_size: 16, warmup_steps: 2, val_every: 2, save_every: 2, log_every: 1"
@@ -75,15 +75,15 @@ def test_a_protocol_runs_every_phase_continues_a_cut_one_and_skips_finished_ones
 def _check_messages_about_finished_phases(root, overrides):
     """What the ``ript protocol`` command says when a finished run is asked for something else, or was damaged."""
     command = ["protocol", "ml45_multitask", *(o for o in overrides if o != "protocol=ml45_multitask")]
-    assert_one_line_error(ript(*command, "phases.rl.rl.iterations=2"),
+    assert_one_line_error(ript_here(*command, "phases.rl.rl.iterations=2"),
                           "phase rl finished", "without rl.iterations=2")
-    assert_one_line_error(ript(*command, "phases.stage0.train.steps=6"),
+    assert_one_line_error(ript_here(*command, "phases.stage0.train.steps=6"),
                           "phase stage0 finished", "without train.steps=6")
-    assert_one_line_error(ript(*command, "~phases.eval_rl.sampling"),  # the finished phase had it
+    assert_one_line_error(ript_here(*command, "~phases.eval_rl.sampling"),  # the finished phase had it
                           "phase eval_rl finished", "with sampling.greedy=true, which this command does not ask for")
     shutil.rmtree(root / "eval")  # a finished phase's folder deleted by hand: said as it is, not "continue"
     for _ in range(2):  # and the same on every rerun
-        assert_one_line_error(ript(*command), "phase eval is recorded as finished in", "protocol.json",
+        assert_one_line_error(ript_here(*command), "phase eval is recorded as finished in", "protocol.json",
                               f"but its folder {root / 'eval'} is gone")
 
 
@@ -110,7 +110,7 @@ def test_protocol_settings_are_checked_before_any_phase_runs(tmp_path):
     with pytest.raises(RiptError, match=r"phases\.stage1: .*train\.steps=0"):
         protocol.run(compose("protocol", [f"run_root={root}", "phases.stage1.train.steps=0"]))
     assert not root.exists()  # nothing was created
-    assert_one_line_error(ript("protocol", "ml46"), "unknown protocol 'ml46'", "ml45_multitask")
+    assert_one_line_error(ript_here("protocol", "ml46"), "unknown protocol 'ml46'", "ml45_multitask")
 
 
 def test_every_protocol_composes_with_its_task_and_phases():

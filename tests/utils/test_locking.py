@@ -16,7 +16,7 @@ import pytest
 
 from ript.errors import RiptError
 from ript.utils.locking import LOCK_FILE, hold_folder, holding, release
-from tests.helpers.cli import assert_one_line_error, ript, train_overrides
+from tests.helpers.cli import assert_one_line_error, ript_here, train_overrides
 
 HOLD = "import sys, time; from ript.utils.locking import hold_folder; hold_folder(sys.argv[1], 'run_dir'); " \
        "print('held', flush=True); time.sleep(60)"
@@ -102,8 +102,8 @@ def test_an_output_location_that_is_a_file_fails_before_the_first_episode_or_pha
     file = tmp_path / "results"
     file.write_text("mine")
     t0 = time.perf_counter()
-    assert_one_line_error(ript("eval", f"checkpoint={stage1_run}", f"out_dir={file}", "episodes_per_task=50"),
+    assert_one_line_error(ript_here("eval", f"checkpoint={stage1_run}", f"out_dir={file}", "episodes_per_task=50"),
                           f"out_dir {file} is a file", "choose another out_dir")
     assert time.perf_counter() - t0 < 60 and file.read_text() == "mine"
-    assert_one_line_error(ript("protocol", "ml45_multitask", f"run_root={file}"), f"run_root {file} is a file")
+    assert_one_line_error(ript_here("protocol", "ml45_multitask", f"run_root={file}"), f"run_root {file} is a file")
     assert file.read_text() == "mine"
