@@ -347,13 +347,14 @@ def test_rl_under_torchrun_survives_a_killed_rank_and_resumes_exactly(stage1_run
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_the_rl_benchmark_times_a_real_iteration(tmp_path):
+def test_the_rl_benchmark_times_a_real_iteration(tmp_path, monkeypatch):
     """benchmarks/bench_rl.py (the bench's RL part) runs rollouts and one update through the current RL API."""
+    from benchmarks import bench_rl
+
     out = tmp_path / "bench_rl.json"
-    cmd = [sys.executable, "-m", "benchmarks.bench_rl", "--overrides", "task.render.image_size=32", "algo=quest_small",
-           "device=cpu", "--workers", "1", "--groups", "2", "--k", "2", "--steps", "24", f"--out={out}"]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    monkeypatch.setattr(sys, "argv", ["bench_rl", "--overrides", "task.render.image_size=32", "algo=quest_small",
+                                      "device=cpu", "--workers", "1", "--groups", "2", "--k", "2", "--steps", "24",
+                                      f"--out={out}"])
+    bench_rl.main()
     r = json.loads(out.read_text())["per_workers"]["1"]
     assert r["env_steps"] > 0 and r["decisions"] > 0 and r["train_s"] > 0
