@@ -74,6 +74,8 @@ class Placement(Section):
     mode: str = "collocated"
     # disaggregated: GPUs of each rank's rollout actor; a share of one (e.g. 0.5) puts it beside another's work
     rollout_gpus: Annotated[float, Field(ge=0, allow_inf_nan=False), AfterValidator(_gpu_share)] = 0
+    # hybrid: the GPUs every rank's simulators render on (the rollout actors act on the others)
+    env_gpus: list[Size] | None = None
     # disaggregated: how the trainer's weights reach its rollout actor (auto: NCCL between two GPUs, else gloo)
     weight_backend: Literal["auto", "gloo", "nccl"] = "auto"
 

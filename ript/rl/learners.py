@@ -224,7 +224,9 @@ def check_fsdp(cfg, family) -> None:
     if not cfg.rl.get("fsdp"):
         return
     why = None
-    if str(cfg.placement.mode) != "disaggregated":
+    from ript.rl.placement import rolls_out_remotely
+
+    if not rolls_out_remotely(cfg):
         why = "set placement.mode=disaggregated: the rollouts then run on a rollout actor's whole copy"
     elif int(cfg.eval.every):
         why = "set eval.every=0 and evaluate its checkpoints with `ript eval`: rank 0 alone cannot run it"

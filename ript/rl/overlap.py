@@ -34,9 +34,11 @@ def check_overlap(cfg) -> None:
     """The settings overlap works under, checked before anything starts."""
     if not cfg.rl.get("overlap"):
         return
-    if str(cfg.placement.mode) != "disaggregated":
-        raise RiptError("rl.overlap=true needs placement.mode=disaggregated (rollouts in an actor of their own, "
-                        "so that they run while this process trains)")
+    from ript.rl.placement import rolls_out_remotely
+
+    if not rolls_out_remotely(cfg):
+        raise RiptError("rl.overlap=true needs placement.mode=disaggregated or hybrid (rollouts in an actor of their "
+                        "own, so that they run while this process trains)")
     if cfg.rl.recompute_old_log_probs:
         raise RiptError("rl.overlap=true takes PPO's ratio against the log-probs recorded while sampling; "
                         "rl.recompute_old_log_probs=true would rescore them with a newer policy")

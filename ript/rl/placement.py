@@ -8,6 +8,10 @@
   trainable weights (and critic) go to the actor over a channel of their own (``WeightChannel``), and the
   policy's random stream goes with them and comes back, so a run makes the episodes, the updates and the
   checkpoints of a collocated run and resumes the same way.
+- ``hybrid``: ``disaggregated`` with the GPUs split by role, as RLinf's hybrid mode splits them: every rank's
+  simulators render on ``placement.env_gpus``, the rollout actors act on the host's other GPUs (a share of one
+  each, ``placement.rollout_gpus``), the two pipelined in two stages (one group of env workers simulates while
+  the other's decision is made), and the trainers, one per GPU, update after the rollouts.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ def critic_settings(cfg):
 @PLACEMENTS.register("collocated")
 class Collocated:
     """The rank's own process rolls out with the policy it trains."""
+
+    remote = False  # the rollouts run in this process, with the modules it trains
 
     def __init__(self, cfg, info: ddist.DistInfo, loaded, device: str):
         self.runner = rollout_environment(cfg, info, loaded.metadata, loaded.task_names, loaded.policy, device)
@@ -138,36 +144,35 @@ class RolloutActor:
 class Disaggregated:
     """The rank's rollouts in a Ray actor of their own (``RolloutActor``), reached through ``RemoteRunner``."""
 
+    remote = True  # the rollouts run in an actor, with the weights last sent
+
     def __init__(self, cfg, info: ddist.DistInfo, loaded, device: str):
         from ript.envs.ray_workers import connect, import_ray
 
+        self.mode = str(cfg.placement.mode)
         if cfg.environment.get("refresh_every"):
             raise RiptError("environment.refresh_every (the two-phase loop) needs placement.mode=collocated: its "
                             "real episodes feed the world model in the rank's own process")
         gpus = float(cfg.placement.rollout_gpus)
-        if device.startswith("cuda") and gpus == 0:
-            raise RiptError("placement.mode=disaggregated on a GPU: set placement.rollout_gpus=1 (the rollout "
-                            "actor acts on a GPU of its own, as the rank does), or a share such as 0.5 to put it "
-                            "on a GPU beside other work")
+        self.check_settings(cfg, device, gpus)
         self.ray = ray = import_ray()
         own = (physical_gpu(torch.device(device).index or 0),) if device.startswith("cuda") else ()
         connect(ray, cfg.workers.ray_address, 1 + (int(cfg.rl.num_workers) if cfg.rl.num_workers != "auto" else 0),
-                own if gpus >= 1 else ())
+                self.kept_from_ray(cfg, own, gpus))
         actor_class = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(RolloutActor)
-        self.actor = actor_class.remote(actor_config(cfg, own), info, "cuda" if gpus else "cpu", os.getcwd())
+        self.actor = actor_class.remote(self.actor_settings(cfg, own), info, "cuda" if gpus else "cpu", os.getcwd())
         self.timeout_s, self.rank, self.device = float(cfg.workers.timeout_s), info.rank, device
         try:
             described = ray.get(self.actor.describe.remote())
         except ray.exceptions.RayError as e:
             ray.kill(self.actor, no_restart=True)
-            raise RiptError(f"placement.mode=disaggregated: the rollout actor of rank {info.rank} failed to start: "
+            raise RiptError(f"placement.mode={self.mode}: the rollout actor of rank {info.rank} failed to start: "
                             f"{one_line(e)}") from None
-        if gpus >= 1 and described["gpu"] in own and described["node"] == ray.get_runtime_context().get_node_id():
+        same_node = described["node"] == ray.get_runtime_context().get_node_id()
+        refused = self.misplaced(cfg, described["gpu"] if same_node else None, own, gpus, info.rank)
+        if refused:
             ray.kill(self.actor, no_restart=True)
-            raise RiptError(f"placement.rollout_gpus={gpus:g}: Ray gave the rollout actor of rank {info.rank} GPU "
-                            f"{described['gpu']}, which this rank trains on; start Ray with the GPUs the trainers "
-                            f"leave free (CUDA_VISIBLE_DEVICES=<those> ray start --head, docs/distributed.md) or "
-                            f"share it (placement.rollout_gpus=0.5)")
+            raise RiptError(refused)
         try:
             self.backend = channel_backend(cfg.placement.weight_backend,
                                            Endpoint(ray.get_runtime_context().get_node_id(), own[0] if own else None),
@@ -186,6 +191,32 @@ class Disaggregated:
         self.runner = RemoteRunner(self, described)
         self.channel: WeightChannel | None = None
         self.modules: torch.nn.Module | None = None
+
+    @staticmethod
+    def check_settings(cfg, device: str, gpus: float) -> None:
+        if device.startswith("cuda") and gpus == 0:
+            raise RiptError(f"placement.mode={cfg.placement.mode} on a GPU: set placement.rollout_gpus=1 (the "
+                            f"rollout actor acts on a GPU of its own, as the rank does), or a share such as 0.5 to "
+                            f"put it on a GPU beside other work")
+
+    @staticmethod
+    def kept_from_ray(cfg, trainer_gpus: tuple[int, ...], gpus: float) -> tuple[int, ...]:
+        """The GPUs a Ray instance this job starts may not hand out: the trainer's, unless the actor shares it."""
+        return trainer_gpus if gpus >= 1 else ()
+
+    @staticmethod
+    def actor_settings(cfg, trainer_gpus: tuple[int, ...]) -> dict:
+        return actor_config(cfg, trainer_gpus)
+
+    @staticmethod
+    def misplaced(cfg, actor_gpu: int | None, trainer_gpus: tuple[int, ...], gpus: float, rank: int) -> str | None:
+        """Why the GPU Ray gave the actor (None: none, or on another node) cannot work, if it cannot."""
+        if gpus >= 1 and actor_gpu is not None and actor_gpu in trainer_gpus:
+            return (f"placement.rollout_gpus={gpus:g}: Ray gave the rollout actor of rank {rank} GPU {actor_gpu}, "
+                    f"which this rank trains on; start Ray with the GPUs the trainers leave free "
+                    f"(CUDA_VISIBLE_DEVICES=<those> ray start --head, docs/distributed.md) or share it "
+                    f"(placement.rollout_gpus=0.5)")
+        return None
 
     def attach(self, learner) -> None:
         """The learner whose weights the actor acts with; the channel they travel over."""
@@ -211,7 +242,7 @@ class Disaggregated:
         try:
             return self.ray.get(ref)
         except self.ray.exceptions.RayActorError as e:
-            raise RiptError(f"placement.mode=disaggregated: the rollout actor of rank {self.rank} died before it "
+            raise RiptError(f"placement.mode={self.mode}: the rollout actor of rank {self.rank} died before it "
                             f"could {what} ({one_line(e)}); the run resumes from its last checkpoint with "
                             f"resume=true") from None
         except self.ray.exceptions.RayTaskError as e:
@@ -223,6 +254,50 @@ class Disaggregated:
         except (self.ray.exceptions.RayError, self.ray.exceptions.GetTimeoutError):
             pass  # already dead or stuck: killed below
         self.ray.kill(self.actor, no_restart=True)
+
+
+@PLACEMENTS.register("hybrid")
+class Hybrid(Disaggregated):
+    """``disaggregated`` with the GPUs split by role: the simulators of every rank render on
+    ``placement.env_gpus``, the rollout actors act on the others, pipelined in two stages."""
+
+    @staticmethod
+    def check_settings(cfg, device: str, gpus: float) -> None:
+        env_gpus = list(cfg.placement.get("env_gpus") or [])
+        if not device.startswith("cuda"):
+            raise RiptError("placement.mode=hybrid splits a host's GPUs between the simulators and the rollout "
+                            "actors; on a host without them use placement.mode=disaggregated")
+        if not env_gpus:
+            raise RiptError("placement.mode=hybrid: set placement.env_gpus to the GPUs the simulators render on, "
+                            "e.g. [0] on a host of two (the rollout actors take the others)")
+        if gpus <= 0:
+            raise RiptError("placement.mode=hybrid: set placement.rollout_gpus to each rollout actor's share of a GPU, "
+                            "e.g. 0.5 for two actors on one")
+
+    @staticmethod
+    def kept_from_ray(cfg, trainer_gpus: tuple[int, ...], gpus: float) -> tuple[int, ...]:
+        return tuple(int(g) for g in cfg.placement.env_gpus)  # where the simulators render
+
+    @staticmethod
+    def actor_settings(cfg, trainer_gpus: tuple[int, ...]) -> dict:
+        settings = actor_config(cfg, trainer_gpus)
+        settings["workers"]["render_gpus"] = [int(g) for g in cfg.placement.env_gpus]
+        settings["workers"]["pipeline_stages"] = 2  # one group simulates while the other's decision is made
+        return settings
+
+    @staticmethod
+    def misplaced(cfg, actor_gpu: int | None, trainer_gpus: tuple[int, ...], gpus: float, rank: int) -> str | None:
+        env_gpus = [int(g) for g in cfg.placement.env_gpus]
+        if actor_gpu is not None and actor_gpu in env_gpus:
+            return (f"placement.mode=hybrid: Ray gave the rollout actor of rank {rank} GPU {actor_gpu}, where the "
+                    f"simulators render (placement.env_gpus={env_gpus}); start Ray with the other GPUs only "
+                    f"(CUDA_VISIBLE_DEVICES=<those> ray start --head, docs/distributed.md)")
+        return None
+
+
+def rolls_out_remotely(cfg) -> bool:
+    """Whether ``placement.mode`` runs the rollouts in actors of their own, with the weights last sent."""
+    return placement_kind(cfg).remote
 
 
 def one_line(error: Exception) -> str:
@@ -250,7 +325,8 @@ class RemoteRunner:
 
     def run(self, policy, video_dir: Path | None = None, specs: list | None = None, stop=None, sink=None) -> dict:
         if sink is not None:
-            raise RiptError("placement.mode=disaggregated keeps no episode steps for a caller (use collocated)")
+            raise RiptError(f"placement.mode={self.placement.mode} keeps no episode steps for a caller (use "
+                            f"collocated)")
         placement = self.placement
         ref = placement.actor.run.remote(policy.generator.get_state(), video_dir, specs, stop)
         packed, generator_state, stop_after, seconds, calls = placement.call(ref, "run its rollouts")

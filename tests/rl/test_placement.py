@@ -148,9 +148,46 @@ def test_the_two_phase_loop_with_disaggregated_rollouts_or_an_unknown_placement_
     with pytest.raises(RiptError, match=r"environment.refresh_every .* needs placement.mode=collocated"):
         rl.run(cfg)
     with pytest.raises(RiptError, match=r"unknown rollout placement 'sideways'; registered: collocated, "
-                                        r"disaggregated"):
+                                        r"disaggregated, hybrid$"):
         rl.run(compose("rl", rl_overrides(stage1_run, tmp_path / "rl", 1) + ["placement.mode=sideways"]))
     assert not (tmp_path / "rl").exists()
+
+
+def test_hybrid_placement_splits_the_gpus_by_role_and_refuses_what_cannot_work(stage1_run):
+    """``placement.mode=hybrid``: every rank's simulators render on ``placement.env_gpus`` and its rollout actor
+    acts on another GPU, the two pipelined; settings that cannot work, and an actor Ray put where the simulators
+    render, are one line. (The placement itself needs GPUs: measured in docs/distributed.md.)"""
+    from ript.rl.overlap import check_overlap
+    from ript.rl.placement import Disaggregated, Hybrid, rolls_out_remotely
+
+    def cfg(*extra):
+        return compose("rl", [f"checkpoint={stage1_run}", "placement.mode=hybrid", *extra])
+
+    with pytest.raises(RiptError, match=r"placement.mode=hybrid splits .* use placement.mode=disaggregated"):
+        Hybrid.check_settings(cfg("placement.env_gpus=[0]"), "cpu", 0.5)
+    with pytest.raises(RiptError, match=r"set placement.env_gpus to the GPUs the simulators render on"):
+        Hybrid.check_settings(cfg(), "cuda:1", 0.5)
+    with pytest.raises(RiptError, match=r"set placement.rollout_gpus to each rollout actor's share"):
+        Hybrid.check_settings(cfg("placement.env_gpus=[0]"), "cuda:1", 0)
+    Hybrid.check_settings(cfg("placement.env_gpus=[0]"), "cuda:1", 0.5)
+
+    assert Hybrid.kept_from_ray(cfg("placement.env_gpus=[0,2]"), (1,), 0.5) == (0, 2)  # a Ray the job starts
+    assert Disaggregated.kept_from_ray(cfg(), (1,), 1.0) == (1,) and Disaggregated.kept_from_ray(cfg(), (1,), 0.5) == ()
+    settings = Hybrid.actor_settings(cfg("placement.env_gpus=[0,2]"), (1,))
+    assert settings["workers"]["render_gpus"] == [0, 2] and settings["workers"]["pipeline_stages"] == 2
+    assert Disaggregated.actor_settings(cfg(), (1,))["workers"]["render_gpus"] == [1]  # the trainer's GPU
+    hybrid = cfg("placement.env_gpus=[0]")
+    assert "GPU 0, where the simulators render (placement.env_gpus=[0])" in Hybrid.misplaced(hybrid, 0, (1,), 0.5, 1)
+    assert Hybrid.misplaced(hybrid, 1, (1,), 0.5, 1) is None  # beside its trainer, as the mode means
+    assert Hybrid.misplaced(hybrid, None, (1,), 0.5, 1) is None  # on another node
+    assert "which this rank trains on" in Disaggregated.misplaced(hybrid, 1, (1,), 1.0, 0)
+    assert Disaggregated.misplaced(hybrid, 1, (1,), 0.5, 0) is None  # a share of it, as asked
+
+    assert [rolls_out_remotely(cfg(f"placement.mode={m}")) for m in ("collocated", "disaggregated", "hybrid")] == \
+        [False, True, True]
+    check_overlap(cfg("rl.overlap=true"))  # overlap needs rollouts in actors: hybrid has them
+    with pytest.raises(RiptError, match=r"rl.overlap=true needs placement.mode=disaggregated or hybrid"):
+        check_overlap(cfg("rl.overlap=true", "placement.mode=collocated"))
 
 
 def test_a_dead_rollout_actor_ends_the_run_with_one_line(two_nodes, stage1_run):
