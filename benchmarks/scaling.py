@@ -4,7 +4,8 @@ global batch and the groups per iteration fixed, so that N processes share the s
 steps/s (rollout alone and with training), the RL iteration's time by phase and the efficiency (speed-up / N) to
 ``scaling.json`` and ``scaling.png`` in ``--out``. ``--placements`` adds RL with each trainer process's rollouts in a
 Ray actor of its own, on ``--actor-gpus`` GPUs (and with the next iteration's rollouts overlapping the update), at
-every count whose trainers and actors fit the host's GPUs; the actors join one Ray head the script starts.
+every count whose trainers and actors fit the host's GPUs; the actors join one Ray head the script starts
+(``hybrid``: the trainers on every GPU, the simulators rendering on the first half, the actors sharing the rest).
 
     python -m benchmarks.scaling [--counts 1,2,4,8] [--task metaworld_ml45_10] [--batch 1024] [--s1-steps 600]
         [--groups 32] [--k 8] [--iterations 3] [--episode-steps 200] [--out runs/scaling] [--cpu]
@@ -118,7 +119,9 @@ def stage1_speed(a, out: Path, common: list[str], n: int) -> dict:
 # --actor-gpus GPUs (1: one of its own; a share such as 0.5: beside its trainer)
 PLACEMENTS = {"disaggregated": ["placement.mode=disaggregated"],
               "disaggregated_overlap": ["placement.mode=disaggregated", "rl.overlap=true"],
-              "disaggregated_fsdp": ["placement.mode=disaggregated", "rl.fsdp=true"]}
+              "disaggregated_fsdp": ["placement.mode=disaggregated", "rl.fsdp=true"],
+              "hybrid": ["placement.mode=hybrid"],
+              "hybrid_overlap": ["placement.mode=hybrid", "rl.overlap=true"]}
 
 
 @contextmanager
@@ -142,31 +145,45 @@ def placement_rows(a, out: Path, rl_common: list[str], base: Path, counts: list[
     """Each --placements entry at every count whose trainers and actors fit the host's GPUs, with its speed-up
     over the collocated run of one process (``save()`` after each row)."""
     rows: dict = {}
-    per_rank = 0 if a.cpu else 1 + (a.actor_gpus if a.actor_gpus >= 1 else 0)
-    workers = workers_per_rank(a, max(1, int(per_rank)))
-    fitting = [n for n in counts if a.cpu or n * per_rank <= gpus]
-    names = [name for name in a.placements.split(",") if name]
-    if not names or not fitting:
-        return rows
-    share = [] if a.cpu else [f"placement.rollout_gpus={a.actor_gpus:g}"]
-    for n in fitting:
-        # the trainers take GPUs 0..n-1; actors of their own GPUs the next ones, shares the trainers'
-        actor_gpus = [] if a.cpu else list(range(n, n + n * int(a.actor_gpus))) if a.actor_gpus >= 1 \
-            else list(range(n))
-        held = n if a.cpu else int(n * per_rank)  # GPUs of the trainers and their actors
-        with ray_head(actor_gpus, host_share(a, held)):
-            for name in names:
-                extra = (*PLACEMENTS[name], *share, *workers, "workers.ray_address=auto")
+    for name in (name for name in a.placements.split(",") if name):
+        for n in counts:
+            layout = placement_layout(a, name, n, gpus)
+            if layout is None:
+                continue
+            ray_gpus, extra, held = layout
+            with ray_head(ray_gpus, host_share(a, held)):
                 row = measured(f"{name}, {n} trainer process(es): RL", rl_speed, a, out, rl_common, base, n,
-                               f"{name}_{n}", extra, held)
-                one = collocated.get(min(collocated)) if collocated else None  # --parts placements: none
-                if one and "failed" not in one and "failed" not in row:
-                    row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
-                        one["env_steps_per_s_with_training"]
-                row["gpus"] = held
-                rows.setdefault(name, {})[n] = row
-                save()
+                               f"{name}_{n}", (*extra, "workers.ray_address=auto"), held)
+            one = collocated.get(min(collocated)) if collocated else None  # --parts placements: none
+            if one and "failed" not in one and "failed" not in row:
+                row["speedup_over_one_process"] = row["env_steps_per_s_with_training"] / \
+                    one["env_steps_per_s_with_training"]
+            row["gpus"] = held
+            rows.setdefault(name, {})[n] = row
+            save()
     return rows
+
+
+def placement_layout(a, name: str, n: int, gpus: int) -> tuple[list[int], list[str], int] | None:
+    """Where ``n`` trainer processes and their rollout actors go: the GPUs Ray hands out, the run's overrides,
+    and the GPUs held in all; None where they do not fit the host. The trainers take GPUs 0..n-1; an actor of a
+    GPU of its own (--actor-gpus 1) the next ones, a share of one (0.5) the trainers'. ``hybrid``: the trainers'
+    GPUs split in two halves, the simulators rendering on the first, the actors sharing the second."""
+    hybrid = "placement.mode=hybrid" in PLACEMENTS[name]
+    workers = workers_per_rank(a, 1 if hybrid else max(1, int(1 + (a.actor_gpus >= 1) * a.actor_gpus)))
+    if a.cpu:
+        return None if hybrid else ([], [*PLACEMENTS[name], *workers], n)
+    if hybrid:
+        if n < 2:
+            return None
+        env, actors = list(range(n // 2)), list(range(n // 2, n))
+        return actors, [*PLACEMENTS[name], f"placement.env_gpus=[{','.join(map(str, env))}]",
+                        f"placement.rollout_gpus={len(actors) / n:g}", *workers], n
+    held = int(n * (1 + (a.actor_gpus if a.actor_gpus >= 1 else 0)))
+    if held > gpus:
+        return None
+    actors = list(range(n, held)) if a.actor_gpus >= 1 else list(range(n))
+    return actors, [*PLACEMENTS[name], f"placement.rollout_gpus={a.actor_gpus:g}", *workers], held
 
 
 def measured(what: str, measure, *args, **kwargs) -> dict:
