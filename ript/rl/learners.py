@@ -227,7 +227,7 @@ def check_fsdp(cfg, family) -> None:
     from ript.rl.placement import rolls_out_remotely
 
     if not rolls_out_remotely(cfg):
-        why = "set placement.mode=disaggregated: the rollouts then run on a rollout actor's whole copy"
+        why = "set placement.mode=disaggregated (or hybrid): the rollouts then run on a rollout actor's whole copy"
     elif int(cfg.eval.every):
         why = "set eval.every=0 and evaluate its checkpoints with `ript eval`: rank 0 alone cannot run it"
     elif cfg.rl.get("overlap") or float(cfg.rl.get("kl_coef") or 0.0):
