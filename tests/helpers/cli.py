@@ -18,10 +18,10 @@ def ript(*args, cwd=None):
 
 
 def ript_here(*args):
-    """The ``ript`` command run in this process, for the jobs that end in an error before their work starts: the
-    same exit code and the same lines on stderr as ``ript()`` (the logger writes to whatever stderr is), without
-    a new interpreter's imports. What a job may set for its process is put back, and the folders it locked for
-    the process's life are let go as its end would."""
+    """The ``ript`` command run in this process, for checks of a job's one-line error: the same exit code and the
+    same lines on stderr as ``ript()`` (the logger writes to whatever stderr is), without a new interpreter's
+    imports. What a job may set for its process is put back, and every folder lock this process holds is let go
+    afterwards, as the end of a ``ript`` process would let go of its own."""
     import os
     import threading
 
