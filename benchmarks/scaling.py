@@ -170,7 +170,8 @@ def placement_layout(a, name: str, n: int, gpus: int) -> tuple[list[int], list[s
     GPU of its own (--actor-gpus 1) the next ones, a share of one (0.5) the trainers'. ``hybrid``: the trainers'
     GPUs split in two halves, the simulators rendering on the first, the actors sharing the second."""
     hybrid = "placement.mode=hybrid" in PLACEMENTS[name]
-    workers = workers_per_rank(a, 1 if hybrid else max(1, int(1 + (a.actor_gpus >= 1) * a.actor_gpus)))
+    per_rank = 1 + (a.actor_gpus if a.actor_gpus >= 1 and not hybrid else 0)  # a trainer's GPU and its actor's own
+    workers = workers_per_rank(a, int(per_rank))
     if a.cpu:
         return None if hybrid else ([], [*PLACEMENTS[name], *workers], n)
     if hybrid:
@@ -179,7 +180,7 @@ def placement_layout(a, name: str, n: int, gpus: int) -> tuple[list[int], list[s
         env, actors = list(range(n // 2)), list(range(n // 2, n))
         return actors, [*PLACEMENTS[name], f"placement.env_gpus=[{','.join(map(str, env))}]",
                         f"placement.rollout_gpus={len(actors) / n:g}", *workers], n
-    held = int(n * (1 + (a.actor_gpus if a.actor_gpus >= 1 else 0)))
+    held = int(n * per_rank)
     if held > gpus:
         return None
     actors = list(range(n, held)) if a.actor_gpus >= 1 else list(range(n))
