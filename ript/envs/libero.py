@@ -125,7 +125,7 @@ class LiberoTask:
 
     def __init__(self, suite: str, task_name: str, render: LiberoRender | None, max_episode_steps: int | None = None):
         bench, index, task, self.bddl_file = _find_task(suite, task_name)
-        from libero.libero.envs import OffScreenRenderEnv
+        from libero.libero.envs.env_wrapper import ControlEnv
 
         self.suite, self.task_name, self.render_settings = suite, task_name, render
         self.instruction = task.language
@@ -133,10 +133,12 @@ class LiberoTask:
         self.max_episode_steps = int(max_episode_steps or SUITE_HORIZONS[suite])
         size = render.image_size if render is not None else 128
         # Cameras are rendered by hand (only on the steps that need images); hard_reset=False keeps one sim
-        # and one GL context for the whole life of the task instead of rebuilding them every episode.
-        self.env = OffScreenRenderEnv(bddl_file_name=self.bddl_file, camera_heights=size, camera_widths=size,
-                                      use_camera_obs=False, hard_reset=False,
-                                      horizon=self.max_episode_steps + 10)
+        # and one GL context for the whole life of the task instead of rebuilding them every episode. A task
+        # that never renders (a scripted expert's check) makes no GL context: uploading a scene's ~1M mesh
+        # vertices to one takes ~1.3 s on a CPU.
+        self.env = ControlEnv(bddl_file_name=self.bddl_file, camera_heights=size, camera_widths=size,
+                              use_camera_obs=False, hard_reset=False, has_renderer=False,
+                              has_offscreen_renderer=render is not None, horizon=self.max_episode_steps + 10)
         if render is not None and render.quality == "low":
             # the offscreen buffer's multisampling is fixed when the GL context is made, at the first reset
             self.sim.model._model.vis.quality.offsamples = 0
