@@ -264,7 +264,8 @@ class Episodes:
                 "env_steps": self.env_steps, "seconds": seconds,
                 "env_steps_per_second": self.env_steps / max(seconds, 1e-9), "first_frames": {}, "reruns": 0,
                 "dropped": 0, "cancelled": self.cancelled, "worker_restarts": 0, "startup_seconds": startup_s,
-                "task_build_seconds": 0.0, "worker_busy_share": self.model_s / max(seconds, 1e-9),
+                "task_build_seconds": 0.0, "task_build_share": 0.0,
+                "worker_busy_share": self.model_s / max(seconds, 1e-9),
                 "policy_share": (self.policy.inference_seconds - inference) / max(seconds, 1e-9),
                 "driver_idle_share": 0.0,  # the world model steps in this process: nothing to wait for
                 "decisions_per_plan": self.decisions / max(1, self.policy.plan_calls - calls)}

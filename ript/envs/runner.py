@@ -368,8 +368,8 @@ class Schedule:
                 ) -> dict[str, Any]:
         """The results, and where the wall time went: workers' share of n x wall busy in the simulator, the
         policy's share of wall, the driving process's share of wall spent waiting for workers (the rest is its own
-        bookkeeping: frames, calls), how long the first episodes took to start, and the workers' seconds spent
-        building tasks."""
+        bookkeeping: frames, calls), how long the first episodes took to start, and the workers' seconds (and share
+        of n x wall) spent building tasks."""
         seconds = time.perf_counter() - self.t0
         out = {"episodes": sorted(self.episodes, key=lambda e: (e["task"], e["seed"], e["episode"])),
                "env_steps": self.env_steps, "seconds": seconds,
@@ -379,6 +379,7 @@ class Schedule:
                    cancelled=self.cancelled, worker_restarts=pool.restarts - restarts_before,
                    startup_seconds=self.startup_s or 0.0, task_build_seconds=self.build_s,
                    worker_busy_share=(pool.busy_s - busy_before) / max(1e-9, self.n_workers * out["seconds"]),
+                   task_build_share=self.build_s / max(1e-9, self.n_workers * out["seconds"]),
                    policy_share=(policy.inference_seconds - inference_before) / max(1e-9, out["seconds"]),
                    driver_idle_share=self.idle_s / max(1e-9, out["seconds"]),
                    decisions_per_plan=self.decisions / max(1, policy.plan_calls - calls_before),

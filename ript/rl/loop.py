@@ -212,6 +212,7 @@ class RLIterations:
                 "inference_seconds": batch["inference_seconds"],
                 "worker_busy_share": batch["worker_busy_share"],
                 "driver_idle_share": batch["driver_idle_share"],
+                "task_build_share": batch["task_build_share"],
                 "env_steps": batch["env_steps"],
                 "returns": 0 if targets is None else len(targets.episode_returns),
                 "returns_sum": 0 if targets is None else float(targets.episode_returns.sum())}
@@ -244,6 +245,7 @@ class RLIterations:
             "time/worker_busy_share": totals["worker_busy_share"] / self.info.world_size,  # simulating, not waiting
             # the driver waiting for workers; 1 - this - inference_share: its own bookkeeping (frames, calls)
             "time/driver_idle_share": totals["driver_idle_share"] / self.info.world_size,
+            "time/task_build_share": totals["task_build_share"] / self.info.world_size,  # part of worker_busy_share
             "time/env_steps_per_s": totals["env_steps"] / max(1e-9, t_rollout),  # cancelled episodes' steps too
             **take_peak_memory_gib(self.device),  # this rank's, over the iteration
         }
@@ -274,6 +276,10 @@ class RLIterations:
                  metrics["rollout/cancelled_episodes"], stats["clip_fraction"], stats["approx_kl"],
                  metrics["time/rollout"], metrics["time/env_steps_per_s"], metrics["time/train"],
                  metrics["time/train_prepare"])
+        log.info("rl iteration %d rollout time: policy %.0f%%, env workers busy %.0f%% (building tasks %.0f%%), "
+                 "driver waiting on workers %.0f%%", iteration, 100 * metrics["time/inference_share"],
+                 100 * metrics["time/worker_busy_share"], 100 * metrics["time/task_build_share"],
+                 100 * metrics["time/driver_idle_share"])
         if self.learner.critic is not None:
             log.info("rl iteration %d critic: value loss %.4f, explained variance %.3f, returns %.3f", iteration,
                      stats["value_loss"], stats["explained_variance"], metrics["rollout/returns_mean"])

@@ -114,6 +114,7 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
     kept, episodes, rounds, sync = [], [], 0, 0.0
     dropped = cancelled = env_steps = 0
     busy = idle = 0.0  # env workers' busy and the driver's idle shares of the rounds, weighted by their seconds
+    build = 0.0  # the env workers' share spent building simulator tasks, likewise
     while True:
         need = max(0, local_target - len(kept))
         ics = sampler.draw(sampling.groups_to_draw(need, sampler, runner.env_slots))
@@ -124,13 +125,14 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
         prefix = InformativePrefix(len(ics), k, need, sampling.mixed_only)
         results = runner.run(policy, video_dir=video_dir, specs=specs, stop=prefix) if specs else \
             {"episodes": [], "dropped": 0, "cancelled": 0, "env_steps": 0, "worker_busy_share": 0.0,
-             "driver_idle_share": 0.0, "seconds": 0.0}
+             "driver_idle_share": 0.0, "task_build_share": 0.0, "seconds": 0.0}
         prefix.satisfied()  # a round that ran to the end: every group counts
         dropped += results["dropped"]
         cancelled += results["cancelled"]
         env_steps += results["env_steps"]
         busy += results["worker_busy_share"] * results["seconds"]
         idle += results["driver_idle_share"] * results["seconds"]
+        build += results["task_build_share"] * results["seconds"]
         counted = [e for e in results["episodes"] if e["episode"] // k < prefix.settled]
         for group in group_episodes(counted, k):
             rewards = [float(e["success"]) for e in group]
@@ -149,7 +151,7 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
     return {"kept": kept, "episodes": episodes, "rounds": rounds, "capped": capped, "total_kept": total_kept,
             "sync": sync, "dropped": dropped, "cancelled": cancelled, "env_steps": env_steps,
             "worker_busy_share": busy / max(1e-9, seconds), "driver_idle_share": idle / max(1e-9, seconds),
-            "seconds": seconds}
+            "task_build_share": build / max(1e-9, seconds), "seconds": seconds}
 
 
 def group_episodes(episodes: list[dict], k: int) -> list[list[dict]]:
