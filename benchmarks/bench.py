@@ -52,11 +52,13 @@ def timed(fn, repeat: int, warmup: int = 2, sync: bool = False) -> float:
 
 def ensure_data(cfg, data_dir: Path, demos: int, names: list[str] = TASKS) -> list[Path]:
     """Scripted demos of ``names`` of the configured suite, collected as ``ript collect`` would (if missing)."""
-    from ript.experts.collect import collect_demos
+    from ript.experts.collect import collect_demos, require_complete
 
     pattern = str(cfg.task.get("file_pattern") or "{name}.hdf5")
-    collect_demos(str(cfg.task.suite), names, data_dir, demos, to_dict(cfg.task.render), task_horizon(cfg.task),
-                  file_pattern=pattern, episodes_per_job=max(1, demos // 2))
+    stats = collect_demos(str(cfg.task.suite), names, data_dir, demos, to_dict(cfg.task.render),
+                          task_horizon(cfg.task), noise=float(cfg.task.expert_noise), file_pattern=pattern,
+                          episodes_per_job=max(1, demos // 2))
+    require_complete(stats, demos, data_dir)
     return [data_dir / pattern.format(name=n) for n in names]
 
 

@@ -295,6 +295,18 @@ def collect_demos(
         return _collect(run, task_names, num_workers, episodes_per_job)
 
 
+def require_complete(stats: dict[str, dict[str, Any]], demos_per_task: int, data_dir: Path) -> None:
+    """One line naming the first task whose expert fell short of ``demos_per_task`` successful demos (its
+    episodes are kept in its ``.incomplete`` file, which nothing trains on)."""
+    short = [t for t, s in stats.items() if s["demos"] < demos_per_task]
+    if short:
+        s = stats[short[0]]
+        raise RiptError(f"collect: the expert reached only {s['demos']} of {demos_per_task} successful demos "
+                        f"for {short[0]!r} in {s['attempts']} attempts (kept in "
+                        f"{Path(data_dir) / ('.' + short[0] + '.incomplete.hdf5')}); raise "
+                        f"task.max_episode_steps or set filter_success=false")
+
+
 def _collect(run: Collection, task_names: list[str], num_workers: int | None, episodes_per_job: int
              ) -> dict[str, dict[str, Any]]:
     demos_per_task = run.demos_per_task

@@ -267,3 +267,18 @@ def test_a_collection_merges_only_the_shards_its_own_jobs_wrote(tiny_data, tmp_p
     assert proc.returncode == 0, err
     assert foreign.is_file()
     assert _demo_contents(data / "button-press-v3.hdf5") == _demo_contents(tiny_data / "button-press-v3.hdf5")
+
+
+def test_an_expert_short_of_its_demos_is_one_line_naming_the_task_and_its_kept_episodes(tmp_path):
+    """``ript collect`` and the benchmarks' demo helper both refuse a task whose expert fell short; the rest pass."""
+    import pytest
+
+    from ript.errors import RiptError
+    from ript.experts.collect import require_complete
+
+    stats = {"reach-v3": {"demos": 3, "attempts": 3, "successes": 3},
+             "door-open-v3": {"demos": 1, "attempts": 9, "successes": 1}}
+    require_complete({"reach-v3": stats["reach-v3"]}, 3, tmp_path)
+    with pytest.raises(RiptError, match=r"only 1 of 3 successful demos for 'door-open-v3' in 9 attempts") as err:
+        require_complete(stats, 3, tmp_path)
+    assert str(tmp_path / ".door-open-v3.incomplete.hdf5") in str(err.value) and "\n" not in str(err.value)
