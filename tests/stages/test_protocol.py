@@ -115,30 +115,29 @@ def test_protocol_settings_are_checked_before_any_phase_runs(tmp_path):
 
 def test_every_protocol_composes_with_its_task_and_phases():
     commands = set(typer.main.get_command(cli.app).commands)
+    composed = {}  # protocol -> {phase: its job's config}, each composed once
     for name in protocol.protocol_names():
         cfg = compose("protocol", [f"protocol={name}"])
         assert cfg.name == name
         phases = protocol.plan(cfg)
         assert [p.name for p in phases][-1] == "eval_rl"
+        composed[name] = {phase.name: compose(phase.job, phase.overrides) for phase in phases}
         for phase in phases:
-            compose(phase.job, phase.overrides)
             assert phase.command(1)[3] in commands, (name, phase.command(1))  # a command `ript` has
     for suite in ("libero_10", "libero_90"):
-        jobs = {p.name: compose(p.job, p.overrides) for p in protocol.plan(compose("protocol", [f"protocol={suite}"]))}
+        jobs = composed[suite]
         assert jobs["collect"].task.name == jobs["stage1"].task.name == suite
         assert jobs["rl"].rl.max_env_steps > 0  # capped for the suite's horizon
-    spatial = compose("protocol", ["protocol=libero_spatial"])
-    assert spatial.task.name == "libero_spatial"
+    assert compose("protocol", ["protocol=libero_spatial"]).task.name == "libero_spatial"
     # its RL policy is evaluated by its mode (greedy 99.2%, sampled 96.0%); RL itself samples
-    jobs = {phase.name: compose(phase.job, phase.overrides) for phase in protocol.plan(spatial)}
+    jobs = composed["libero_spatial"]
     assert jobs["eval_rl"].sampling.greedy and not jobs["eval"].sampling.greedy and not jobs["rl"].sampling.greedy
     # every protocol learns the noise-free labels of its own collection; LIBERO's with QueST's image encoder
-    for name in protocol.protocol_names():
-        for phase in protocol.plan(compose("protocol", [f"protocol={name}"])):
-            if phase.name in ("stage0", "stage1", "finetune"):
-                job = compose(phase.job, phase.overrides)
-                assert job.data.action_key == "expert_actions", (name, phase.name)
-                assert job.algo.prior.num_kp == (128 if name.startswith("libero") else 32), (name, phase.name)
+    for name, jobs in composed.items():
+        for phase in ("stage0", "stage1", "finetune"):
+            if phase in jobs:
+                assert jobs[phase].data.action_key == "expert_actions", (name, phase)
+                assert jobs[phase].algo.prior.num_kp == (128 if name.startswith("libero") else 32), (name, phase)
 
 
 def test_an_rl_phase_cut_by_its_time_limit_is_told_from_one_that_spent_its_env_step_budget(tmp_path):
