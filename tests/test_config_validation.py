@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ript.errors import RiptError
-from tests.helpers.cli import assert_one_line_error, ript, ript_here, task_overrides, train_overrides
+from tests.helpers.cli import assert_one_line_error, ript_here, task_overrides, train_overrides
 
 
 @pytest.mark.parametrize("job,override,fragment", [
@@ -107,7 +107,7 @@ def test_failed_start_leaves_no_folder_and_a_stub_resumes(tiny_data, tmp_path):
     (run / "tb").mkdir()
     overrides = train_overrides(tiny_data, run, 2)
     assert_one_line_error(ript_here("stage0", *overrides), "already exists", "resume=true")
-    code, _, err = ript("stage0", *overrides, "resume=true")
+    code, _, err = ript_here("stage0", *overrides, "resume=true")
     assert code == 0, err
     assert (run / "checkpoints" / "last" / "model.safetensors").is_file()
 
@@ -125,8 +125,8 @@ def test_resume_refuses_changes_that_alter_the_result(stage0_run, tiny_data, tmp
                           "seed=0", "seed=3", "1 more: train.batch_size",
                           "resume_allow_changes=[seed,train.batch_size]")
     # run-control keys may change; an allowed key is accepted
-    code, _, err = ript("stage0", *base, "train.stop_after_minutes=5", "train.batch_size=8",
-                        "resume_allow_changes=[train.batch_size]")
+    code, _, err = ript_here("stage0", *base, "train.stop_after_minutes=5", "train.batch_size=8",
+                             "resume_allow_changes=[train.batch_size]")
     assert code == 0, err
 
 
@@ -137,13 +137,13 @@ def test_eval_output_stays_in_its_run_and_is_not_replaced(stage1_run, tmp_path):
     assert_one_line_error(ript_here("eval", f"checkpoint={copy}", *args), "not inside a run folder", "out_dir=")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copied_checkpoint"]  # nothing written beside it
     out = tmp_path / "out"
-    code, _, err = ript("eval", f"checkpoint={copy}", f"out_dir={out}", *args)
+    code, _, err = ript_here("eval", f"checkpoint={copy}", f"out_dir={out}", *args)
     assert code == 0, err
     first = (out / "results.json").read_text()
     assert_one_line_error(ript_here("eval", f"checkpoint={copy}", f"out_dir={out}", "seed=1", *args),
                           "results.json exists", "overwrite=true")
     assert (out / "results.json").read_text() == first
-    code, _, err = ript("eval", f"checkpoint={copy}", f"out_dir={out}", "seed=1", "overwrite=true", *args)
+    code, _, err = ript_here("eval", f"checkpoint={copy}", f"out_dir={out}", "seed=1", "overwrite=true", *args)
     assert code == 0, err
     assert (json.loads((out / "results.json").read_text())["episodes"][0]["seed"]
             != json.loads(first)["episodes"][0]["seed"])

@@ -18,7 +18,7 @@ from ript.models.flow_denoise import Denoising
 from ript.policies.flow_policy import FlowPolicy
 from ript.rl.flow_learner import FlowLearner
 from ript.stages import rl
-from tests.helpers.cli import assert_one_line_error, ript, ript_here
+from tests.helpers.cli import assert_one_line_error, ript_here
 
 CRITIC = OmegaConf.create({"hidden": 16, "detach_input": True})
 
@@ -91,8 +91,8 @@ def test_an_rl_iteration_with_each_noise_method_resumes_exactly(flow_run, tmp_pa
 
 
 def test_flow_checkpoints_evaluate_through_the_cli_and_token_settings_are_refused(flow_run, tmp_path):
-    code, _, err = ript("eval", f"checkpoint={flow_run}", "episodes_per_task=1", "num_workers=1",
-                        "max_episode_steps=8", f"out_dir={tmp_path / 'eval'}", "n_videos=0")
+    code, _, err = ript_here("eval", f"checkpoint={flow_run}", "episodes_per_task=1", "num_workers=1",
+                             "max_episode_steps=8", f"out_dir={tmp_path / 'eval'}", "n_videos=0")
     assert code == 0, err  # the checkpoint names its family: no policy= needed
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert results["sampling"] == {"action_horizon": 4, "denoise_steps": 4, "ode": True} and results["episodes"]

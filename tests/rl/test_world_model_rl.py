@@ -27,7 +27,7 @@ from ript.model_loader import load_model
 from ript.policies.build import make_policy
 from ript.stages import rl, world_model
 from ript.stages.evaluate import run as evaluate
-from tests.helpers.cli import assert_one_line_error, ript, ript_here, rl_overrides, world_model_overrides
+from tests.helpers.cli import assert_one_line_error, ript_here, rl_overrides, world_model_overrides
 
 SPECS = [EpisodeSpec("drawer-close-v3", seed, j) for seed in (3, 4) for j in range(2)]
 
@@ -137,9 +137,10 @@ def test_a_missing_foreign_or_mismatched_world_model_is_one_line(stage1_run, wor
 
 
 def test_eval_runs_a_checkpoint_in_the_world_model(stage1_run, world_model_run, tmp_path):
-    code, _, err = ript("eval", f"checkpoint={stage1_run}", "environment=world_model",
-                        f"environment.checkpoint={world_model_run}", "environment.envs=4", "episodes_per_task=2",
-                        "num_workers=1", "max_episode_steps=20", f"out_dir={tmp_path / 'imagined'}", "n_videos=0")
+    code, _, err = ript_here("eval", f"checkpoint={stage1_run}", "environment=world_model",
+                             f"environment.checkpoint={world_model_run}", "environment.envs=4", "episodes_per_task=2",
+                             "num_workers=1", "max_episode_steps=20", f"out_dir={tmp_path / 'imagined'}",
+                             "n_videos=0")
     assert code == 0, err
     results = json.loads((tmp_path / "imagined" / "results.json").read_text())
     assert results["environment"]["name"] == "world_model" and len(results["episodes"]) == 4
@@ -151,7 +152,7 @@ def test_world_model_eval_measures_fidelity_the_head_and_speed(world_model_run, 
     out = tmp_path / "measures"
     args = ["world-model-eval", f"checkpoint={world_model_run}", f"out_dir={out}", "horizon_chunks=3",
             "starts_per_demo=2", "speed_envs=4", "speed_chunks=2", "n_videos=1"]
-    code, stdout, err = ript(*args)
+    code, stdout, err = ript_here(*args)
     assert code == 0, err
     results = json.loads((out / "results.json").read_text())
     assert [r["chunks"] for r in results["fidelity"]] == [1, 2, 3]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers.cli import assert_one_line_error, ript, ript_here, stage1_overrides, train_overrides
+from tests.helpers.cli import assert_one_line_error, ript_here, stage1_overrides, train_overrides
 from tests.helpers.faults import env_workers, fill_disk
 
 
@@ -49,8 +49,8 @@ def test_nan_language_cache_is_refused(tiny_data, stage0_run, tmp_path):
 def test_nan_loss_stops_training_and_keeps_the_last_good_checkpoint(tiny_data, tmp_path):
     run = tmp_path / "run"
     # a learning rate this large overflows the weights after the first update, so the second loss is NaN
-    result = ript("stage0", *train_overrides(tiny_data, run, 6), "train.save_every=1", "train.lr=1e30",
-                  "train.warmup_steps=0")
+    result = ript_here("stage0", *train_overrides(tiny_data, run, 6), "train.save_every=1", "train.lr=1e30",
+                       "train.warmup_steps=0")
     assert_one_line_error(result, "non-finite training loss", "at step 2", "last good checkpoint")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000001", "last"]
     state = load_file(str(run / "checkpoints" / "last" / "model.safetensors"))
