@@ -250,6 +250,7 @@ class RL(Section):
     ic_pool_size: Count
     task_weighting: Literal["uniform", "informative"]
     task_weighting_floor: Fraction
+    task_weighting_prior: bool
     advantage: str
     reward: Literal["sparse", "dense"]
     reward_scale: Rate

@@ -42,7 +42,8 @@ def make_sampler(rl_cfg, seed: int, names: list[str], suite: str, info, k: int) 
     if limit is not None:
         pool = min(pool, limit)
     return InitialConditionSampler(names, rank_seed(seed, info.rank), pool, int(rl_cfg.skip_mastered_for),
-                                   str(rl_cfg.task_weighting), k, floor=float(rl_cfg.task_weighting_floor))
+                                   str(rl_cfg.task_weighting), k, floor=float(rl_cfg.task_weighting_floor),
+                                   prior=bool(rl_cfg.task_weighting_prior))
 
 
 def init_rank(cfg) -> tuple[str, ddist.DistInfo]:

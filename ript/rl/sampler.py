@@ -13,13 +13,18 @@ from ript.envs.seeds import rl_layout_seed
 
 class InitialConditionSampler:
     def __init__(self, task_names: list[str], seed: int, pool_size: int = 1000, skip_mastered_for: int = 0,
-                 task_weighting: str = "uniform", k: int = 8, ema: float = 0.7, floor: float = 0.01):
+                 task_weighting: str = "uniform", k: int = 8, ema: float = 0.7, floor: float = 0.01,
+                 prior: bool = False):
         if task_weighting not in ("uniform", "informative"):
             raise ValueError(f"rl.task_weighting={task_weighting!r}: expected 'uniform' or 'informative'")
         self.task_names = list(task_names)
         self.pool_size = pool_size
         self.skip_mastered_for = skip_mastered_for
         self.task_weighting, self.k, self.ema, self.floor = task_weighting, k, ema, floor
+        # True: a task's success estimate starts where an unseen task's weight puts it (0.5) and each group moves it
+        # one EMA step; False: its first group sets it. A group's K rollouts share one layout, so one all-failed
+        # group of a task at 20% is common, and setting the estimate to 0 from it starves the task at the floor
+        self.prior = prior
         self.rng = np.random.default_rng(seed)
         self.mastered: dict[str, int] = {}  # "task|seed" -> iteration it was last mastered
         self.success: dict[str, float] = {}  # task -> running estimate of rollout success
@@ -32,7 +37,7 @@ class InitialConditionSampler:
 
     def task_probabilities(self) -> np.ndarray:
         """``informative``: P(a group of K is mixed) = 1 - p^K - (1-p)^K under each task's success estimate p,
-        floored at ``floor`` so no task is starved (its estimate keeps updating); unseen tasks count as p = 0.5."""
+        floored at ``floor``; unseen tasks count as p = 0.5."""
         if self.task_weighting == "uniform":
             return np.full(len(self.task_names), 1.0 / len(self.task_names))
         p = np.array([self.success.get(t, 0.5) for t in self.task_names])
@@ -63,8 +68,10 @@ class InitialConditionSampler:
 
     def record(self, ic: tuple[str, int], rewards: list[float]) -> None:
         mean = float(np.mean(rewards))
-        self.success[ic[0]] = mean if ic[0] not in self.success else (
-            self.ema * self.success[ic[0]] + (1 - self.ema) * mean)
+        if ic[0] in self.success or self.prior:
+            self.success[ic[0]] = self.ema * self.success.get(ic[0], 0.5) + (1 - self.ema) * mean
+        else:
+            self.success[ic[0]] = mean
         was_mixed = float(len(set(rewards)) > 1)
         self.mixed[ic[0]] = was_mixed if ic[0] not in self.mixed else (
             self.ema * self.mixed[ic[0]] + (1 - self.ema) * was_mixed)

@@ -142,6 +142,26 @@ def test_informative_task_weighting_favours_tasks_with_mixed_outcomes():
     assert restored.draw(5) == s.draw(5)
 
 
+def test_with_the_prior_one_failed_group_does_not_starve_a_task():
+    """``rl.task_weighting_prior``: the estimate starts at 0.5, so a task whose first group of 8 all failed (a
+    task at 20% often does, on a hard layout) is still drawn often; groups that keep failing fade it out."""
+    def after(groups_failed: int, prior: bool) -> float:
+        s = InitialConditionSampler(["rare", "mixed"], seed=0, task_weighting="informative", k=8, prior=prior)
+        s.record(("mixed", 1), [1.0, 0.0] * 4)
+        for g in range(groups_failed):
+            s.record(("rare", g), [0.0] * 8)
+        return float(s.task_probabilities()[0])
+
+    assert after(1, prior=False) < 0.02  # the first group set it to 0: floored
+    assert after(1, prior=True) > 0.45 and after(3, prior=True) > 0.4
+    assert after(12, prior=True) < 0.15
+    s = InitialConditionSampler(["a"], seed=0, task_weighting="informative", prior=True)
+    s.record(("a", 1), [1.0] * 8)
+    restored = InitialConditionSampler(["a"], seed=0, task_weighting="informative", prior=True)
+    restored.load_state_dict(s.state_dict())
+    assert restored.success == s.success == {"a": 0.65}  # 0.7 x 0.5 + 0.3 x 1
+
+
 def test_recorded_log_probs_equal_recomputed_ones(stage1_run):
     """The ratio at PPO step 0 is exactly 1: what is scored is what was sampled (top-k and temperature)."""
     model, ckpt = load_model(stage1_run)
