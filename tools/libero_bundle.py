@@ -11,7 +11,9 @@ libraries in .whl/gl/.
     python -m tools.libero_bundle --suites libero_spatial --out .libero_spatial   # one bundle per suite
     # on the GPU host (carry .libero):  source .libero/preamble.sh && python3 -m ript.cli ...
 
-``--check`` unpacks the bundle into a temporary folder and builds every task again from there alone.
+``--check`` unpacks the bundle into a temporary folder and builds every task again from there alone. A bundle over
+``--max-mib`` is split into ``<out>``, ``<out>_piece2``, ... for carriers limited per command (each folder carried
+once; the preamble joins the pieces).
 """
 from __future__ import annotations
 
@@ -124,10 +126,24 @@ def write_bundle(out: Path, files: list[str], root: Path) -> None:
 
 PREAMBLE = """# Source at the start of a command on the offline GPU host: unpacks LIBERO and installs the wheels into
 # /tmp/site, renders through the carried EGL loader (written by tools/libero_bundle.py; the bundle is the folder
-# this file is in, so bundles of different suites can sit side by side).
+# this file is in, so bundles of different suites can sit side by side). A bundle split for carrying keeps its
+# other pieces in the folders <bundle>_piece2, <bundle>_piece3, ... beside it.
 _bundle=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('/tmp/site', filter='data')" \\
-"$_bundle/site.tar.xz" || return 1
+python3 - "$_bundle" <<'UNPACK' || return 1
+import glob, io, os, sys, tarfile
+bundle = sys.argv[1]
+whole = os.path.join(bundle, "site.tar.xz")
+if os.path.exists(whole):
+    data = open(whole, "rb").read()
+else:
+    want = int(open(os.path.join(bundle, "site.pieces")).read())
+    pieces = sorted(glob.glob(bundle + "/site.tar.xz.part*") + glob.glob(bundle + "_piece*/site.tar.xz.part*"),
+                    key=os.path.basename)
+    if len(pieces) != want:
+        sys.exit(f"{bundle}: {len(pieces)} of its {want} pieces are here; carry its folders {bundle}_piece2 .. too")
+    data = b"".join(open(p, "rb").read() for p in pieces)
+tarfile.open(fileobj=io.BytesIO(data)).extractall("/tmp/site", filter="data")
+UNPACK
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \\
 "$_bundle"/whl/*.whl || return 1
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -138,6 +154,45 @@ export MUJOCO_GL=egl PYOPENGL_PLATFORM=egl PYTHONUNBUFFERED=1
 """
 
 
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def split_bundle(out: Path, max_mib: float) -> list[Path]:
+    """Split a bundle larger than ``max_mib`` for carriers that move at most that much per command: its
+    site.tar.xz in pieces, the first beside the wheels and GL loader, each further one in its own folder
+    ``<out>_piece2``, ``<out>_piece3``, ... (the preamble joins them). Returns the folders, in carrying order."""
+    for old in out.parent.glob(f"{out.name}_piece*"):
+        shutil.rmtree(old)
+    whole = out / "site.tar.xz"
+    if not whole.exists() or folder_bytes(out) <= max_mib * 2**20:
+        return [out]
+    data, limit = whole.read_bytes(), int(max_mib * 2**20)
+    first = limit - (folder_bytes(out) - len(data)) - 2**16  # room left beside the wheels, less a margin
+    if first <= 0:
+        sys.exit(f"{out}: the wheels and GL loader alone exceed {max_mib} MiB")
+    cuts = [0, first, *range(first + limit - 2**16, len(data), limit - 2**16), len(data)]
+    folders = [out]
+    for i, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        folder = out if i == 0 else out.parent / f"{out.name}_piece{i + 1}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"site.tar.xz.part{i:02d}").write_bytes(data[a:b])
+        if i:
+            folders.append(folder)
+    whole.unlink()
+    (out / "site.pieces").write_text(f"{len(cuts) - 1}\n")
+    return folders
+
+
+def site_bytes(out: Path) -> bytes:
+    """The bundle's site.tar.xz, joined from its pieces if it was split."""
+    if (out / "site.tar.xz").exists():
+        return (out / "site.tar.xz").read_bytes()
+    pieces = sorted([*out.glob("site.tar.xz.part*"), *out.parent.glob(f"{out.name}_piece*/site.tar.xz.part*")],
+                    key=lambda p: p.name)
+    return b"".join(p.read_bytes() for p in pieces)
+
+
 def check(out: Path, suites: list[str]) -> None:
     """Build every task again with the bundle's robosuite/libero and none of the installed ones on the path
     (the other installed packages are linked into a folder that leaves those out; -S skips site-packages)."""
@@ -145,7 +200,7 @@ def check(out: Path, suites: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         bundle, others = Path(tmp, "bundle"), Path(tmp, "others")
         others.mkdir()
-        with tarfile.open(out / "site.tar.xz") as tar:
+        with tarfile.open(fileobj=io.BytesIO(site_bytes(out))) as tar:
             tar.extractall(bundle, filter="data")
         for entry in root.iterdir():
             if not (entry.name in PACKAGES or any(entry.name.startswith(d) for d in DIST_INFO)):
@@ -163,13 +218,22 @@ def main() -> None:
     parser.add_argument("--suites", nargs="+", default=["libero_object"])
     parser.add_argument("--out", type=Path, default=Path(".libero"))
     parser.add_argument("--check", action="store_true", help="rebuild every task from the bundle alone")
+    parser.add_argument("--max-mib", type=float, default=60.0,
+                        help="a larger bundle is split into folders of at most this size, one per carry")
+    parser.add_argument("--split-only", action="store_true", help="split the existing bundle --out, no rebuild")
     args = parser.parse_args()
-    root = site_root()
-    assets = opened_assets(args.suites)
-    files = code_files(root) + sorted(assets)
-    write_bundle(args.out, files, root)
-    size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
-    print(f"{args.out}: {len(assets)} asset files, {len(files)} files in all, {size / 2**20:.1f} MiB")
+    if not args.split_only:
+        root = site_root()
+        assets = opened_assets(args.suites)
+        files = code_files(root) + sorted(assets)
+        write_bundle(args.out, files, root)
+        print(f"{args.out}: {len(assets)} asset files, {len(files)} files in all, "
+              f"{folder_bytes(args.out) / 2**20:.1f} MiB")
+    (args.out / "preamble.sh").write_text(PREAMBLE)
+    folders = split_bundle(args.out, args.max_mib)
+    if len(folders) > 1:
+        print("carry in turn (one per command): " + ", ".join(f"{f} ({folder_bytes(f) / 2**20:.1f} MiB)"
+                                                              for f in folders))
     if args.check:
         check(args.out, args.suites)
 
