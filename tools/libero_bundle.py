@@ -121,7 +121,6 @@ def write_bundle(out: Path, files: list[str], root: Path) -> None:
         sys.exit(f".whl/: missing {missing or 'gl/'}; put the wheels and the GL loader libraries there first "
                  "(docs/install.md)")
     shutil.copytree(wheels / "gl", out / "gl", symlinks=True)
-    (out / "preamble.sh").write_text(PREAMBLE)
 
 
 PREAMBLE = """# Source at the start of a command on the offline GPU host: unpacks LIBERO and installs the wheels into
@@ -229,7 +228,7 @@ def main() -> None:
         write_bundle(args.out, files, root)
         print(f"{args.out}: {len(assets)} asset files, {len(files)} files in all, "
               f"{folder_bytes(args.out) / 2**20:.1f} MiB")
-    (args.out / "preamble.sh").write_text(PREAMBLE)
+    (args.out / "preamble.sh").write_text(PREAMBLE)  # also a bundle written before its preamble joined pieces
     folders = split_bundle(args.out, args.max_mib)
     if len(folders) > 1:
         print("carry in turn (one per command): " + ", ".join(f"{f} ({folder_bytes(f) / 2**20:.1f} MiB)"
