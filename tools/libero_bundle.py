@@ -161,10 +161,15 @@ def split_bundle(out: Path, max_mib: float) -> list[Path]:
     """Split a bundle larger than ``max_mib`` for carriers that move at most that much per command: its
     site.tar.xz in pieces, the first beside the wheels and GL loader, each further one in its own folder
     ``<out>_piece2``, ``<out>_piece3``, ... (the preamble joins them). Returns the folders, in carrying order."""
-    for old in out.parent.glob(f"{out.name}_piece*"):
-        shutil.rmtree(old)
     whole = out / "site.tar.xz"
-    if not whole.exists() or folder_bytes(out) <= max_mib * 2**20:
+    if not whole.exists():  # split already: its pieces stay as they are
+        return [out, *sorted(out.parent.glob(f"{out.name}_piece*"), key=lambda f: int(f.name.rsplit("piece", 1)[1]))]
+    for old in out.parent.glob(f"{out.name}_piece*"):  # an earlier split of an archive now rewritten
+        shutil.rmtree(old)
+    (out / "site.pieces").unlink(missing_ok=True)
+    for old in out.glob("site.tar.xz.part*"):
+        old.unlink()
+    if folder_bytes(out) <= max_mib * 2**20:
         return [out]
     data, limit = whole.read_bytes(), int(max_mib * 2**20)
     first = limit - (folder_bytes(out) - len(data)) - 2**16  # room left beside the wheels, less a margin
