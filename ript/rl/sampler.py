@@ -21,9 +21,9 @@ class InitialConditionSampler:
         self.pool_size = pool_size
         self.skip_mastered_for = skip_mastered_for
         self.task_weighting, self.k, self.ema, self.floor = task_weighting, k, ema, floor
-        # True: a task's success estimate starts where an unseen task's weight puts it (0.5) and each group moves it
-        # one EMA step; False: its first group sets it. A group's K rollouts share one layout, so one all-failed
-        # group of a task at 20% is common, and setting the estimate to 0 from it starves the task at the floor
+        # True: a task's running estimates (success, mixed share) start where an unseen task's are and each group
+        # moves them one EMA step; False: its first group sets them. A group's K rollouts share one layout, so one
+        # all-failed group of a task at 20% is common, and setting its success to 0 starves it at the floor
         self.prior = prior
         self.rng = np.random.default_rng(seed)
         self.mastered: dict[str, int] = {}  # "task|seed" -> iteration it was last mastered
@@ -44,13 +44,17 @@ class InitialConditionSampler:
         w = np.maximum(1.0 - p**self.k - (1.0 - p) ** self.k, self.floor)
         return w / w.sum()
 
+    @property
+    def unseen_mixed(self) -> float:
+        """The chance a group of K on an unseen task is mixed, as K coin flips at p = 0.5 give it."""
+        return 1.0 - 2 * 0.5**self.k
+
     def informative_share(self) -> float:
         """The expected share of drawn groups that come out mixed (some of K succeed, some fail): each task's
         observed share (unseen: 1 - p^K - (1-p)^K at p = 0.5) weighted by the probability it is drawn with. The
         observed share, not the binomial one from the task's success rate: outcomes depend on the layout, so a
         task at 50% success has far fewer mixed groups than K independent coin flips would give (measured)."""
-        unseen = 1.0 - 2 * 0.5**self.k
-        mixed = np.array([self.mixed.get(t, unseen) for t in self.task_names])
+        mixed = np.array([self.mixed.get(t, self.unseen_mixed) for t in self.task_names])
         return float(np.dot(self.task_probabilities(), mixed))
 
     def draw(self, n: int, max_tries: int = 100) -> list[tuple[str, int]]:
@@ -67,16 +71,18 @@ class InitialConditionSampler:
         return out
 
     def record(self, ic: tuple[str, int], rewards: list[float]) -> None:
-        mean = float(np.mean(rewards))
-        if ic[0] in self.success or self.prior:
-            self.success[ic[0]] = self.ema * self.success.get(ic[0], 0.5) + (1 - self.ema) * mean
-        else:
-            self.success[ic[0]] = mean
-        was_mixed = float(len(set(rewards)) > 1)
-        self.mixed[ic[0]] = was_mixed if ic[0] not in self.mixed else (
-            self.ema * self.mixed[ic[0]] + (1 - self.ema) * was_mixed)
+        self._running(self.success, ic[0], float(np.mean(rewards)), 0.5)
+        self._running(self.mixed, ic[0], float(len(set(rewards)) > 1), self.unseen_mixed)
         if self.skip_mastered_for and min(rewards) >= 1.0:
             self.mastered[f"{ic[0]}|{ic[1]}"] = self.iteration
+
+    def _running(self, estimates: dict[str, float], task: str, value: float, unseen: float) -> None:
+        """One EMA step of a task's running estimate, from what an unseen task counts as (with the prior) or
+        set by its first group (without)."""
+        if task in estimates or self.prior:
+            estimates[task] = self.ema * estimates.get(task, unseen) + (1 - self.ema) * value
+        else:
+            estimates[task] = value
 
     def state_dict(self) -> dict:
         return {"rng": json.dumps(self.rng.bit_generator.state), "mastered": json.dumps(self.mastered),

@@ -143,8 +143,9 @@ def test_informative_task_weighting_favours_tasks_with_mixed_outcomes():
 
 
 def test_with_the_prior_one_failed_group_does_not_starve_a_task():
-    """``rl.task_weighting_prior``: the estimate starts at 0.5, so a task whose first group of 8 all failed (a
-    task at 20% often does, on a hard layout) is still drawn often; groups that keep failing fade it out."""
+    """``rl.task_weighting_prior``: the estimates start where an unseen task's are (success 0.5), so a task whose
+    first group of 8 all failed (a task at 20% often does, on a hard layout) is still drawn often; groups that keep
+    failing fade it out."""
     def after(groups_failed: int, prior: bool) -> float:
         s = InitialConditionSampler(["rare", "mixed"], seed=0, task_weighting="informative", k=8, prior=prior)
         s.record(("mixed", 1), [1.0, 0.0] * 4)
@@ -160,6 +161,8 @@ def test_with_the_prior_one_failed_group_does_not_starve_a_task():
     restored = InitialConditionSampler(["a"], seed=0, task_weighting="informative", prior=True)
     restored.load_state_dict(s.state_dict())
     assert restored.success == s.success == {"a": 0.65}  # 0.7 x 0.5 + 0.3 x 1
+    # its share of mixed groups likewise starts where an unseen task's is (8 coin flips), not at this group's 0
+    assert restored.mixed == s.mixed and abs(s.mixed["a"] - 0.7 * (1 - 2 * 0.5**8)) < 1e-12
 
 
 def test_recorded_log_probs_equal_recomputed_ones(stage1_run):
