@@ -10,6 +10,8 @@ import numpy as np
 
 from ript.envs.seeds import rl_layout_seed
 
+UNSEEN_SUCCESS = 0.5  # the success estimate a task no group has been recorded for counts as
+
 
 class InitialConditionSampler:
     def __init__(self, task_names: list[str], seed: int, pool_size: int = 1000, skip_mastered_for: int = 0,
@@ -40,14 +42,14 @@ class InitialConditionSampler:
         floored at ``floor``; unseen tasks count as p = 0.5."""
         if self.task_weighting == "uniform":
             return np.full(len(self.task_names), 1.0 / len(self.task_names))
-        p = np.array([self.success.get(t, 0.5) for t in self.task_names])
+        p = np.array([self.success.get(t, UNSEEN_SUCCESS) for t in self.task_names])
         w = np.maximum(1.0 - p**self.k - (1.0 - p) ** self.k, self.floor)
         return w / w.sum()
 
     @property
     def unseen_mixed(self) -> float:
-        """The chance a group of K on an unseen task is mixed, as K coin flips at p = 0.5 give it."""
-        return 1.0 - 2 * 0.5**self.k
+        """The chance a group of K on an unseen task is mixed, as K coin flips at its success estimate give it."""
+        return 1.0 - UNSEEN_SUCCESS**self.k - (1.0 - UNSEEN_SUCCESS) ** self.k
 
     def informative_share(self) -> float:
         """The expected share of drawn groups that come out mixed (some of K succeed, some fail): each task's
@@ -71,7 +73,7 @@ class InitialConditionSampler:
         return out
 
     def record(self, ic: tuple[str, int], rewards: list[float]) -> None:
-        self._running(self.success, ic[0], float(np.mean(rewards)), 0.5)
+        self._running(self.success, ic[0], float(np.mean(rewards)), UNSEEN_SUCCESS)
         self._running(self.mixed, ic[0], float(len(set(rewards)) > 1), self.unseen_mixed)
         if self.skip_mastered_for and min(rewards) >= 1.0:
             self.mastered[f"{ic[0]}|{ic[1]}"] = self.iteration
