@@ -194,6 +194,9 @@ def site_bytes(out: Path) -> bytes:
         return (out / "site.tar.xz").read_bytes()
     pieces = sorted([*out.glob("site.tar.xz.part*"), *out.parent.glob(f"{out.name}_piece*/site.tar.xz.part*")],
                     key=lambda p: p.name)
+    want = int((out / "site.pieces").read_text())
+    if len(pieces) != want:  # as the preamble refuses it
+        sys.exit(f"{out}: {len(pieces)} of its {want} pieces are here; put its folders {out}_piece2 .. beside it")
     return b"".join(p.read_bytes() for p in pieces)
 
 
