@@ -11,7 +11,7 @@ every count whose trainers and actors fit the host's GPUs; the actors join one R
         [--groups 32] [--k 8] [--iterations 3] [--episode-steps 200] [--out runs/scaling] [--cpu]
         [--task-extra task.* ...] [--extra stage-0/1 overrides ...] [--placements disaggregated,disaggregated_overlap]
         [--stages auto|1|2] [--actor-gpus 1|0.5] [--parts stage1,rl] [--cores-per-gpu 16] [--base <stage-1 ckpt>]
-        [--rl-extra rl.* ...] [--pin-cores]
+        [--rl-extra rl.* ...] [--pin-cores] [--parts stage1,rl,reference]
     python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the run's
@@ -38,7 +38,8 @@ from benchmarks.train_compare import scalars
 from ript.stages.protocol import Phase
 
 RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/iteration", "time/cycle")
-RL_SHARES = ("time/inference_share", "time/worker_busy_share", "time/driver_idle_share")  # a rollout's wall time
+RL_SHARES = ("time/inference_share", "time/worker_busy_share", "time/driver_idle_share",  # a rollout's wall time
+             "time/decision_rounds", "time/slot_occupancy")  # a rank's decisions in a row, the batch rows they used
 RL_MEMORY = ("memory/peak_gib",)  # rank 0's GPU memory over the iteration
 
 
@@ -101,18 +102,36 @@ def prepare(a, out: Path, task: list[str], common: list[str]) -> Path:
     return base
 
 
-def stage1_args(a, out: Path, run_dir: Path, steps: int) -> list[str]:
+def stage1_args(a, out: Path, run_dir: Path, steps: int, batch: int | None = None) -> list[str]:
     return [f"run_dir={run_dir}", f"stage0_checkpoint={out / 'stage0'}", f"train.steps={steps}",
-            f"train.batch_size={a.batch}", "train.log_every=10", "train.val_every=100000",
+            f"train.batch_size={batch or a.batch}", "train.log_every=10", "train.val_every=100000",
             "train.save_every=100000", "progress=false"]
 
 
-def stage1_speed(a, out: Path, common: list[str], n: int) -> dict:
-    run_dir = fresh(out / f"stage1_{n}")
-    ript(["stage1", *common, *stage1_args(a, out, run_dir, a.s1_steps)], n, log=out / "logs" / f"stage1_{n}.log",
-         cores=host_share(a, n))
+def stage1_speed(a, out: Path, common: list[str], n: int, batch: int | None = None) -> dict:
+    """Stage 1 on ``n`` processes at the global batch ``batch`` (--batch)."""
+    batch = batch or a.batch
+    tag = f"{n}" if batch == a.batch else f"{n}_batch{batch}"
+    run_dir = fresh(out / f"stage1_{tag}")
+    ript(["stage1", *common, *stage1_args(a, out, run_dir, a.s1_steps, batch)], n,
+         log=out / "logs" / f"stage1_{tag}.log", cores=host_share(a, n))
     speed = [v for step, v in scalars(run_dir)["time/samples_per_s"] if step > a.warmup]
-    return {"samples_per_s": statistics.median(speed), "per_process_batch": a.batch // n}
+    return {"samples_per_s": statistics.median(speed), "per_process_batch": batch // n}
+
+
+def stage1_reference(a, out: Path, common: list[str], counts: list[int], rows: dict[int, dict], save) -> dict:
+    """Stage 1 on one process at each count's per-process batch: N times it is what N processes would reach if
+    their gradients' all-reduce cost nothing, which splits a count's shortfall into its smaller batches' and its
+    communication's (``communication_efficiency``)."""
+    reference: dict = {}
+    for n in (n for n in counts if n > 1):
+        row = measured(f"1 process at batch {a.batch // n}: stage 1", stage1_speed, a, out, common, 1,
+                       a.batch // n)
+        reference[n] = row
+        if "failed" not in row and "failed" not in rows.get(n, {"failed": ""}):
+            rows[n]["communication_efficiency"] = rows[n]["samples_per_s"] / (n * row["samples_per_s"])
+        save()
+    return reference
 
 
 # RL with its rollouts in a Ray actor per trainer process (docs/distributed.md); on a GPU host each actor takes
@@ -303,7 +322,8 @@ def main() -> None:
     ap.add_argument("--placements", default="", help=f"RL again with each trainer process's rollouts in a Ray actor, "
                     f"for each of {','.join(PLACEMENTS)} given (comma-separated), at every count that fits")
     ap.add_argument("--parts", default="stage1,rl", help="what to measure at each count: stage1, rl (collocated, "
-                    "then --placements), placements (--placements alone)")
+                    "then --placements), placements (--placements alone), reference (stage 1 on one process at "
+                    "each count's per-process batch: the count's speed without communication)")
     ap.add_argument("--cores-per-gpu", type=int, default=16, help="env workers per GPU of each RL run (the cores "
                     "a host gives each GPU, so that N GPUs bring N times the simulators; 0: this host's cores shared "
                     "among the processes)")
@@ -332,7 +352,8 @@ def main() -> None:
         base = Path(a.base) if a.base else prepare(a, out, task, common)
     except RunFailed as e:  # nothing to measure without the demos and stages 0-1
         raise SystemExit(str(e)) from None
-    result = {"host": host_name(a.cpu), "command": " ".join(sys.argv), "stage1": {}, "rl": {}, "rl_placements": {}}
+    result = {"host": host_name(a.cpu), "command": " ".join(sys.argv), "stage1": {}, "rl": {}, "rl_placements": {},
+              "stage1_one_process": {}}
 
     def save() -> None:  # after each row: a host taken back mid-curve still leaves the rows measured so far
         (out / "scaling.json").write_text(json.dumps(result, indent=2))
@@ -350,6 +371,8 @@ def main() -> None:
         result["rl_placements"] = placement_rows(a, out, rl_common, base, counts, gpus, result["rl"], save)
     for rows, key in ((result["stage1"], "samples_per_s"), (result["rl"], "env_steps_per_s_with_training")):
         efficiency(rows, key)
+    if "reference" in parts:  # after the counts' own rows, which it is read against
+        result["stage1_one_process"] = stage1_reference(a, out, common, counts, result["stage1"], save)
     save()
     plot(result, out / "scaling.png")
     print(json.dumps({part: {n: round(r["speedup"], 2) for n, r in rows.items() if "speedup" in r}

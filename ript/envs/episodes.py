@@ -69,3 +69,11 @@ def finished_episode(spec: EpisodeSpec, success: bool, length: int, policy: Chun
 
 def video_frame(obs: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
     return np.concatenate([obs[k] for k in keys], axis=1)
+
+
+def decision_counts(decisions: int, rounds: int, batch_rows: int) -> dict[str, float]:
+    """A run's batched decisions: how many rounds the policy was called for, and the share of the rows it paid for
+    (``batch_rows`` a call, full or not) that held a running env: a run's last rounds, with few episodes left to
+    finish, fill little of their batches."""
+    return {"decisions": decisions, "decision_rounds": rounds, "decision_rows": rounds * batch_rows,
+            "slot_occupancy": decisions / max(1, rounds * batch_rows)}

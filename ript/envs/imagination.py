@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ript.envs.episodes import StopRule, finished_episode, video_frame
+from ript.envs.episodes import StopRule, decision_counts, finished_episode, video_frame
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.worker_env import EpisodeSpec, PoolSettings, WorkerSet
 from ript.errors import RiptError
@@ -268,4 +268,5 @@ class Episodes:
                 "worker_busy_share": self.model_s / max(seconds, 1e-9),
                 "policy_share": (self.policy.inference_seconds - inference) / max(seconds, 1e-9),
                 "driver_idle_share": 0.0,  # the world model steps in this process: nothing to wait for
-                "decisions_per_plan": self.decisions / max(1, self.policy.plan_calls - calls)}
+                "decisions_per_plan": self.decisions / max(1, self.policy.plan_calls - calls),
+                **decision_counts(self.decisions, self.policy.plan_calls - calls, len(self.running))}

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ript.envs.episodes import StopRule, finished_episode, video_frame
+from ript.envs.episodes import StopRule, decision_counts, finished_episode, video_frame
 from ript.envs.gl import renders_apart
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.suites import get_suite
@@ -383,5 +383,6 @@ class Schedule:
                    policy_share=(policy.inference_seconds - inference_before) / max(1e-9, out["seconds"]),
                    driver_idle_share=self.idle_s / max(1e-9, out["seconds"]),
                    decisions_per_plan=self.decisions / max(1, policy.plan_calls - calls_before),
-                   pipeline_stages=-(-self.n_workers // self.per_stage))
+                   pipeline_stages=-(-self.n_workers // self.per_stage),
+                   **decision_counts(self.decisions, policy.plan_calls - calls_before, self.per_stage * self.per))
         return out

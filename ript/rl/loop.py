@@ -215,6 +215,8 @@ class RLIterations:
                 "driver_idle_share": batch["driver_idle_share"],
                 "task_build_share": batch["task_build_share"],
                 "env_steps": batch["env_steps"],
+                "decisions": batch["decisions"], "decision_rounds": batch["decision_rounds"],
+                "decision_rows": batch["decision_rows"],
                 "returns": 0 if targets is None else len(targets.episode_returns),
                 "returns_sum": 0 if targets is None else float(targets.episode_returns.sum())}
         for task in self.names:
@@ -248,6 +250,9 @@ class RLIterations:
             "time/driver_idle_share": totals["driver_idle_share"] / self.info.world_size,
             "time/task_build_share": totals["task_build_share"] / self.info.world_size,  # part of worker_busy_share
             "time/env_steps_per_s": totals["env_steps"] / max(1e-9, t_rollout),  # cancelled episodes' steps too
+            # a rank's batched decisions in a row, and the share of the rows they paid for that held a running env
+            "time/decision_rounds": totals["decision_rounds"] / self.info.world_size,
+            "time/slot_occupancy": totals["decisions"] / max(1, totals["decision_rows"]),
             **take_peak_memory_gib(self.device),  # this rank's, over the iteration
         }
         for task, (episodes, wins) in per_task(totals, self.names).items():  # over all ranks
@@ -278,9 +283,10 @@ class RLIterations:
                  metrics["time/rollout"], metrics["time/env_steps_per_s"], metrics["time/train"],
                  metrics["time/train_prepare"])
         log.info("rl iteration %d rollout time: policy %.0f%%, env workers busy %.0f%% (building tasks %.0f%%), "
-                 "driver waiting on workers %.0f%%", iteration, 100 * metrics["time/inference_share"],
-                 100 * metrics["time/worker_busy_share"], 100 * metrics["time/task_build_share"],
-                 100 * metrics["time/driver_idle_share"])
+                 "driver waiting on workers %.0f%%; %.0f decision rounds per process, %.0f%% of their rows used",
+                 iteration, 100 * metrics["time/inference_share"], 100 * metrics["time/worker_busy_share"],
+                 100 * metrics["time/task_build_share"], 100 * metrics["time/driver_idle_share"],
+                 metrics["time/decision_rounds"], 100 * metrics["time/slot_occupancy"])
         if self.learner.critic is not None:
             log.info("rl iteration %d critic: value loss %.4f, explained variance %.3f, returns %.3f", iteration,
                      stats["value_loss"], stats["explained_variance"], metrics["rollout/returns_mean"])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ript.envs.episodes import Runner, StopRule
+from ript.envs.episodes import Runner, StopRule, decision_counts
 from ript.envs.worker_env import EpisodeSpec
 from ript.errors import RiptError
 from ript.evaluation.environments import EnvironmentSetting, build_environment
@@ -115,6 +115,7 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
     dropped = cancelled = env_steps = 0
     busy = idle = 0.0  # env workers' busy and the driver's idle shares of the rounds, weighted by their seconds
     build = 0.0  # the env workers' share spent building simulator tasks, likewise
+    decisions = dict.fromkeys(("decisions", "decision_rounds", "decision_rows"), 0)  # the policy's batched calls
     while True:
         need = max(0, local_target - len(kept))
         ics = sampler.draw(sampling.groups_to_draw(need, sampler, runner.env_slots))
@@ -125,7 +126,7 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
         prefix = InformativePrefix(len(ics), k, need, sampling.mixed_only)
         results = runner.run(policy, video_dir=video_dir, specs=specs, stop=prefix) if specs else \
             {"episodes": [], "dropped": 0, "cancelled": 0, "env_steps": 0, "worker_busy_share": 0.0,
-             "driver_idle_share": 0.0, "task_build_share": 0.0, "seconds": 0.0}
+             "driver_idle_share": 0.0, "task_build_share": 0.0, "seconds": 0.0, **decision_counts(0, 0, 0)}
         prefix.satisfied()  # a round that ran to the end: every group counts
         dropped += results["dropped"]
         cancelled += results["cancelled"]
@@ -133,6 +134,8 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
         busy += results["worker_busy_share"] * results["seconds"]
         idle += results["driver_idle_share"] * results["seconds"]
         build += results["task_build_share"] * results["seconds"]
+        for key in decisions:
+            decisions[key] += results[key]
         counted = [e for e in results["episodes"] if e["episode"] // k < prefix.settled]
         for group in group_episodes(counted, k):
             rewards = [float(e["success"]) for e in group]
@@ -151,7 +154,7 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
     return {"kept": kept, "episodes": episodes, "rounds": rounds, "capped": capped, "total_kept": total_kept,
             "sync": sync, "dropped": dropped, "cancelled": cancelled, "env_steps": env_steps,
             "worker_busy_share": busy / max(1e-9, seconds), "driver_idle_share": idle / max(1e-9, seconds),
-            "task_build_share": build / max(1e-9, seconds), "seconds": seconds}
+            "task_build_share": build / max(1e-9, seconds), "seconds": seconds, **decisions}
 
 
 def group_episodes(episodes: list[dict], k: int) -> list[list[dict]]:
