@@ -58,6 +58,9 @@ def test_a_third_policy_runs_through_the_runner():
         assert not np.array_equal(e["decisions"][1]["stack"][0], e["decisions"][1]["stack"][1])  # the arm moved
     assert policy.inference_seconds > 0
     assert outs[1]["decisions_per_plan"] * policy.plan_calls == pytest.approx(9)  # 3 episodes x 3 decisions
+    # one slot runs two episodes in a row: at least 6 rounds of the 2-row batch, each row used at most once
+    assert outs[1]["decisions"] == 9 and outs[1]["decision_rounds"] == policy.plan_calls >= 6
+    assert outs[1]["slot_occupancy"] == pytest.approx(9 / (2 * policy.plan_calls))
     again = sorted(outs[1]["episodes"], key=lambda e: e["episode"])
     assert all(np.array_equal(a["stack"], b["stack"])
                for x, y in zip(episodes, again) for a, b in zip(x["decisions"], y["decisions"]))
