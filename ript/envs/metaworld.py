@@ -8,12 +8,15 @@ MetaWorld is imported lazily so the rest of ript works without it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ript.envs import gl  # noqa: F401  (before MuJoCo is imported: its GL backend)
 from ript.errors import RiptError
+
+if TYPE_CHECKING:
+    from ript.envs.rendering import SharedGLContext
 
 ROBOT_STATE_DIM = 4
 ENV_STATE_DIM = 39
@@ -129,7 +132,8 @@ class RenderSettings:
 class MetaWorldTask:
     """One MetaWorld v3 task with seeded layouts: ``reset(seed)`` draws object/goal positions from the seed."""
 
-    def __init__(self, task_name: str, render: RenderSettings | None, max_episode_steps: int = 500):
+    def __init__(self, task_name: str, render: RenderSettings | None, max_episode_steps: int = 500,
+                 shared_gl: SharedGLContext | None = None):
         check_task_names([task_name])
         import mujoco
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS
@@ -161,7 +165,8 @@ class MetaWorldTask:
                 env.model.vis.quality.offsamples = 0
             from ript.envs.rendering import SideBySideRenderer  # imports mujoco: after MUJOCO_GL is set
 
-            self._renderer = SideBySideRenderer(env.model, render.image_size, render.cameras, render.quality == "low")
+            self._renderer = SideBySideRenderer(env.model, render.image_size, render.cameras, render.quality == "low",
+                                                shared_gl)
         self._last_raw = None
         self.done = True
         self.success = False

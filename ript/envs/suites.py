@@ -32,7 +32,9 @@ class Suite:
         """``task.task_names`` if given (checked), else the suite's (or benchmark split's) task list."""
         raise NotImplementedError
 
-    def make_task(self, task_name: str, render: dict, max_episode_steps: int) -> Any:
+    def make_task(self, task_name: str, render: dict, max_episode_steps: int, shared_gl: Any = None) -> Any:
+        """A task's env; ``shared_gl``: a ``ript.envs.rendering.SharedGLContext`` its renderer may draw in (its
+        owner, e.g. an env worker, frees it after the task closes; a suite that renders otherwise ignores it)."""
         raise NotImplementedError
 
     def instructions(self, names: list[str]) -> dict[str, str]:
@@ -49,10 +51,10 @@ class MetaWorldSuite(Suite):
         check_task_names(names)
         return names
 
-    def make_task(self, task_name: str, render: dict, max_episode_steps: int) -> Any:
+    def make_task(self, task_name: str, render: dict, max_episode_steps: int, shared_gl: Any = None) -> Any:
         from ript.envs.metaworld import MetaWorldTask, RenderSettings
 
-        return MetaWorldTask(task_name, RenderSettings.from_dict(render), max_episode_steps)
+        return MetaWorldTask(task_name, RenderSettings.from_dict(render), max_episode_steps, shared_gl)
 
     def instructions(self, names: list[str]) -> dict[str, str]:
         from ript.envs.metaworld import INSTRUCTIONS
@@ -71,8 +73,10 @@ class LiberoSuite(Suite):
             return names
         return libero.suite_tasks(self.name)
 
-    def make_task(self, task_name: str, render: dict, max_episode_steps: int) -> Any:
+    def make_task(self, task_name: str, render: dict, max_episode_steps: int, shared_gl: Any = None) -> Any:
         from ript.envs.libero import LiberoRender, LiberoTask
+
+        # robosuite renders through contexts of its own: shared_gl is not used
 
         return LiberoTask(self.name, task_name, LiberoRender.from_dict(render), max_episode_steps)
 

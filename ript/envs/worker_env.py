@@ -118,8 +118,8 @@ class InlineFrames:
 class TaskEnv:
     """One env slot of a worker: builds simulator tasks on demand and keeps them for reuse."""
 
-    def __init__(self, suite: str, render: dict, max_episode_steps: int):
-        self.render_cfg, self.max_steps = render, max_episode_steps
+    def __init__(self, suite: str, render: dict, max_episode_steps: int, shared_gl: Any = None):
+        self.render_cfg, self.max_steps, self.shared_gl = render, max_episode_steps, shared_gl
         self.tasks: dict[str, Any] = {}  # in order of last use
         self.current = None
         self.suite_entry = get_suite(suite)
@@ -133,7 +133,7 @@ class TaskEnv:
         if task is None:
             while self.cache_limit is not None and len(self.tasks) >= self.cache_limit:
                 self.tasks.pop(next(iter(self.tasks))).close()  # least recently used
-            task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps)
+            task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps, self.shared_gl)
         self.tasks[spec.task_name] = self.current = task
         self.steps = 0
         built_s = time.perf_counter() - t0
@@ -168,7 +168,10 @@ class WorkerEnvs:
 
     def __init__(self, suite: str, render: dict, max_episode_steps: int, layout: FrameLayout,
                  frames_name: str | None):
-        self.envs = [TaskEnv(suite, render, max_episode_steps) for _ in range(layout.envs)]
+        from ript.envs.rendering import SharedGLContext  # imports MuJoCo: in the worker, after its GL backend is set
+
+        self.shared_gl = SharedGLContext()  # every task the worker builds renders in one context (rendering.py)
+        self.envs = [TaskEnv(suite, render, max_episode_steps, self.shared_gl) for _ in range(layout.envs)]
         self.frames = InlineFrames() if frames_name is None else SharedFrames(layout, frames_name)
 
     def begin(self, starts: list[tuple[int, EpisodeSpec]]) -> list[tuple[int, dict, float, list[str]]]:
@@ -193,6 +196,7 @@ class WorkerEnvs:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+        self.shared_gl.close()  # after the tasks that drew in it
         self.frames.close()
 
 

@@ -82,3 +82,32 @@ def test_cameras_rendered_side_by_side_match_mujocos_renderer_camera_by_camera()
     first, second = task.render_settings.cameras
     assert differing[first] == 0
     assert differing[second] <= 0.001 * 20 * 64 * 64
+
+
+def test_tasks_sharing_one_gl_context_render_as_with_their_own():
+    """An env worker's tasks draw in one GL context (built faster than each in a context of its own): the frames
+    are the same, with the tasks' renders interleaved and after one of them has closed."""
+    from ript.envs.rendering import SharedGLContext
+
+    render = RenderSettings(cameras=("corner", "gripperPOV"), image_size=32, quality="low")
+    shared = SharedGLContext()
+    names = ["button-press-v3", "drawer-close-v3"]
+    together = [MetaWorldTask(n, render, 20, shared) for n in names]
+    alone = [MetaWorldTask(n, render, 20) for n in names]
+    try:
+        assert together[0]._renderer.gl is together[1]._renderer.gl is shared.context
+        assert alone[0]._renderer.gl is not alone[1]._renderer.gl
+        first = [t.reset(3) for t in together]
+        again = together[0].reset(3)  # after the other task drew in the same context
+        for a, b, mine in zip(first, [t.reset(3) for t in alone], ["button", "drawer"]):
+            for key in ("corner_rgb", "gripperPOV_rgb"):
+                assert np.array_equal(a[key], b[key]), (mine, key)
+        assert np.array_equal(again["corner_rgb"], first[0]["corner_rgb"])
+        together[1].close()
+        after = together[0].step(np.zeros(4))[0]
+        assert after["corner_rgb"].shape == (32, 32, 3) and after["corner_rgb"].any()
+    finally:
+        for t in together + alone:
+            t.close()
+        shared.close()
+    assert shared.context is None
