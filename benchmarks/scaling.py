@@ -352,7 +352,8 @@ def main() -> None:
         base = Path(a.base) if a.base else prepare(a, out, task, common)
     except RunFailed as e:  # nothing to measure without the demos and stages 0-1
         raise SystemExit(str(e)) from None
-    result = {"host": host_name(a.cpu), "command": " ".join(sys.argv), "stage1": {}, "rl": {}, "rl_placements": {},
+    command = " ".join(["python -m benchmarks.scaling", *sys.argv[1:]])
+    result = {"host": host_name(a.cpu), "command": command, "stage1": {}, "rl": {}, "rl_placements": {},
               "stage1_one_process": {}}
 
     def save() -> None:  # after each row: a host taken back mid-curve still leaves the rows measured so far
