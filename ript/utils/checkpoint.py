@@ -14,6 +14,7 @@ never pruned.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import platform
@@ -46,6 +47,33 @@ def first_non_finite(state: dict[str, torch.Tensor]) -> str | None:
     return None
 
 
+def refuse_non_finite(state: dict[str, torch.Tensor], run_dir: Path, step: int) -> None:
+    """Weights with NaN or inf are never written: a one-line error naming the first such weight."""
+    bad = first_non_finite(state)
+    if bad is not None:
+        raise RiptError(f"refusing to write checkpoint {step}: weight {bad!r} has NaN or inf values "
+                        f"(the last good checkpoint stays {Path(run_dir) / 'checkpoints' / 'last'})")
+
+
+def write_failed(folder: Path, e: BaseException) -> RiptError:
+    """The one-line error of a checkpoint that could not be written (disk full, read-only)."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return RiptError(f"cannot write checkpoint {folder}: {first}; the last checkpoint is untouched "
+                     f"(free disk space, then resume=true)")
+
+
+def host_copy(obj: Any) -> Any:
+    """``obj`` with every tensor in it copied to host memory, contiguous (dicts, lists and tuples rebuilt, other
+    values deep-copied): a snapshot that the training going on cannot change while it is being written."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True).contiguous()
+    if isinstance(obj, dict):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
 def remove_partial_checkpoints(run_dir: Path) -> None:
     """Delete what a killed save leaves: hidden temporary checkpoint folders and link files."""
     root = Path(run_dir) / "checkpoints"
@@ -63,7 +91,7 @@ def host_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def save_checkpoint(
     run_dir: Path,
     step: int,
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     config: dict[str, Any],
     training_state: dict[str, Any] | None = None,
     keep_last: int | None = None,
@@ -72,14 +100,12 @@ def save_checkpoint(
 ) -> Path:
     """Write ``checkpoints/<step>`` atomically and point ``last`` at it; then keep the newest ``keep_last``
     steps (None or 0: all) and always the ones ``last`` and ``best`` point to. Returns the checkpoint dir.
-    ``weights_state``: the weights to write, where ``model`` does not hold them whole (FSDP)."""
+    ``weights_state``: the weights to write (a snapshot of them, or where ``model`` does not hold them whole: FSDP;
+    ``model`` is then not read)."""
     if keep_last is not None and keep_last < 0:
         raise RiptError(f"keep_last={keep_last}: must be 0 (keep every checkpoint) or a positive count")
     state = host_state(model) if weights_state is None else weights_state
-    bad = first_non_finite(state)
-    if bad is not None:
-        raise RiptError(f"refusing to write checkpoint {step}: weight {bad!r} has NaN or inf values "
-                        f"(the last good checkpoint stays {Path(run_dir) / 'checkpoints' / 'last'})")
+    refuse_non_finite(state, run_dir, step)
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"{step:07d}"
@@ -101,9 +127,7 @@ def save_checkpoint(
             atomic_replace(tmp, final)
     except (OSError, SafetensorError, RuntimeError) as e:  # disk full, read-only: torch and safetensors wrap it
         shutil.rmtree(tmp, ignore_errors=True)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RiptError(f"cannot write checkpoint {final}: {first}; the last checkpoint is untouched "
-                        f"(free disk space, then resume=true)") from e
+        raise write_failed(final, e) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

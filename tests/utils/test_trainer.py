@@ -110,3 +110,49 @@ def test_a_run_made_before_a_setting_existed_resumes_at_the_value_that_reproduce
     assert [k for k, _, _ in changed_keys(before, scaled, ())] == ["train.lr_reference_batch", "train.lr_scaling"]
     stored_with_it = {"train": {**now["train"], "lr_reference_batch": 64}}  # a run that has the setting: compared
     assert [k for k, _, _ in changed_keys(stored_with_it, now, ())] == ["train.lr_reference_batch"]
+
+
+def test_a_checkpoint_holds_the_state_at_its_save_while_training_goes_on(tmp_path):
+    """Checkpoints are written on a thread of their own: what a save wrote is the state when it was called, though
+    the weights, the optimiser and the streams change right after; the extra files are written at the call too."""
+    model = torch.nn.Linear(3, 2)
+    run = make_run(tmp_path, model)
+    run.open_logger({})
+    model(torch.ones(1, 3)).sum().backward()
+    run.opt.step()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    streams = {"sampler": {"counts": [1, 2]}}
+
+    def extra(folder, whole):
+        (folder / "extra.txt").write_text(f"{float(model.bias[0]):.6f}")
+
+    run.save(1, model, {"stage": "test"}, streams, write_extra=extra)
+    bias_at_save = f"{float(model.bias[0]):.6f}"
+    with torch.no_grad():
+        model.weight.add_(1.0)
+        model.bias.add_(1.0)
+    run.opt.state[model.weight]["exp_avg"].add_(1.0)
+    streams["sampler"]["counts"].append(3)
+    run.close()
+    ckpt = resolve_checkpoint_dir(tmp_path)
+    written = load_weights(ckpt)
+    assert all(torch.equal(written[k], saved[k]) for k in saved)
+    state = torch.load(ckpt / "training_state.pt", weights_only=True)
+    assert state["ranks"][0]["sampler"]["counts"] == [1, 2]
+    assert not torch.equal(state["optimizer"]["state"][0]["exp_avg"], run.opt.state[model.weight]["exp_avg"])
+    assert (ckpt / "extra.txt").read_text() == bias_at_save
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]  # nothing left staged
+
+
+def test_a_host_copy_shares_no_memory_with_what_it_copied():
+    from ript.utils.checkpoint import host_copy
+
+    live = {"w": torch.ones(2, 3).t(), "nested": [torch.zeros(2), {"n": 1, "xs": [1]}], "pair": (torch.ones(1), "a")}
+    snap = host_copy(live)
+    live["w"].add_(1)
+    live["nested"][0].add_(1)
+    live["nested"][1]["xs"].append(2)
+    live["pair"][0].add_(1)
+    assert torch.equal(snap["w"], torch.ones(3, 2)) and snap["w"].is_contiguous()
+    assert torch.equal(snap["nested"][0], torch.zeros(2)) and snap["nested"][1] == {"n": 1, "xs": [1]}
+    assert torch.equal(snap["pair"][0], torch.ones(1)) and snap["pair"][1] == "a" and isinstance(snap["pair"], tuple)
