@@ -140,7 +140,7 @@ class TrainingRun:
         write (``whole``: the weights gathered whole where the layout shards them, else None).
 
         The state is copied to host memory here and written on a thread of its own while training goes on (an RL
-        iteration's checkpoint took ~1.2 s of every iteration); the next save, ``keep_best``, ``finish`` and
+        iteration used to wait for its checkpoint's write); the next save, ``keep_best``, ``finish`` and
         ``close`` wait for it, and a write that failed is raised there."""
         ranks = ddist.gather_objects(rank_state(**streams), self.info)
         main = self.info.is_main
