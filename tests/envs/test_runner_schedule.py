@@ -4,43 +4,18 @@ of its own or envs share a worker, whose idle slots start their next episodes wh
 
 import numpy as np
 import pytest
-import torch
 
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import EpisodeSpec
-from ript.policies.base import ChunkingPolicy
+from tests.helpers.policies import NoisyHold
 
 RENDER = {"cameras": ["corner"], "image_size": 32, "quality": "low"}
 TASKS = ["drawer-close-v3", "button-press-v3"]
 PUSH = np.array([0.0, 1.0, -0.5, 0.0], dtype=np.float32)  # forward and down: shuts MetaWorld's drawer
 
 
-class PushOrHold(ChunkingPolicy):
-    """Pushes forward on the drawer task and holds on the others, with seeded noise from each episode's stream;
-    records the arm state each decision read."""
-
-    def __init__(self, seed: int = 0):
-        super().__init__(action_dim=4, action_horizon=3, frame_stack=1, device="cpu", seed=seed,
-                         obs_keys=["robot_states"])
-
-    def reset(self, n_envs: int, block: int | None = None) -> None:
-        super().reset(n_envs, block)
-        self.tasks = [""] * n_envs
-
-    def start_task(self, i: int, task_name: str) -> None:
-        self.tasks[i] = task_name
-
-    def plan(self, envs: list[int]) -> np.ndarray:
-        noise = self.env_draws(envs, lambda g: torch.randn(self.action_horizon, 4, generator=g))
-        base = np.stack([PUSH if self.tasks[i] == TASKS[0] else np.zeros(4, np.float32) for i in envs])
-        if self.record:
-            for i in envs:
-                self.records[i].append({"state": self.history[i][-1]["robot_states"].copy()})
-        return (base[:, None] + 0.1 * noise.numpy()).clip(-1, 1)
-
-
 def run(workers: int, per_worker: int, specs: list[EpisodeSpec]) -> dict:
-    policy = PushOrHold(seed=5)
+    policy = NoisyHold(seed=5, action_horizon=3, frame_stack=1, noise=0.1, pushes={TASKS[0]: PUSH})
     policy.start_recording()
     runner = EnvRunner(RunnerOptions("metaworld", TASKS, RENDER, 30, 1, num_workers=workers,
                                      envs_per_worker=per_worker, pipeline_stages=1))
@@ -61,7 +36,7 @@ def test_episodes_started_beside_running_ones_match_each_env_alone():
         assert (a["task"], a["seed"], a["success"], a["length"]) == (b["task"], b["seed"], b["success"], b["length"])
         assert len(a["decisions"]) == len(b["decisions"])
         for x, y in zip(a["decisions"], b["decisions"]):
-            np.testing.assert_array_equal(x["state"], y["state"])
+            np.testing.assert_array_equal(x["stack"], y["stack"])
     assert shared["env_steps"] == alone["env_steps"] == sum(lengths)
     assert shared["decision_rounds"] < sum(len(e["decisions"]) for e in by_index[1])  # envs planned together
     assert shared["slot_occupancy"] == pytest.approx(shared["decisions"] / (2 * shared["decision_rounds"]))

@@ -10,31 +10,9 @@ from ript.envs.worker_env import EpisodeSpec
 from ript.policies.base import ChunkingPolicy
 from ript.rl.learners import Scored
 from tests.helpers.cli import TASKS
+from tests.helpers.policies import NoisyHold
 
 RENDER = {"cameras": ["corner"], "image_size": 32, "quality": "low"}
-
-
-class NoisyHold(ChunkingPolicy):
-    """Small seeded random motions; records the frame stack each decision read."""
-
-    def __init__(self, seed: int = 0):
-        super().__init__(action_dim=4, action_horizon=5, frame_stack=2, device="cpu", seed=seed,
-                         obs_keys=["robot_states"])
-
-    def reset(self, n_envs: int, block: int | None = None) -> None:
-        super().reset(n_envs, block)
-        self.tasks = [""] * n_envs
-
-    def start_task(self, i: int, task_name: str) -> None:
-        self.tasks[i] = task_name
-
-    def plan(self, envs: list[int]) -> np.ndarray:
-        noise = self.env_draws(envs, lambda g: torch.randn(self.action_horizon, self.action_dim, generator=g))
-        if self.record:
-            for i in envs:
-                self.records[i].append({"task": self.tasks[i],
-                                        "stack": np.stack([f["robot_states"] for f in self.history[i]])})
-        return (0.2 * noise).clamp(-1, 1).numpy()
 
 
 def test_a_third_policy_runs_through_the_runner():
