@@ -77,7 +77,6 @@ class LiberoSuite(Suite):
         from ript.envs.libero import LiberoRender, LiberoTask
 
         # robosuite renders through contexts of its own: shared_gl is not used
-
         return LiberoTask(self.name, task_name, LiberoRender.from_dict(render), max_episode_steps)
 
     def instructions(self, names: list[str]) -> dict[str, str]:
