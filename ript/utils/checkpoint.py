@@ -20,7 +20,8 @@ import os
 import platform
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,20 @@ def refuse_non_finite(state: dict[str, torch.Tensor], run_dir: Path, step: int) 
                         f"(the last good checkpoint stays {Path(run_dir) / 'checkpoints' / 'last'})")
 
 
-def write_failed(folder: Path, e: BaseException) -> RiptError:
-    """The one-line error of a checkpoint that could not be written (disk full, read-only)."""
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return RiptError(f"cannot write checkpoint {folder}: {first}; the last checkpoint is untouched "
-                     f"(free disk space, then resume=true)")
+@contextmanager
+def removed_on_failure(folder: Path, final: Path) -> Iterator[None]:
+    """Files written into the hidden ``folder`` on the way to checkpoint ``final``: if writing fails, ``folder``
+    is removed, and a disk that is full or read-only (torch and safetensors wrap the OSError) becomes one line."""
+    try:
+        yield
+    except (OSError, SafetensorError, RuntimeError) as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RiptError(f"cannot write checkpoint {final}: {first}; the last checkpoint is untouched "
+                        f"(free disk space, then resume=true)") from e
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def host_copy(obj: Any) -> Any:
@@ -111,7 +121,7 @@ def save_checkpoint(
     final = ckpt_root / f"{step:07d}"
     tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=f".{step:07d}."))
     tmp.chmod(0o755)  # mkdtemp makes it private
-    try:
+    with removed_on_failure(tmp, final):
         save_file(state, str(tmp / WEIGHTS))
         (tmp / CONFIG).write_text(json.dumps({**config, "step": step}, indent=2, default=str))
         if training_state is not None:
@@ -125,12 +135,6 @@ def save_checkpoint(
             shutil.rmtree(old)
         else:
             atomic_replace(tmp, final)
-    except (OSError, SafetensorError, RuntimeError) as e:  # disk full, read-only: torch and safetensors wrap it
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise write_failed(final, e) from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     _point(ckpt_root, "last", final.name)
     if keep_last:
         best = ckpt_root / "best"

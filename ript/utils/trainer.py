@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -21,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError
-
 from ript.errors import RiptError
 from ript.utils import distributed as ddist
 from ript.utils.checkpoint import (
@@ -30,10 +27,10 @@ from ript.utils.checkpoint import (
     mark_best,
     rank_state,
     refuse_non_finite,
+    removed_on_failure,
     restore_training_state,
     save_checkpoint,
     training_state,
-    write_failed,
 )
 from ript.utils.fsdp import WholeState
 from ript.utils.locking import release
@@ -236,14 +233,8 @@ def staged_extra(run_dir: Path, step: int, write_extra: Callable[[Path, dict | N
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(dir=root, prefix=f".{step:07d}.extra."))  # removed at start if left behind
-    try:
+    with removed_on_failure(staged, root / f"{step:07d}"):
         write_extra(staged, whole)
-    except (OSError, SafetensorError, RuntimeError) as e:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise write_failed(root / f"{step:07d}", e) from e
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
 
     def move_into(folder: Path) -> None:
         for path in staged.iterdir():
