@@ -11,15 +11,16 @@ every count whose trainers and actors fit the host's GPUs; the actors join one R
         [--groups 32] [--k 8] [--iterations 3] [--episode-steps 200] [--out runs/scaling] [--cpu]
         [--task-extra task.* ...] [--extra stage-0/1 overrides ...] [--placements disaggregated,disaggregated_overlap]
         [--stages auto|1|2] [--actor-gpus 1|0.5] [--parts stage1,rl] [--cores-per-gpu 16] [--base <stage-1 ckpt>]
-        [--rl-extra rl.* ...] [--pin-cores] [--parts stage1,rl,reference]
+        [--rl-extra rl.* ...] [--pin-cores] [--parts stage1,rl,reference] [--run-limit 1800]
     python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the run's
 TensorBoard log: stage 1's median samples/s after its first ``--warmup`` steps, RL's last iteration (the first one
 compiles), over its wall time since the previous update (``time/cycle``: checkpoint included). The demos, stage 0
 and the one-process stage 1 that RL starts from are made once in ``--out`` and reused. Every run's console output is
-kept in ``--out``/logs; a run that fails becomes a row that says why (its first error line), the curve goes on
-without it, ``scaling.json`` is rewritten after every row, and the script exits non-zero at the end.
+kept in ``--out``/logs; a run that fails becomes a row that says why (its first error line; a run past
+``--run-limit`` seconds is stopped with every process's stacks in its log), the curve goes on without it,
+``scaling.json`` is rewritten after every row, and the script exits non-zero at the end.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from benchmarks.train_compare import scalars
 from ript.stages.protocol import Phase
+from ript.utils.processes import run_with_time_limit
 
 RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/iteration", "time/cycle")
 RL_SHARES = ("time/inference_share", "time/worker_busy_share", "time/driver_idle_share",  # a rollout's wall time
@@ -48,18 +50,22 @@ class RunFailed(RuntimeError):
     """A measured run that exited non-zero: its row records the error and the curve goes on without it."""
 
 
-def ript(args: list[str], procs: int = 1, env: dict[str, str] | None = None, log: Path | None = None,
+def ript(args: list[str], limit_s: float, procs: int = 1, env: dict[str, str] | None = None, log: Path | None = None,
          cores: list[int] | None = None) -> None:
     """``ript <job> <overrides>`` as the protocol launches a phase: under torchrun on ``procs`` processes, its
-    console output kept whole in ``log``; with ``cores``, it and every process it starts run on those alone."""
+    console output kept whole in ``log``; with ``cores``, it and every process it starts run on those alone. A run
+    still going after ``limit_s`` seconds fails with every process's stacks in its log."""
     job, *overrides = args
-    proc = subprocess.run(Phase(job, job, overrides).command(procs), capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, preexec_fn=pinned(cores))
+    code, _, err = run_with_time_limit(Phase(job, job, overrides).command(procs), limit_s,
+                                       env={**os.environ, **(env or {})}, preexec_fn=pinned(cores))
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(proc.stderr)
-    if proc.returncode != 0:
-        raise RunFailed(f"{job} on {procs} process(es) failed ({log or 'no log kept'}): {first_error(proc.stderr)}")
+        log.write_text(err)
+    if code is None:
+        raise RunFailed(f"{job} on {procs} process(es) was still running after {limit_s:.0f} s and was stopped; "
+                        f"its processes' stacks are in {log or 'no log kept'}")
+    if code != 0:
+        raise RunFailed(f"{job} on {procs} process(es) failed ({log or 'no log kept'}): {first_error(err)}")
 
 
 def first_error(output: str) -> str:
@@ -94,12 +100,13 @@ def prepare(a, out: Path, task: list[str], common: list[str]) -> Path:
     """The demos, stage 0 and a one-process stage 1 (RL's starting point), made once."""
     base = out / "stage1_base"
     if not (out / "stage0" / "checkpoints" / "last").exists():
-        ript(["collect", *task, f"num_workers={os.cpu_count()}", "episodes_per_job=5"],
+        ript(["collect", *task, f"num_workers={os.cpu_count()}", "episodes_per_job=5"], a.run_limit,
              log=out / "logs" / "collect.log")
         ript(["stage0", *common, f"run_dir={out / 'stage0'}", f"train.steps={a.s1_steps}", "progress=false"],
-             log=out / "logs" / "stage0.log")
+             a.run_limit, log=out / "logs" / "stage0.log")
     if not (base / "checkpoints" / "last").exists():
-        ript(["stage1", *common, *stage1_args(a, out, base, a.s1_steps)], log=out / "logs" / "stage1_base.log")
+        ript(["stage1", *common, *stage1_args(a, out, base, a.s1_steps)], a.run_limit,
+             log=out / "logs" / "stage1_base.log")
     return base
 
 
@@ -114,7 +121,7 @@ def stage1_speed(a, out: Path, common: list[str], n: int, batch: int | None = No
     batch = batch or a.batch
     tag = f"{n}" if batch == a.batch else f"{n}_batch{batch}"
     run_dir = fresh(out / f"stage1_{tag}")
-    ript(["stage1", *common, *stage1_args(a, out, run_dir, a.s1_steps, batch)], n,
+    ript(["stage1", *common, *stage1_args(a, out, run_dir, a.s1_steps, batch)], a.run_limit, n,
          log=out / "logs" / f"stage1_{tag}.log", cores=host_share(a, n))
     speed = [v for step, v in scalars(run_dir)["time/samples_per_s"] if step > a.warmup]
     return {"samples_per_s": statistics.median(speed), "per_process_batch": batch // n}
@@ -236,7 +243,7 @@ def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | Non
     env = {"MUJOCO_EGL_DEVICE_ID": "0"} if tag is None and n == 1 and not a.cpu else None
     ript(["rl", *common, f"checkpoint={base}", f"run_dir={run_dir}", f"rl.iterations={a.iterations}",
           f"rl.groups_per_iteration={a.groups}", f"rl.rollouts_per_group={a.k}", "rl.max_sampling_rounds=1",
-          "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0", *extra], n, env,
+          "rl.oversample=1", f"rl.max_episode_steps={a.episode_steps}", "eval.every=0", *extra], a.run_limit, n, env,
          out / "logs" / f"rl_{tag or n}.log", host_share(a, held or n))
     s = scalars(run_dir)
     last = {tag: s[tag][-1][1] for tag in (*RL_TIMES, *RL_SHARES, *RL_MEMORY, "time/env_steps_per_s") if tag in s}
@@ -330,6 +337,9 @@ def main() -> None:
                     "among the processes)")
     ap.add_argument("--pin-cores", action="store_true", help="run each measurement on --cores-per-gpu cores per "
                     "GPU it holds (per process on the CPU) and no more, as hosts of that many cores per GPU would")
+    ap.add_argument("--run-limit", type=float, default=1800.0,
+                    help="seconds a run may take; one still going then is stopped, its processes' stacks in its log, "
+                         "and its row says so")
     ap.add_argument("--base", help="RL's start: this stage-1 checkpoint, made elsewhere (--parts rl; skips the "
                     "demos and stages 0-1)")
     ap.add_argument("--plot", help="only draw the figure of this scaling.json (beside it)")

@@ -276,6 +276,9 @@ def config(name: str = typer.Argument(..., help="collect, stage0, stage1, finetu
 
 
 def main() -> None:
+    from ript.utils.processes import stacks_on_signal
+
+    stacks_on_signal()
     app(prog_name="ript")
 
 

@@ -22,7 +22,7 @@ from ript.envs.gl import use_render_gpu, worker_render_gpus
 from ript.errors import RiptError
 from ript.registry import WORKER_POOLS
 from ript.utils.logging import log
-from ript.utils.processes import die_with_parent
+from ript.utils.processes import die_with_parent, stacks_on_signal
 
 _CLOSE = "__close__"
 
@@ -31,6 +31,7 @@ def _serve(make_env: Callable[[], Any], conn: Connection, render_gpu: int | None
     """A worker's loop: build the env (rendering on the host's GPU ``render_gpu``), then answer (method, args)
     calls until told to close."""
     die_with_parent()
+    stacks_on_signal()
     use_render_gpu(render_gpu)
     env = make_env()
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import os
 import signal
 import subprocess
@@ -19,6 +20,37 @@ def die_with_parent() -> None:
 
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def stacks_on_signal() -> None:
+    """``kill -USR1 <pid>`` prints every thread's Python stack of this process to its stderr, and the process goes
+    on: how a run that waits where it should not says where (registered by the ``ript`` command and its env
+    workers)."""
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+
+
+def run_with_time_limit(command: list[str], limit_s: float, env: dict[str, str] | None = None,
+                        preexec_fn=None) -> tuple[int | None, str, str]:
+    """Run ``command`` in a session of its own to its end or for ``limit_s`` seconds: (exit code, stdout, stderr),
+    the exit code None when the limit ended it. At the limit every process of the session is sent
+    ``STACKS_SIGNAL`` (ript's print their stacks into the stderr returned), then killed."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=preexec_fn, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit_s)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, STACKS_SIGNAL)
+    try:  # the stacks are written at once; a process without the handler ends on the signal
+        out, err = proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    return None, out, err
 
 
 def run_child(command: list[str], env: dict[str, str] | None = None) -> int:

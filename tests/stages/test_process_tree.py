@@ -74,3 +74,18 @@ def test_an_interrupted_quickstart_continues_where_it_stopped(tiny_data, tmp_pat
     assert (root / "eval" / "results.json").is_file()
     for stage in ("stage0", "stage1"):
         assert (root / stage / "checkpoints" / "last").resolve().name == "0000004"
+
+
+def test_a_job_past_its_time_limit_is_stopped_with_its_stacks():
+    # a multi-GPU run once waited with no sign of where; ``ript`` prints every thread's stack on SIGUSR1
+    from ript.utils.processes import run_with_time_limit
+
+    waits = ("import sys, time; import ript.cli as cli; "
+             "cli.app.command(name='wait_here')(lambda: time.sleep(120)); sys.argv = ['ript', 'wait_here']; cli.main()")
+    t0 = time.time()
+    code, _, err = run_with_time_limit([sys.executable, "-c", waits], limit_s=8)
+    assert code is None
+    assert "most recent call first" in err and "<lambda>" in err, err
+    assert time.time() - t0 < 60
+    code, out, _ = run_with_time_limit([sys.executable, "-c", "print('done')"], limit_s=60)
+    assert (code, out.strip()) == (0, "done")
