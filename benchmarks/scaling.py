@@ -39,7 +39,8 @@ from benchmarks.train_compare import scalars
 from ript.stages.protocol import Phase
 from ript.utils.processes import run_with_time_limit
 
-RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/iteration", "time/cycle")
+RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/sync_rollout", "time/sync_update",
+            "time/iteration", "time/cycle")
 RL_SHARES = ("time/inference_share", "time/worker_busy_share", "time/driver_idle_share",  # a rollout's wall time
              "time/task_build_share",  # the part of the workers' busy time spent building simulator tasks
              "time/decision_rounds", "time/slot_occupancy")  # a rank's decisions in a row, the batch rows they used

@@ -244,6 +244,9 @@ class RLIterations:
             # hides under the previous update, log, checkpoint and evaluation is not counted twice
             **({"time/cycle": timer.seconds["cycle"]} if "cycle" in timer.seconds else {}),
             "time/train_prepare": timer.seconds["train_prepare"], "time/sync": batch["sync"] + stats["sync"],
+            # of it, waiting for the other ranks' rollouts, and in the update's gradient averaging (ranks holding more
+            # decisions than others keep them waiting there)
+            "time/sync_rollout": batch["sync"], "time/sync_update": stats["sync"],
             "time/inference_share": totals["inference_seconds"] / max(1e-9, t_rollout * self.info.world_size),
             "time/worker_busy_share": totals["worker_busy_share"] / self.info.world_size,  # simulating, not waiting
             # the driver waiting for workers; 1 - this - inference_share: its own bookkeeping (frames, calls)
@@ -287,6 +290,9 @@ class RLIterations:
                  iteration, 100 * metrics["time/inference_share"], 100 * metrics["time/worker_busy_share"],
                  100 * metrics["time/task_build_share"], 100 * metrics["time/driver_idle_share"],
                  metrics["time/decision_rounds"], 100 * metrics["time/slot_occupancy"])
+        if self.info.world_size > 1:
+            log.info("rl iteration %d waiting for the other ranks: %.2f s after the rollouts, %.2f s in the update",
+                     iteration, metrics["time/sync_rollout"], metrics["time/sync_update"])
         if self.learner.critic is not None:
             log.info("rl iteration %d critic: value loss %.4f, explained variance %.3f, returns %.3f", iteration,
                      stats["value_loss"], stats["explained_variance"], metrics["rollout/returns_mean"])

@@ -125,6 +125,12 @@ def test_rl_sharded_with_fsdp_gives_the_unsharded_updates_and_resumes_on_its_gat
     common = ["rl.groups_per_iteration=2", "rl.num_workers=1", "rl.micro_batch=4", "rl.recompute_old_log_probs=true",
               *disaggregated(two_nodes, "processes")]
     torchrun_rl([*rl_overrides(stage1_run, plain, 2), *common])
+    # the ranks' waiting for each other, split between after the rollouts and the update's gradient averaging
+    total, after_rollouts, in_update = (dict(scalars(plain, f"time/{t}")) for t in ("sync", "sync_rollout",
+                                                                                     "sync_update"))
+    assert list(total) == [1, 2] and all(after_rollouts[i] > 0 and in_update[i] >= 0 for i in total)
+    assert any(in_update[i] > 0 for i in total)  # an iteration that updated averaged its gradients
+    assert all(total[i] == pytest.approx(after_rollouts[i] + in_update[i]) for i in total)
     torchrun_rl([*rl_overrides(stage1_run, sharded, 2), *common, "rl.fsdp=true", "rl.stop_after_minutes=0"])
     assert [e["iteration"] for e in json.loads((sharded / "rl_history.json").read_text())] == [1]
     torchrun_rl([*rl_overrides(stage1_run, sharded, 2), *common, "rl.fsdp=true", "resume=true"])
