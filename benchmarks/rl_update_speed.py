@@ -2,7 +2,7 @@
 stage-1 training step of the same model: decisions scored forward + backward per second.
 
     python -m benchmarks.rl_update_speed [--decisions 2048] [--image-size 64] [--variants eager,compiled]
-        [--critic] [--out results.json]
+        [--critic] [--out results.json] [--compile-cache <folder>]
 
 The decisions are synthetic (random uint8 images from two cameras, MetaWorld's 39-d state, random tokens and
 advantages) in the layout the chunk policy records them; the learner, ``ppo_update`` (rl.epochs x
@@ -31,6 +31,7 @@ from ript.rl.learners import ChunkLearner
 from ript.rl.update import make_optimizer, ppo_update
 from ript.stages.stage0 import autoencoder_kwargs
 from ript.utils import training
+from ript.utils.compile_cache import CACHE_FILE, CompileCache
 from ript.utils.distributed import DistInfo
 
 
@@ -96,6 +97,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--stage1", action="store_true", help="also the stage-1 step (eager bf16, and compiled)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--compile-cache", default=None,
+                    help="a folder: load its compile_cache.bin, if there is one, before the variants run, and keep "
+                         "what they compiled there (a run folder's cache; the compiled variant's first update then "
+                         "shows what it saves on a host whose compiler cache is empty)")
     ap.add_argument("--overrides", nargs="*", default=[])
     args = ap.parse_args()
     # the stage-1 config for the model and autoencoder sizes, the RL config for the update
@@ -106,12 +111,18 @@ def main() -> None:
                                     int(model_cfg.algo.chunk_size) // int(model_cfg.algo.downsample), vocab)
     results = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
                "image_size": args.image_size, "critic": args.critic, "torch": torch.__version__, "rl": {}}
+    cache = None
+    if args.compile_cache:
+        results["compile_cache_loaded"] = (Path(args.compile_cache) / CACHE_FILE).exists()
+        cache = CompileCache(Path(args.compile_cache), None, is_main=True)
     for variant in args.variants.split(","):
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         results["rl"][variant] = bench_variant(model_cfg, cfg, variant, decisions, args.critic, args.device,
                                                args.updates)
         print(variant, json.dumps(results["rl"][variant]), flush=True)
+    if cache is not None:
+        cache.save()
     if args.stage1 and args.device.startswith("cuda"):
         data = SyntheticData(2048, args.image_size, 2, int(model_cfg.algo.chunk_size), 4, args.device)
         for variant in ("bf16", "bf16+cl+tf32+compile+graphs"):

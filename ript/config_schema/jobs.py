@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from ript.config_schema.sections import (
     RL,
@@ -42,6 +43,14 @@ class RunJob(Job):
     device: str
     resume: bool
     resume_allow_changes: list[str] = []
+    compile_cache: str | None = None  # another run's compiled kernels (ript/utils/compile_cache.py)
+
+    @field_validator("compile_cache")
+    @classmethod
+    def existing_file(cls, path: str | None) -> str | None:
+        if path is not None and not Path(path).is_file():
+            raise ValueError("not an existing file (a run folder's compile_cache.bin)")
+        return path
 
 
 class CollectJob(Job):

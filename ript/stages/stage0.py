@@ -80,8 +80,9 @@ def run(cfg) -> str:
     run_dir, resume_from = prepare_ranked_run_dir(cfg, info)  # inputs checked: now the folder may appear
     check_resume_data(resume_from, train_set, cfg.resume_allow_changes)
     ckpt_config = checkpoint_config("stage0", "action_autoencoder", kwargs, cfg, train_set.metadata(cfg.task))
-    train(model, train_set, val_set, cfg.train, RunSettings("stage0", run_dir, resume_from, cfg.train.keep_last,
-                                                            cfg.train.stop_after_minutes),
+    settings = RunSettings("stage0", run_dir, resume_from, cfg.train.keep_last, cfg.train.stop_after_minutes,
+                           compile_cache=cfg.get("compile_cache"))
+    train(model, train_set, val_set, cfg.train, settings,
           ckpt_config, to_dict(cfg), int(cfg.seed), bool(cfg.progress), device, info)
     log.info("stage0: done; checkpoint %s", run_dir / "checkpoints" / "last")
     return str(run_dir)

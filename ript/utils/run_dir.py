@@ -27,7 +27,7 @@ RUN_CONTROL_KEYS = (
     "train.stop_after_minutes", "rl.stop_after_minutes", "train.log_every", "train.val_every",
     "train.save_every", "train.keep_last", "keep_last", "rl.num_workers", "cuda_graph",
     "train.compile", "train.cuda_graphs", "train.channels_last", "train.tf32", "train.cudnn_benchmark",
-    "train.deterministic",  # how, not what, is computed
+    "train.deterministic", "compile_cache",  # how, not what, is computed
     "rl.compile", "rl.tf32", "rl.channels_last", "rl.micro_batch",  # the RL update's speed and memory knobs
     "rl.iterations",  # RL's schedule does not depend on it: more iterations extend the same run
 )

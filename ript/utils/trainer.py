@@ -32,6 +32,7 @@ from ript.utils.checkpoint import (
     save_checkpoint,
     training_state,
 )
+from ript.utils.compile_cache import CompileCache
 from ript.utils.fsdp import WholeState
 from ript.utils.locking import release
 from ript.utils.logging import MetricLogger, log
@@ -89,6 +90,7 @@ class RunSettings:
     keep_last: int | None
     stop_after_minutes: float | None
     unit: str = "step"
+    compile_cache: str | None = None  # another run's compiled kernels to start from (``CompileCache``)
 
 
 class TrainingRun:
@@ -103,6 +105,7 @@ class TrainingRun:
         self.start, self.run_id = 0, None
         self.logger: MetricLogger | None = None
         self.writes = BackgroundWrites()
+        self.compiled = CompileCache(self.run_dir, settings.compile_cache, info.is_main)  # before anything compiles
         self.t_start = time.perf_counter()
 
     def resume(self, load_weights: Callable[[Path], None]) -> dict[str, Any] | None:
@@ -151,6 +154,7 @@ class TrainingRun:
             self.writes.submit(functools.partial(save_checkpoint, self.run_dir, step, None, config, state,
                                                  keep_last=self.settings.keep_last, write_extra=extra,
                                                  weights_state=snapshot))
+            self.compiled.save()  # what compiled so far, for a resume on a host whose compiler cache is empty
         ddist.barrier(self.info)
 
     def keep_best(self, step: int, score: float, results_file: Callable[[int], Path]) -> None:
