@@ -26,8 +26,10 @@ STACKS_SIGNAL = signal.SIGUSR1
 def stacks_on_signal() -> None:
     """``kill -USR1 <pid>`` prints every thread's Python stack of this process to its stderr, and the process goes
     on: how a run that waits where it should not says where (registered by the ``ript`` command and its env
-    workers)."""
+    workers). A process ended by a fatal signal (a crash in native code, NCCL's watchdog aborting a rank that
+    waited too long in a collective) prints them too."""
     faulthandler.register(STACKS_SIGNAL, all_threads=True)
+    faulthandler.enable(all_threads=True)
 
 
 def run_with_time_limit(command: list[str], limit_s: float, env: dict[str, str] | None = None,

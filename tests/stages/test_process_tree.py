@@ -76,7 +76,7 @@ def test_an_interrupted_quickstart_continues_where_it_stopped(tiny_data, tmp_pat
         assert (root / stage / "checkpoints" / "last").resolve().name == "0000004"
 
 
-def test_a_job_past_its_time_limit_is_stopped_with_its_stacks():
+def test_a_job_stopped_past_its_time_limit_or_aborted_prints_its_stacks():
     # a multi-GPU run once waited with no sign of where; ``ript`` prints every thread's stack on SIGUSR1
     from ript.utils.processes import run_with_time_limit
 
@@ -89,3 +89,7 @@ def test_a_job_past_its_time_limit_is_stopped_with_its_stacks():
     assert time.time() - t0 < 60
     code, out, _ = run_with_time_limit([sys.executable, "-c", "print('done')"], limit_s=60)
     assert (code, out.strip()) == (0, "done")
+    # a job a fatal signal ends (a native crash, NCCL's watchdog aborting a rank) says where it was too
+    aborts = waits.replace("lambda: time.sleep(120)", "lambda: os.abort()").replace("import sys,", "import os, sys,")
+    code, _, err = run_with_time_limit([sys.executable, "-c", aborts], limit_s=120)
+    assert code == -signal.SIGABRT and "Fatal Python error: Aborted" in err and "<lambda>" in err, err
