@@ -11,7 +11,7 @@ import torch.distributed as dist
 from ript.errors import RiptError
 from ript.utils.device import resolve_device
 from ript.utils.logging import log
-from ript.utils.processes import usable_cores
+from ript.utils.processes import stacks_when_stopped, usable_cores
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ def init_rank(device: str) -> tuple[str, DistInfo]:
     if world == 1:
         return device, DistInfo()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    stacks_when_stopped()
     if device == "cuda":
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)

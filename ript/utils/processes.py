@@ -32,6 +32,12 @@ def stacks_on_signal() -> None:
     faulthandler.enable(all_threads=True)
 
 
+def stacks_when_stopped() -> None:
+    """A torchrun rank: SIGTERM (torchrun stopping the ranks left when one failed) prints every thread's stack,
+    then ends the process as before, so that a rank that waited where it should not says where."""
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+
+
 def run_with_time_limit(command: list[str], limit_s: float, env: dict[str, str] | None = None,
                         preexec_fn=None) -> tuple[int | None, str, str]:
     """Run ``command`` in a session of its own to its end or for ``limit_s`` seconds: (exit code, stdout, stderr),

@@ -93,3 +93,11 @@ def test_a_job_stopped_past_its_time_limit_or_aborted_prints_its_stacks():
     aborts = waits.replace("lambda: time.sleep(120)", "lambda: os.abort()").replace("import sys,", "import os, sys,")
     code, _, err = run_with_time_limit([sys.executable, "-c", aborts], limit_s=120)
     assert code == -signal.SIGABRT and "Fatal Python error: Aborted" in err and "<lambda>" in err, err
+
+
+def test_a_rank_torchrun_stops_after_another_failed_prints_where_it_waited():
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+               "tests.helpers.rank_stops"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "most recent call first" in proc.stderr and "waiting_for_nothing" in proc.stderr, proc.stderr[-3000:]
