@@ -47,7 +47,11 @@ def test_a_run_keeps_what_it_compiled_and_a_fresh_process_starts_from_it(tmp_pat
     assert counts.get("fxgraph_cache_hit") == 1 and "fxgraph_cache_miss" not in counts
 
 
-def test_a_named_cache_that_is_not_one_is_one_line_and_the_runs_own_is_replaced(tmp_path, caplog):
+def test_a_named_cache_that_is_not_one_is_one_line_and_the_runs_own_is_replaced(tmp_path, monkeypatch):
+    from ript.utils import compile_cache
+
+    said = []
+    monkeypatch.setattr(compile_cache.log, "warning", lambda message, *args: said.append(message % args))
     bad = tmp_path / "elsewhere.bin"
     bad.write_bytes(b"not a cache")
     with pytest.raises(RiptError, match=rf"compile_cache={bad}: not a compile cache") as e:
@@ -57,4 +61,5 @@ def test_a_named_cache_that_is_not_one_is_one_line_and_the_runs_own_is_replaced(
         CompileCache(tmp_path, str(tmp_path / "missing.bin"), is_main=True)
     (tmp_path / CACHE_FILE).write_bytes(b"torn")
     CompileCache(tmp_path, None, is_main=True)  # the run's own file: a warning, and the run compiles afresh
-    assert "is not a compile cache" in caplog.text and (tmp_path / CACHE_FILE).read_bytes() == b"torn"
+    assert said == [f"{tmp_path / CACHE_FILE} is not a compile cache; this run compiles afresh and replaces it"]
+    assert (tmp_path / CACHE_FILE).read_bytes() == b"torn"
