@@ -65,7 +65,9 @@ keep_state() {
     [ -L runs/protocols/$run/$dir/checkpoints/last ] || continue
     step=$(readlink runs/protocols/$run/$dir/checkpoints/last)
     case $dir in
-      rl) files="$files $run/rl/config.json $run/rl/rl_history.json $run/rl/checkpoints/last $run/rl/checkpoints/$step" ;;
+      rl) files="$files $run/rl/config.json $run/rl/rl_history.json $run/rl/checkpoints/last $run/rl/checkpoints/$step"
+          # what the update compiled: a resumed RL phase on a fresh host then skips a minute or more of compiling
+          [ -f runs/protocols/$run/rl/compile_cache.bin ] && files="$files $run/rl/compile_cache.bin" ;;
       *) files="$files $run/$dir/checkpoints/last $run/$dir/checkpoints/$step/config.json"
          files="$files $run/$dir/checkpoints/$step/model.safetensors" ;;
     esac
@@ -214,8 +216,9 @@ for part in "$@"; do
         python3 -m benchmarks.scaling --out runs/scaling $args 2>&1 | quiet
         failed=$?
         cp $dest/scaling.json $R/scaling_$i.json; cp $dest/scaling.png $R/scaling_$i.png 2>/dev/null
-        # a run failed: the end of each run's console output comes back too
-        [ $failed -ne 0 ] && for log in $dest/logs/*.log; do tail -n 150 $log > $R/scaling_${i}_$(basename $log); done
+        # a run failed: each run's console output comes back too, whole (a run stopped past its time limit ends
+        # with every process's stacks)
+        [ $failed -ne 0 ] && for log in $dest/logs/*.log; do cp $log $R/scaling_${i}_$(basename $log); done
       done ;;
     actor)
       phase "rollouts in this process and in a Ray actor"
