@@ -77,7 +77,7 @@ def test_an_interrupted_quickstart_continues_where_it_stopped(tiny_data, tmp_pat
 
 
 def test_a_job_stopped_past_its_time_limit_or_aborted_prints_its_stacks():
-    # a multi-GPU run once waited with no sign of where; ``ript`` prints every thread's stack on SIGUSR1
+    # a run that waits with no sign of where: ``ript`` prints every thread's stack on SIGUSR1
     from ript.utils.processes import run_with_time_limit
 
     waits = ("import sys, time; import ript.cli as cli; "
