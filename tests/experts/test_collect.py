@@ -282,3 +282,17 @@ def test_an_expert_short_of_its_demos_is_one_line_naming_the_task_and_its_kept_e
     with pytest.raises(RiptError, match=r"only 1 of 3 successful demos for 'door-open-v3' in 9 attempts") as err:
         require_complete(stats, 3, tmp_path)
     assert str(tmp_path / ".door-open-v3.incomplete.hdf5") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_runs_hand_out_every_job_once_in_order_and_shrink_towards_the_end():
+    from ript.experts.collect import Job, work_runs
+
+    jobs = [Job("metaworld", f"task-{i // 10}", 5 * (i % 10), 5, 0, 0.1, True, 20, {}, 100, f"shard{i}")
+            for i in range(100)]
+    runs = list(work_runs(jobs, workers=16))
+    assert [job for run in runs for job in run] == jobs
+    sizes = [len(run) for run in runs]
+    assert sizes[0] == 4 and sizes[-1] == 1  # 100 / 32 jobs first, one at a time at the end
+    assert sizes == sorted(sizes, reverse=True)
+    assert list(work_runs(jobs[:3], workers=16)) == [[jobs[0]], [jobs[1]], [jobs[2]]]
+    assert list(work_runs([], workers=4)) == []
