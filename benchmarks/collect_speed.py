@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import tempfile
 import time
@@ -25,16 +26,35 @@ DEFAULT_OVERRIDES = [
 ]
 
 
-def measure(overrides: list[str]) -> float:
-    """Seconds of one collection into a fresh folder."""
+class TimeSpent(logging.Handler):
+    """Keeps collect's own account of where the workers' time went (its log line)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("collect:") and "busy" in message:
+            self.lines.append(message)
+
+
+def measure(overrides: list[str]) -> dict:
+    """Seconds of one collection into a fresh folder, and collect's account of the workers' time."""
     from ript.config import compose
     from ript.stages import collect
+    from ript.utils.logging import log
 
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose("collect", [*overrides, f"task.data_dir={tmp}"])
-        t0 = time.perf_counter()
-        collect.run(cfg)
-        return time.perf_counter() - t0
+    spent = TimeSpent()
+    log.addHandler(spent)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = compose("collect", [*overrides, f"task.data_dir={tmp}"])
+            t0 = time.perf_counter()
+            collect.run(cfg)
+            return {"wall_s": time.perf_counter() - t0, "time_spent": spent.lines}
+    finally:
+        log.removeHandler(spent)
 
 
 def main() -> None:
@@ -44,8 +64,9 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="ript collect's overrides (default: six MetaWorld tasks)")
     args = ap.parse_args()
     overrides = args.overrides or DEFAULT_OVERRIDES
-    walls = [measure(overrides) for _ in range(args.repeats)]
-    result = {"overrides": overrides, "wall_s": walls, "wall_s_mean": statistics.mean(walls)}
+    runs = [measure(overrides) for _ in range(args.repeats)]
+    walls = [r["wall_s"] for r in runs]
+    result = {"overrides": overrides, "runs": runs, "wall_s_mean": statistics.mean(walls)}
     print("collect wall: " + ", ".join(f"{w:.1f}" for w in walls) + f" s (mean {result['wall_s_mean']:.1f})")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
