@@ -308,7 +308,7 @@ def host_name(cpu: bool) -> str:
     return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, {os.cpu_count()} cores"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--counts", default="1,2,4,8")
     ap.add_argument("--task", default="metaworld_ml45_10")
@@ -344,7 +344,11 @@ def main() -> None:
     ap.add_argument("--base", help="RL's start: this stage-1 checkpoint, made elsewhere (--parts rl; skips the "
                     "demos and stages 0-1)")
     ap.add_argument("--plot", help="only draw the figure of this scaling.json (beside it)")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = parse_args()
     if a.plot:
         plot(json.loads(Path(a.plot).read_text()), Path(a.plot).with_suffix(".png"))
         return
