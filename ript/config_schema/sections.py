@@ -271,6 +271,7 @@ class RL(Section):
     grad_clip: Rate
     micro_batch: Count | None = None
     compile: Auto
+    compile_ahead: Auto = "auto"
     tf32: bool
     channels_last: bool
     recompute_old_log_probs: bool

@@ -38,6 +38,7 @@ class Learner(Protocol):
     critic: torch.nn.Module | None  # the value head (advantage=gae), saved as critic.safetensors
     sharded_methods: tuple[str, ...]  # the model's methods besides forward that scoring calls (rl.fsdp gathers
                                       # the model's own weights around each)
+    compiles_update: bool  # scoring runs through torch.compile (rl.compile_ahead can compile it ahead)
 
     def attach(self, policy: ChunkingPolicy) -> None: ...  # the policy records what collate reads; the critic's too
     def collate(self, decisions: list[dict], device: str) -> dict: ...
@@ -84,6 +85,7 @@ class ChunkLearner:
         # compiled scoring (``rl.compile``): every micro-batch padded to ``static_batch`` rows, so the compiled
         # forward and backward see one shape and replay as CUDA graphs (the eager step is launch-bound)
         self.static_batch = static_batch
+        self.compiles_update = static_batch is not None and compile_scoring
         self._scores = self._score_rows
         if static_batch is not None and compile_scoring:
             self._scores = training.CompiledLoss(self._score_rows, OmegaConf.create(
@@ -144,6 +146,7 @@ class TrainableWeights(torch.nn.Module):
 
 class OFTLearner:
     sharded_methods = ()  # scoring runs the model's forward
+    compiles_update = False
     def __init__(self, model, grad_checkpointing: bool, train_action_head: bool, critic_cfg=None,
                  full_finetune: bool = False):
         model.requires_grad_(full_finetune)  # full fine-tuning: every weight trains (with FSDP across GPUs at 7B)

@@ -78,6 +78,7 @@ class RLRun:
     runner: Runner          # where the rollouts run (``rollout_environment``); closed with the loop
     refresh: WorldModelRefresh | None = None  # a world model refreshed on real episodes (environment.refresh_every)
     placement: Any = None   # where the rollouts run (``ript.rl.placement``): sends the weights before them
+    compile_ahead: Any = None  # the update compiling in another process (``ript.rl.compile_ahead``), or None
 
 
 def train_loop(run: RLRun) -> str:
@@ -99,11 +100,16 @@ def train_loop(run: RLRun) -> str:
             rl.ahead_running = rl.ahead is not None and it + 1 < rl.iterations
             if rl.ahead_running:
                 rl.ahead.start(it + 1)
+            if run.compile_ahead is not None and it == rl.run.start:
+                with timer("compile_wait"):  # its graphs and kernels, then found in the compiler's caches
+                    run.compile_ahead.wait()
             with timer("train"):  # collating (and rescoring) the decisions too
                 with timer("train_prepare"):  # collating (observations to the device), advantages
                     data, targets = update_batch(rl.learner, batch["kept"], rl.estimator, rl.cfg, rl.device, rl.info)
                 stats = ppo_update(rl.learner, rl.opt, rl.sched, data, rl.cfg, rl.info, it, rl.device,
                                    rl.reference, rl.sharded)
+            if run.compile_ahead is not None and it == rl.run.start:
+                run.compile_ahead.report()
             done = time.perf_counter()
             timer.seconds["iteration"] = done - t0
             if rl.update_end is not None:  # since the previous update: its log, checkpoint and evaluation too

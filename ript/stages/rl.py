@@ -15,6 +15,7 @@ from pathlib import Path
 from ript.envs.seeds import rank_seed
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
+from ript.rl import compile_ahead
 from ript.rl.learners import check_fsdp
 from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 from ript.rl.overlap import check_overlap
@@ -53,9 +54,14 @@ def _train(cfg, family, loaded, info, device: str, placement, refresh: WorldMode
         if evaluate is not None:  # rank 0 alone evaluates
             evaluate(iteration, logger)
 
+    cache_loaded = resume_from is not None or bool(cfg.get("compile_cache"))
+    ahead = compile_ahead.CompileAhead(cfg, device) \
+        if compile_ahead.wanted(cfg, learner.compiles_update, info.world_size, cache_loaded) else None
     try:
         return train_loop(RLRun(cfg, info, device, learner, loaded.policy, names, loaded.metadata, ckpt_config,
-                                run_dir, resume_from, maybe_evaluate, placement.runner, refresh, placement))
+                                run_dir, resume_from, maybe_evaluate, placement.runner, refresh, placement, ahead))
     finally:
+        if ahead is not None:
+            ahead.close()
         if eval_runner is not None:
             eval_runner.close()

@@ -1,0 +1,37 @@
+import os
+import re
+import subprocess
+import sys
+
+from omegaconf import OmegaConf
+
+from tests.helpers.cli import rl_overrides
+
+
+def _cfg(setting="auto", mode="collocated"):
+    return OmegaConf.create({"rl": {"compile_ahead": setting}, "placement": {"mode": mode}})
+
+
+def test_the_update_is_compiled_ahead_only_in_a_fresh_run_of_one_process_that_compiles_it():
+    from ript.rl.compile_ahead import wanted
+
+    assert wanted(_cfg(), compiles_update=True, world_size=1, cache_loaded=False)
+    assert not wanted(_cfg(False), compiles_update=True, world_size=1, cache_loaded=False)
+    assert not wanted(_cfg(), compiles_update=False, world_size=1, cache_loaded=False)
+    assert not wanted(_cfg(), compiles_update=True, world_size=2, cache_loaded=False)
+    assert not wanted(_cfg(), compiles_update=True, world_size=1, cache_loaded=True)
+    assert not wanted(_cfg(mode="disaggregated"), compiles_update=True, world_size=1, cache_loaded=False)
+
+
+def test_the_first_update_finds_what_the_second_process_compiled(stage1_run, tmp_path):
+    """Compiled on the CPU (Inductor's C++ kernels) into empty compiler caches: the second process compiles the
+    update while the run rolls out, and the run's first update then compiles nothing itself."""
+    caches = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    cmd = [sys.executable, "-m", "ript.cli", "rl", *rl_overrides(stage1_run, tmp_path / "rl", 1), "device=cpu",
+           "rl.compile=true", "rl.micro_batch=16"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **caches})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rl: the update compiled ahead in" in proc.stderr, proc.stderr[-3000:]
+    found, compiled = map(int, re.search(r"found (\d+) compiled graphs in the compiler's caches and compiled (\d+)",
+                                         proc.stderr).groups())
+    assert found >= 1 and compiled == 0, proc.stderr[-3000:]
