@@ -89,6 +89,8 @@ class GaussianHold(ChunkingPolicy):
 class GaussianLearner:
     """The Learner protocol (ript/rl/learners.py) for GaussianHold."""
 
+    compiles_update = False
+
     def __init__(self, model: torch.nn.Module, std: float):
         self.model, self.weights, self.std = model, model, std
         self.critic = None
