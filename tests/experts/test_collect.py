@@ -296,3 +296,17 @@ def test_runs_hand_out_every_job_once_in_order_and_shrink_towards_the_end():
     assert sizes == sorted(sizes, reverse=True)
     assert list(work_runs(jobs[:3], workers=16)) == [[jobs[0]], [jobs[1]], [jobs[2]]]
     assert list(work_runs([], workers=4)) == []
+
+
+def test_the_schedule_model_gives_the_figures_the_speed_docs_cite(capsys, monkeypatch):
+    """benchmarks/collect_schedule_model.py models collection's own ``work_runs`` on the experts' file."""
+    import sys
+
+    from benchmarks import collect_schedule_model
+
+    monkeypatch.setattr(sys, "argv", ["collect_schedule_model", "--experts",
+                                      "benchmarks/results/experts_libero_90_10_goal_2026-11-26.json"])
+    collect_schedule_model.main()
+    out = capsys.readouterr().out
+    assert "libero_goal: 100 jobs" in out and "5.1 min (69% busy), runs as workers free up 4.3 min" in out
+    assert "libero_90: 900 jobs" in out and "42.7 min" in out and "34.9 min" in out
