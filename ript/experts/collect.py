@@ -366,8 +366,9 @@ def _run_pool(jobs: list[Job], num_workers: int, data_dir: Path, total: int, ini
                     bar.update(progress.get())
                 for future in finished:
                     pending.discard(future)
-                    # the freed worker's next run, so that runs are sized by what is left when it asks
-                    pending.update(pool.submit(_run_jobs, run) for run in itertools.islice(runs, 1))
+                    run = next(runs, None)  # the freed worker's, sized by what is left now
+                    if run is not None:
+                        pending.add(pool.submit(_run_jobs, run))
                     yield from future.result()  # re-raises a worker's error here
         except BrokenProcessPool:
             raise RiptError(f"collect: a worker process died (killed, or out of memory) while collecting into "

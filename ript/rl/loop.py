@@ -100,7 +100,8 @@ def train_loop(run: RLRun) -> str:
             rl.ahead_running = rl.ahead is not None and it + 1 < rl.iterations
             if rl.ahead_running:
                 rl.ahead.start(it + 1)
-            if run.compile_ahead is not None and it == rl.run.start:
+            compiling_ahead = run.compile_ahead is not None and it == rl.run.start
+            if compiling_ahead:
                 with timer("compile_wait"):  # its graphs and kernels, then found in the compiler's caches
                     run.compile_ahead.wait()
             with timer("train"):  # collating (and rescoring) the decisions too
@@ -108,7 +109,7 @@ def train_loop(run: RLRun) -> str:
                     data, targets = update_batch(rl.learner, batch["kept"], rl.estimator, rl.cfg, rl.device, rl.info)
                 stats = ppo_update(rl.learner, rl.opt, rl.sched, data, rl.cfg, rl.info, it, rl.device,
                                    rl.reference, rl.sharded)
-            if run.compile_ahead is not None and it == rl.run.start:
+            if compiling_ahead:
                 run.compile_ahead.report()
             done = time.perf_counter()
             timer.seconds["iteration"] = done - t0
