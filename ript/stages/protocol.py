@@ -63,6 +63,7 @@ class Phase:
     out_dir: Path | None = None   # evaluations: where results.json lands
     last_step: int | None = None  # training phases: the step (RL: iteration) that finishes them
     env_step_budget: int | None = None  # RL: rl.max_env_steps, which can finish it before its last iteration
+    reads: tuple[Path, ...] = ()  # the earlier phases' folders it loads from
 
     def command(self, gpus: int) -> list[str]:
         launcher = [sys.executable, "-m", "ript.cli"]
@@ -111,13 +112,17 @@ def plan(cfg) -> list[Phase]:
         "eval_rl": (family + [override("checkpoint", root / "rl"), override("out_dir", root / "eval_rl"),
                               "overwrite=true"], None, root / "eval_rl"),
     }
+    world_model = (root / "world_model",) if imagined else ()
+    reads = {"stage1": (root / "stage0",), "eval": (imitation_dir(cfg),), "rl": (imitation_dir(cfg), *world_model),
+             "eval_rl": (root / "rl",)}
     phases = []
     for name in PHASES:
         settings = cfg.phases[name]
         if settings is None:
             continue
         wired, run_dir, out_dir = wiring[name]
-        phases.append(Phase(name, JOBS[name], wired + leaf_overrides("", to_dict(settings)), run_dir, out_dir))
+        phases.append(Phase(name, JOBS[name], wired + leaf_overrides("", to_dict(settings)), run_dir, out_dir,
+                            reads=reads.get(name, ())))
     return phases
 
 
@@ -309,6 +314,10 @@ def run_phases(cfg, phases: list[Phase], gpus: int) -> dict[str, Any]:
     """Each phase not finished yet, in order, recording each one as it finishes; the summary at the end."""
     root = Path(cfg.run_root)
     state = read_state(root)
+    # a finished phase's folder must still be there if the summary or a phase still to run reads it: an
+    # evaluation's results, or the checkpoint RL starts from (a run carried to another host without the others)
+    needed = {p.out_dir for p in phases if p.out_dir is not None}
+    needed |= {d for p in phases if p.name not in state["phases"] for d in p.reads}
     for i, phase in enumerate(phases, 1):
         record = state["phases"].get(phase.name)
         if record is not None:
@@ -316,7 +325,7 @@ def run_phases(cfg, phases: list[Phase], gpus: int) -> dict[str, Any]:
             if differs is not None:
                 raise RiptError(f"protocol {cfg.name}: phase {phase.name} finished in {root} {differs}; "
                                 f"choose another run_root, or delete {root / STATE_FILE} and that phase's folder")
-            gone = next((d for d in (phase.run_dir, phase.out_dir) if d is not None and not d.exists()), None)
+            gone = next((d for d in (phase.run_dir, phase.out_dir) if d in needed and not d.exists()), None)
             if gone is not None:
                 raise RiptError(f"protocol {cfg.name}: phase {phase.name} is recorded as finished in "
                                 f"{root / STATE_FILE}, but its folder {gone} is gone; to run it again, delete its "

@@ -81,6 +81,10 @@ def _check_messages_about_finished_phases(root, overrides):
                           "phase stage0 finished", "without train.steps=6")
     assert_one_line_error(ript_here(*command, "~phases.eval_rl.sampling"),  # the finished phase had it
                           "phase eval_rl finished", "with sampling.greedy=true, which this command does not ask for")
+    # a run carried to another host without the folders that no phase still to run reads: stage 0's went into
+    # stage 1, which is finished
+    shutil.rmtree(root / "stage0")
+    assert protocol.run(compose("protocol", overrides))["evaluations"]["eval_rl"]["episodes"] == 4
     shutil.rmtree(root / "eval")  # a finished phase's folder deleted by hand: said as it is, not "continue"
     for _ in range(2):  # and the same on every rerun
         assert_one_line_error(ript_here(*command), "phase eval is recorded as finished in", "protocol.json",
@@ -93,7 +97,11 @@ def test_paths_with_any_characters_reach_every_phase_as_they_are(tiny_data, tmp_
     root, data = tmp_path / "prötocol ü 1", tmp_path / "dätä"
     cfg = compose("protocol", protocol_overrides(tiny_data, tmp_path) + [override("run_root", root),
                                                                          override("task.data_dir", data)])
-    jobs = {phase.name: compose(phase.job, phase.overrides) for phase in protocol.plan(cfg)}
+    phases = protocol.plan(cfg)
+    jobs = {phase.name: compose(phase.job, phase.overrides) for phase in phases}
+    # what each phase loads from the others: the folders that must survive until it has run
+    assert {p.name: p.reads for p in phases if p.reads} == {
+        "stage1": (root / "stage0",), "eval": (root / "stage1",), "rl": (root / "stage1",), "eval_rl": (root / "rl",)}
     assert jobs["collect"].task.data_dir == str(data) and jobs["stage1"].task.data_dir == str(data)
     assert jobs["stage0"].run_dir == str(root / "stage0") and jobs["stage1"].stage0_checkpoint == str(root / "stage0")
     assert jobs["eval"].out_dir == str(root / "eval") and jobs["eval_rl"].checkpoint == str(root / "rl")
