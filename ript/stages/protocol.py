@@ -36,7 +36,8 @@ STATE_FILE = "protocol.json"
 PHASE_OF = "RIPT_PHASE_OF"  # set in a phase's environment: the job that runs it, which says how to continue
 # see result_settings; a finished RL phase asked for more iterations is refused, not skipped, and so is a training
 # phase whose in-training evaluation changed (it chooses checkpoints/best, which evaluate=best starts from)
-DRIVING_KEYS = tuple(k for k in RUN_CONTROL_KEYS if k not in ("rl.iterations", "eval")) + ("num_workers",)
+DRIVING_KEYS = tuple(k for k in RUN_CONTROL_KEYS if k not in ("rl.iterations", "eval")) + ("num_workers",
+                                                                                          "episodes_per_job")
 
 
 def protocol_names() -> list[str]:
@@ -195,9 +196,9 @@ def state_problem(state: Any) -> str | None:
 
 def result_settings(overrides: list[str]) -> list[str]:
     """The overrides that can change what a phase computes: not how it is driven or reported (the run-control
-    keys a resumed job may change, and collection's worker count: demo j is the same however the work is
-    split, and so is evaluation's episode j), so that a finished phase is skipped on a host of another size or
-    with other progress output."""
+    keys a resumed job may change, and collection's worker count and job size: demo j is the same however the
+    work is split, and so is evaluation's episode j), so that a finished phase is skipped on a host of another
+    size or with other progress output."""
     return [o for o in overrides if not covered(o.split("=", 1)[0].lstrip("+~"), DRIVING_KEYS)]
 
 

@@ -66,7 +66,8 @@ def test_a_protocol_runs_every_phase_continues_a_cut_one_and_skips_finished_ones
     assert again == results
     assert json.loads((root / "protocol.json").read_text()) == state
     # on a host of another size, without progress bars: how the phases are driven, not what they compute
-    other_host = overrides + ["phases.collect.num_workers=1", "phases.eval.num_workers=3",
+    other_host = overrides + ["phases.collect.num_workers=1", "phases.collect.episodes_per_job=1",
+                              "phases.eval.num_workers=3",
                               "phases.rl.rl.num_workers=1", "phases.stage0.progress=true"]
     assert protocol.run(compose("protocol", other_host)) == results
     _check_messages_about_finished_phases(root, overrides)
