@@ -192,8 +192,8 @@ def plan_jobs(jobs: list[Job], data_dir: Path, tasks: list[str]) -> tuple[list[J
                 reused_attempts[t] = reused_attempts.get(t, 0) + n_attempts
                 continue
             was = "unknown settings" if settings is None else ", ".join(
-                f"{k}={settings.get(k)!r}" for k in ("seed", "noise", "num_episodes", "filter_success",
-                                                      "max_episode_steps", "render")
+                f"{k}={settings.get(k)!r}" for k in ("seed", "noise", "num_episodes", "max_attempts",
+                                                      "filter_success", "max_episode_steps", "render")
                 if job is None or settings.get(k) != getattr(job, k))
             raise RiptError(f"collect: {shard} is left from an interrupted run with other settings ({was}); rerun "
                             f"with those settings to resume it, or delete {data_dir}/.{t}.shard*.hdf5 to start clean")

@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -305,6 +306,26 @@ def test_small_jobs_keep_enough_retries_and_large_ones_a_bounded_number(tmp_path
     attempts = {n: run.jobs(["reach-v3"], n)[0].max_attempts for n in (1, 2, 5, 10, 50)}
     assert attempts == {1: 13, 2: 14, 5: 20, 10: 40, 50: 140}
     assert [job.num_episodes for job in run.jobs(["reach-v3"], 20)] == [20, 20, 10]
+
+
+def test_a_shard_made_with_another_retry_budget_is_named_by_it(tmp_path):
+    """Shards left by an interrupted run whose jobs had another retry budget (an older rule) are refused, and the
+    one line says which setting differs."""
+    import dataclasses
+    import json
+
+    import pytest
+
+    from ript.data.hdf5 import write_demo_file
+    from ript.errors import RiptError
+    from ript.experts.collect import Collection, job_settings, plan_jobs
+
+    run = Collection("metaworld", tmp_path, 2, {}, 100, 0, 0.1, True, "{name}.hdf5")
+    job = run.jobs(["reach-v3"], 1)[0]
+    older = dataclasses.replace(job, max_attempts=4)
+    write_demo_file(Path(job.shard_path), [], {"shard": json.dumps(job_settings(older)), "attempts": 4})
+    with pytest.raises(RiptError, match=r"other settings \(max_attempts=4\)"):
+        plan_jobs(run.jobs(["reach-v3"], 1), tmp_path, ["reach-v3"])
 
 
 def test_the_schedule_model_gives_the_figures_the_speed_docs_cite(capsys, monkeypatch):
