@@ -32,6 +32,7 @@ from tests.helpers.cli import assert_one_line_error, ript_here, task_overrides, 
     ("rl", "rl.rollouts_per_group=0", "rl.rollouts_per_group=0"),
     ("rl", "rl.advantage=ppo2", "rl.advantage='ppo2'"),
     ("rl", "rl.compile_ahead=sometimes", "rl.compile_ahead='sometimes'"),
+    ("rl", "rl.compile_ahead_wait_s=0", "rl.compile_ahead_wait_s=0"),
     ("rl", "rl.task_weighting_floor=2", "rl.task_weighting_floor=2"),
     ("rl", "placement.rollout_gpus=1.5", "a share of one GPU (at most 1) or a whole number"),
     ("rl", "compile_cache=/nowhere/compile_cache.bin", "compile_cache='/nowhere/compile_cache.bin' is out of range: "

@@ -272,6 +272,7 @@ class RL(Section):
     micro_batch: Count | None = None
     compile: Auto
     compile_ahead: Auto = "auto"
+    compile_ahead_wait_s: Rate
     tf32: bool
     channels_last: bool
     recompute_old_log_probs: bool

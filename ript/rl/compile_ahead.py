@@ -24,11 +24,6 @@ from ript.utils.logging import log
 # decisions: 2 episodes of this many env steps give every one of rl.minibatches (4 by default) at least one
 # decision for any action horizon up to 16
 WARM_EPISODE_STEPS = 64
-# the longest the run waits at its first update: about what compiling the update itself takes there (63.5-95 s),
-# so a second process that stalls costs the run at most this
-WAIT_LIMIT_S = 120.0
-
-
 def wanted(cfg, compiles_update: bool, world_size: int, cache_loaded: bool) -> bool:
     """``auto``: when the update compiles, in a run of one process with its rollouts in that process, and no
     compile cache was loaded (a resumed run has its own)."""
@@ -55,15 +50,18 @@ class CompileAhead:
 
     def __init__(self, cfg, device: str):
         self.t0 = time.perf_counter()
+        # the longest the run waits at its first update: about what compiling the update itself takes on a GPU
+        # host (63.5-95 s), so a second process that stalls costs the run at most this
+        self.wait_limit_s = float(cfg.rl.compile_ahead_wait_s)
         self.proc = mp.get_context("spawn").Process(target=_warm, args=(warm_config(cfg), device),
                                                      name="ript-compile-ahead")
         self.proc.start()
         log.info("rl: compiling the update ahead in process %d while the first rollouts run", self.proc.pid)
 
     def wait(self) -> float:
-        """Waits for the process, at most ``WAIT_LIMIT_S``; returns the seconds waited."""
+        """Waits for the process, at most ``rl.compile_ahead_wait_s``; returns the seconds waited."""
         t = time.perf_counter()
-        self.proc.join(WAIT_LIMIT_S)
+        self.proc.join(self.wait_limit_s)
         waited = time.perf_counter() - t
         if self.proc.is_alive():
             log.warning("rl: the update compiling ahead was not ready after %.0f s more; the run compiles it itself",

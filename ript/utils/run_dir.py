@@ -28,7 +28,8 @@ RUN_CONTROL_KEYS = (
     "train.save_every", "train.keep_last", "keep_last", "rl.num_workers", "cuda_graph",
     "train.compile", "train.cuda_graphs", "train.channels_last", "train.tf32", "train.cudnn_benchmark",
     "train.deterministic", "compile_cache",  # how, not what, is computed
-    "rl.compile", "rl.compile_ahead", "rl.tf32", "rl.channels_last",  # the RL update's speed and memory knobs
+    "rl.compile", "rl.compile_ahead", "rl.compile_ahead_wait_s", "rl.tf32",  # the RL update's speed and memory knobs
+    "rl.channels_last",
     "rl.micro_batch",
     "rl.iterations",  # RL's schedule does not depend on it: more iterations extend the same run
 )
