@@ -24,6 +24,8 @@ from ript.utils.logging import log
 # decisions: 2 episodes of this many env steps give every one of rl.minibatches (4 by default) at least one
 # decision for any action horizon up to 16
 WARM_EPISODE_STEPS = 64
+
+
 def wanted(cfg, compiles_update: bool, world_size: int, cache_loaded: bool) -> bool:
     """``auto``: when the update compiles, in a run of one process with its rollouts in that process, and no
     compile cache was loaded (a resumed run has its own)."""
