@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from ript.envs.libero import SUITE_HORIZONS
-from ript.experts.collect import Job, work_runs
+from ript.experts.collect import Collection, Job, work_runs
 
 
-def jobs_of(tasks: list[dict], demos: int, per_job: int) -> list[Job]:
-    """The collection's jobs in order."""
-    return [Job(t["suite"], t["task"], first, per_job, 0, 0.0, True, 1, {}, 0, "")
-            for t in tasks for first in range(0, demos, per_job)]
+def jobs_of(suite: str, tasks: list[dict], demos: int, per_job: int) -> list[Job]:
+    """The collection's jobs in order, split as ``ript collect`` splits them (nothing is written)."""
+    run = Collection(suite, Path("."), demos, {}, None, 0, 0.0, True, "{name}.hdf5")
+    return run.jobs([t["task"] for t in tasks], per_job)
 
 
 def episode_steps(task: dict, success: float | None) -> tuple[float, float, float]:
@@ -110,7 +110,7 @@ def main() -> None:
     for suite in a.suites or sorted({t["suite"] for t in tasks}):
         mine = [t for t in tasks if t["suite"] == suite]
         steps = {t["task"]: episode_steps(t, success.get(t["task"])) for t in mine}
-        jobs = jobs_of(mine, a.demos, a.episodes_per_job)
+        jobs = jobs_of(suite, mine, a.demos, a.episodes_per_job)
         rules = {"two equal runs per worker": equal_runs, "runs as workers free up": work_runs}
         walls, work = {name: [] for name in rules}, []
         for draw in range(max(a.draws, 1)):
