@@ -92,7 +92,8 @@ def plan(cfg) -> list[Phase]:
     """The protocol's phases in order, each with the overrides that wire it to the others."""
     root = Path(cfg.run_root)
     task, algo = group_overrides("task", cfg.task), group_overrides("algo", cfg.algo)
-    start = imitation_dir(cfg) / ("checkpoints/best" if cfg.evaluate == "best" else "")
+    imitation = imitation_dir(cfg)
+    start = imitation / ("checkpoints/best" if cfg.evaluate == "best" else "")
     family = ["policy=flow"] if imitation_phase(cfg) == "flow" else []  # the jobs that load its checkpoints
     # with a world_model phase, RL's rollouts run in it (the evaluations stay in the simulator)
     imagined = ["environment=world_model", override("environment.checkpoint", root / "world_model")] \
@@ -114,7 +115,7 @@ def plan(cfg) -> list[Phase]:
                               "overwrite=true"], None, root / "eval_rl"),
     }
     world_model = (root / "world_model",) if imagined else ()
-    reads = {"stage1": (root / "stage0",), "eval": (imitation_dir(cfg),), "rl": (imitation_dir(cfg), *world_model),
+    reads = {"stage1": (root / "stage0",), "eval": (imitation,), "rl": (imitation, *world_model),
              "eval_rl": (root / "rl",)}
     phases = []
     for name in PHASES:
