@@ -4,16 +4,19 @@ files the chosen suites open (found by building, resetting, stepping and renderi
 here), xz-compressed, beside the wheels in .whl/ that LIBERO needs (MetaWorld's left out) and the EGL/GL loader
 libraries in .whl/gl/.
 
-    # once, on a machine with network: the wheels LIBERO needs beyond the host's own packages
-    python -m pip wheel --no-deps -w .whl easydict future termcolor pydantic pydantic-core \
+    # once, on a machine with network: the wheels LIBERO needs beyond the host's own packages, built for the
+    # host's Python (pydantic-core is compiled: a wheel for this machine's Python would not install there)
+    python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux2014_x86_64 -d .whl easydict future termcolor pydantic pydantic-core \
         annotated-types typing-inspection typing-extensions
     python -m tools.libero_bundle --suites libero_object      # writes .libero/ (git-ignored)
     python -m tools.libero_bundle --suites libero_spatial --out .libero_spatial   # one bundle per suite
     # on the GPU host (carry .libero):  source .libero/preamble.sh && python3 -m ript.cli ...
 
-``--check`` unpacks the bundle into a temporary folder and builds every task again from there alone. A bundle over
-``--max-mib`` is split into ``<out>``, ``<out>_piece2``, ... for carriers limited per command (each folder carried
-once; the preamble joins the pieces).
+Every wheel in .whl/ must install on the host's Python (``--python``, 3.12): a wheel built for another one is
+refused in one line before anything is traced. ``--check`` unpacks the bundle into a temporary folder and builds
+every task again from there alone. A bundle over ``--max-mib`` is split into ``<out>``, ``<out>_piece2``, ... for
+carriers limited per command (each folder carried once; the preamble joins the pieces).
 """
 from __future__ import annotations
 
@@ -95,6 +98,25 @@ def smaller_png(data: bytes) -> bytes:
     again = Image.open(io.BytesIO(buf.getvalue()))
     same = image.mode == again.mode and np.array_equal(np.asarray(image), np.asarray(again))
     return buf.getvalue() if same and buf.tell() < len(data) else data
+
+
+def foreign_wheels(wheels: list[Path], python: str) -> list[str]:
+    """The wheels that cannot install on CPython ``python`` (e.g. "3.12"): those whose every tag names another
+    interpreter (``cp311``), or a stable ABI newer than it (``cp313-abi3``)."""
+    from packaging.utils import parse_wheel_filename
+
+    major, minor = (int(x) for x in python.split(".")[:2])
+
+    def fits(interpreter: str, abi: str) -> bool:
+        if interpreter in ("py3", f"py{major}", f"py{major}{minor}"):
+            return True
+        if not interpreter.startswith("cp"):
+            return False
+        version = (int(interpreter[2]), int(interpreter[3:] or 0))
+        return version == (major, minor) or (abi == "abi3" and version <= (major, minor))
+
+    return [w.name for w in wheels
+            if not any(fits(tag.interpreter, tag.abi) for tag in parse_wheel_filename(w.name)[3])]
 
 
 def write_bundle(out: Path, files: list[str], root: Path) -> None:
@@ -228,8 +250,13 @@ def main() -> None:
     parser.add_argument("--max-mib", type=float, default=60.0,
                         help="a larger bundle is split into folders of at most this size, one per carry")
     parser.add_argument("--split-only", action="store_true", help="split the existing bundle --out, no rebuild")
+    parser.add_argument("--python", default="3.12", help="the host's Python version, which every wheel must fit")
     args = parser.parse_args()
     if not args.split_only:
+        foreign = foreign_wheels(sorted(Path(".whl").glob("*.whl")), args.python)
+        if foreign:
+            sys.exit(f".whl/: {', '.join(foreign)} will not install on Python {args.python}; download "
+                     f"them with --python-version {args.python} --only-binary=:all: (tools/libero_bundle.py)")
         root = site_root()
         assets = opened_assets(args.suites)
         files = code_files(root) + sorted(assets)
