@@ -104,6 +104,8 @@ class EnvRunner:
             o = self.options
             self.workers = WorkerSet(o.suite, dict(o.render), o.max_episode_steps, self.num_workers,
                                      self.envs_per_worker, frames_per_env, o.pool)
+            log.info("env runner: %d workers x %d envs, each env keeping up to %d built tasks",
+                     self.num_workers, self.envs_per_worker, self.workers.task_limit)
             # the tasks each env slot has built, as its worker last reported (kept across runs, as the workers are)
             self.slot_tasks = [[] for _ in range(self.num_workers * self.envs_per_worker)]
         return self.workers

@@ -2,7 +2,7 @@
 code outside ``ript/envs`` compares suite names.
 
 A suite knows its task list, how to build a task, the instructions, the standard evaluation protocol (episodes
-per task), how many tasks a worker keeps built, how many distinct initial conditions a task has, and the
+per task), how much host memory a built task holds, how many distinct initial conditions a task has, and the
 scripted-expert family that makes its demonstrations (a name in ``ript.registry.EXPERTS``). Simulators are imported
 only when a task is built.
 """
@@ -21,7 +21,7 @@ class Suite:
     name: str
     horizon: int                      # the suite's official episode length (task.max_episode_steps: null)
     standard_episodes: int            # episodes per task of the suite's standard evaluation protocol
-    tasks_per_worker: int | None      # tasks an env slot keeps built (None: every task it meets)
+    task_mib: int                     # host memory one built task holds (sizes each env slot's cache)
     envs_per_worker: int              # env slots per worker process when workers.envs_per_worker is auto
     initial_conditions: int | None    # distinct initial conditions per task (None: one per layout seed)
     control_hz: int                   # env steps per simulated second (a dataset's fps)
@@ -87,14 +87,14 @@ class LiberoSuite(Suite):
 
 
 # MetaWorld: 4 envs per worker ran rollouts fastest on the 16-core H100 host (8,200 env steps/s against 7,100
-# with 2 and 5,600-6,700 with 1). LIBERO: 50 packaged init states per task
-# define the standard protocol and RL's initial conditions; a scene holds ~0.8 GB, so an env slot keeps one,
-# one slot per worker, and the runner gives it episodes of that task while any are left.
+# with 2 and 5,600-6,700 with 1); a built task holds ~140 MiB on a CPU host (85 on a GPU host). LIBERO: 50
+# packaged init states per task define the standard protocol and RL's initial conditions; a scene holds ~0.7 GiB
+# once reset, so one env per worker.
 SUITES: dict[str, Suite] = {
-    "metaworld": MetaWorldSuite("metaworld", horizon=500, standard_episodes=20, tasks_per_worker=None,
+    "metaworld": MetaWorldSuite("metaworld", horizon=500, standard_episodes=20, task_mib=150,
                                 envs_per_worker=4, initial_conditions=None,
                                 control_hz=80, shaped_reward=True, expert="metaworld"),
-    **{name: LiberoSuite(name, horizon=horizon, standard_episodes=LIBERO_INIT_STATES, tasks_per_worker=1,
+    **{name: LiberoSuite(name, horizon=horizon, standard_episodes=LIBERO_INIT_STATES, task_mib=800,
                          envs_per_worker=1, initial_conditions=LIBERO_INIT_STATES, control_hz=20,
                          shaped_reward=False, expert="libero")
        for name, horizon in SUITE_HORIZONS.items()},

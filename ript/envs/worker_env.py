@@ -23,6 +23,7 @@ import numpy as np
 from ript.envs import ray_workers, workers  # noqa: F401  (register the worker backends; Ray is imported on use)
 from ript.envs.suites import get_suite
 from ript.registry import WORKER_POOLS
+from ript.utils.processes import available_memory_bytes, ranks_on_this_host
 
 
 @dataclass(frozen=True)
@@ -118,12 +119,13 @@ class InlineFrames:
 class TaskEnv:
     """One env slot of a worker: builds simulator tasks on demand and keeps them for reuse."""
 
-    def __init__(self, suite: str, render: dict, max_episode_steps: int, shared_gl: Any = None):
+    def __init__(self, suite: str, render: dict, max_episode_steps: int, shared_gl: Any = None,
+                 task_limit: int = 1):
         self.render_cfg, self.max_steps, self.shared_gl = render, max_episode_steps, shared_gl
         self.tasks: dict[str, Any] = {}  # in order of last use
         self.current = None
         self.suite_entry = get_suite(suite)
-        self.cache_limit = self.suite_entry.tasks_per_worker  # a LIBERO scene holds ~0.8 GB
+        self.cache_limit = task_limit  # built tasks kept, the least recently used closed first
 
     def begin(self, spec: EpisodeSpec) -> tuple[dict[str, np.ndarray], float]:
         """Start the episode; returns its first observation and the seconds spent building its task (0 when
@@ -131,7 +133,7 @@ class TaskEnv:
         t0 = time.perf_counter()
         task = self.tasks.pop(spec.task_name, None)
         if task is None:
-            while self.cache_limit is not None and len(self.tasks) >= self.cache_limit:
+            while len(self.tasks) >= self.cache_limit:
                 self.tasks.pop(next(iter(self.tasks))).close()  # least recently used
             task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps, self.shared_gl)
         self.tasks[spec.task_name] = self.current = task
@@ -167,11 +169,12 @@ class WorkerEnvs:
     back inside the answers)."""
 
     def __init__(self, suite: str, render: dict, max_episode_steps: int, layout: FrameLayout,
-                 frames_name: str | None):
+                 frames_name: str | None, task_limit: int = 1):
         from ript.envs.rendering import SharedGLContext  # imports MuJoCo: in the worker, after its GL backend is set
 
         self.shared_gl = SharedGLContext()  # every task the worker builds renders in one context (rendering.py)
-        self.envs = [TaskEnv(suite, render, max_episode_steps, self.shared_gl) for _ in range(layout.envs)]
+        self.envs = [TaskEnv(suite, render, max_episode_steps, self.shared_gl, task_limit)
+                     for _ in range(layout.envs)]
         self.frames = InlineFrames() if frames_name is None else SharedFrames(layout, frames_name)
 
     def begin(self, starts: list[tuple[int, EpisodeSpec]]) -> list[tuple[int, dict, float, list[str]]]:
@@ -204,18 +207,39 @@ class WorkerEnvs:
 class PoolSettings:
     """How env workers run (``configs/workers``): a worker silent for ``timeout_s`` or dead is replaced, up to
     ``max_restarts`` times a run; ``backend`` processes (this host) or ray (``address``: a cluster's nodes);
-    ``render_gpus``: the host's GPUs the processes render on (None: chosen, ``ript.envs.gl.worker_render_gpus``)."""
+    ``render_gpus``: the host's GPUs the processes render on (None: chosen, ``ript.envs.gl.worker_render_gpus``);
+    ``tasks_per_slot``: the built tasks each env slot keeps ("auto": as many as a share of the host's memory
+    holds, ``slot_task_limit``)."""
     timeout_s: float = 600.0
     max_restarts: int = 3
     backend: str = "processes"
     address: str | None = None
     render_gpus: tuple[int, ...] | None = None
+    tasks_per_slot: int | str = "auto"
 
     @classmethod
     def from_config(cls, workers_cfg) -> PoolSettings:
         gpus = workers_cfg.get("render_gpus")
+        per_slot = workers_cfg.get("tasks_per_slot", "auto")
         return cls(float(workers_cfg.timeout_s), int(workers_cfg.max_restarts), str(workers_cfg.backend),
-                   workers_cfg.get("ray_address"), None if gpus is None else tuple(int(g) for g in gpus))
+                   workers_cfg.get("ray_address"), None if gpus is None else tuple(int(g) for g in gpus),
+                   per_slot if per_slot == "auto" else int(per_slot))
+
+
+# the share of the host's available memory the env slots' built tasks may fill; the rest is the driving process's
+# (the policy, RL's records and update) and the simulators' own stepping
+TASK_MEMORY_SHARE = 0.5
+
+
+def slot_task_limit(setting: int | str, task_mib: int, slots: int, available_bytes: int, processes: int = 1) -> int:
+    """How many built tasks an env slot keeps: ``setting`` if a number, else ("auto") as many as fit in
+    ``TASK_MEMORY_SHARE`` of ``available_bytes`` split over every slot of the ``processes`` that start workers on
+    this host (at least one). Rebuilding costs seconds a task (LIBERO) where an unbounded cache would grow with
+    every task a long run meets (ML45's 45 in each of 64 slots: ~250 GB)."""
+    if setting != "auto":
+        return int(setting)
+    budget = TASK_MEMORY_SHARE * available_bytes / max(1, processes)
+    return max(1, int(budget // (max(1, slots) * task_mib * 2**20)))
 
 
 class WorkerSet:
@@ -228,9 +252,13 @@ class WorkerSet:
                              int(render["image_size"]))
         pool_class = WORKER_POOLS.get(pool.backend)
         self.envs_per_worker = envs_per_worker
+        self.task_limit = slot_task_limit(pool.tasks_per_slot, get_suite(suite).task_mib,
+                                          num_workers * envs_per_worker, available_memory_bytes(),
+                                          ranks_on_this_host())
         self.frames = [SharedFrames(layout) if pool_class.shares_memory else InlineFrames()
                        for _ in range(num_workers)]
-        fns = [functools.partial(WorkerEnvs, suite, render, max_episode_steps, layout, f.name) for f in self.frames]
+        fns = [functools.partial(WorkerEnvs, suite, render, max_episode_steps, layout, f.name, self.task_limit)
+               for f in self.frames]
         try:
             self.pool = pool_class(fns, pool.timeout_s, pool.max_restarts, pool.address,
                                    None if pool.render_gpus is None else list(pool.render_gpus))

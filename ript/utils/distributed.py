@@ -11,7 +11,7 @@ import torch.distributed as dist
 from ript.errors import RiptError
 from ript.utils.device import resolve_device
 from ript.utils.logging import log
-from ript.utils.processes import stacks_when_stopped, usable_cores
+from ript.utils.processes import ranks_on_this_host, stacks_when_stopped, usable_cores
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,7 @@ def init_rank(device: str) -> tuple[str, DistInfo]:
             dist.init_process_group("nccl", device_id=torch.device(device))
         else:
             dist.init_process_group("gloo")
-    return device, DistInfo(dist.get_rank(), dist.get_world_size(), local_rank,
-                            int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return device, DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, ranks_on_this_host())
 
 
 def batch_share(batch_size: int, info: DistInfo) -> slice:

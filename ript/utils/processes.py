@@ -101,6 +101,22 @@ def run_child(command: list[str], env: dict[str, str] | None = None) -> int:
     return code
 
 
+def available_memory_bytes() -> int:
+    """Host memory a new allocation can still take without swapping (Linux's MemAvailable: free memory plus the
+    page cache it can drop; elsewhere the free pages)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def ranks_on_this_host() -> int:
+    """The processes of a torchrun job on this host (1 outside one), each with env workers of its own."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity; a container's CPU limit can be lower still)."""
     with contextlib.suppress(AttributeError):

@@ -1,12 +1,13 @@
 """The runner's schedule changes no episode: episodes that end at different times (a drawer pushed shut within
 ~20 steps, a button never pressed) give the same steps, successes and frame stacks whether each env has a worker
-of its own or envs share a worker, whose idle slots start their next episodes while its other envs run on."""
+of its own or envs share a worker, whose idle slots start their next episodes while its other envs run on; and
+whether a slot keeps every task it built or closes them to stay within its bound."""
 
 import numpy as np
 import pytest
 
 from ript.envs.runner import EnvRunner, RunnerOptions
-from ript.envs.worker_env import EpisodeSpec
+from ript.envs.worker_env import EpisodeSpec, PoolSettings, slot_task_limit
 from tests.helpers.policies import NoisyHold
 
 RENDER = {"cameras": ["corner"], "image_size": 32, "quality": "low"}
@@ -14,15 +15,27 @@ TASKS = ["drawer-close-v3", "button-press-v3"]
 PUSH = np.array([0.0, 1.0, -0.5, 0.0], dtype=np.float32)  # forward and down: shuts MetaWorld's drawer
 
 
-def run(workers: int, per_worker: int, specs: list[EpisodeSpec]) -> dict:
+def run(workers: int, per_worker: int, specs: list[EpisodeSpec], tasks_per_slot: int | str = "auto",
+        built: list | None = None) -> dict:
     policy = NoisyHold(seed=5, action_horizon=3, frame_stack=1, noise=0.1, pushes={TASKS[0]: PUSH})
     policy.start_recording()
-    runner = EnvRunner(RunnerOptions("metaworld", TASKS, RENDER, 30, 1, num_workers=workers,
-                                     envs_per_worker=per_worker, pipeline_stages=1))
+    runner = EnvRunner(RunnerOptions("metaworld", sorted({s.task_name for s in specs}), RENDER, 30, 1,
+                                     num_workers=workers, envs_per_worker=per_worker, pipeline_stages=1,
+                                     pool=PoolSettings(tasks_per_slot=tasks_per_slot)))
     try:
-        return runner.run(policy, specs=specs)
+        results = runner.run(policy, specs=specs)
+        if built is not None:
+            built.extend(runner.slot_tasks)
+        return results
     finally:
         runner.close()
+
+
+def same_episodes(first: dict, second: dict) -> None:
+    for a, b in zip(*[sorted(r["episodes"], key=lambda e: e["episode"]) for r in (first, second)], strict=True):
+        assert (a["task"], a["seed"], a["success"], a["length"]) == (b["task"], b["seed"], b["success"], b["length"])
+        for x, y in zip(a["decisions"], b["decisions"], strict=True):
+            np.testing.assert_array_equal(x["stack"], y["stack"])
 
 
 def test_episodes_started_beside_running_ones_match_each_env_alone():
@@ -40,3 +53,21 @@ def test_episodes_started_beside_running_ones_match_each_env_alone():
     assert shared["env_steps"] == alone["env_steps"] == sum(lengths)
     assert shared["decision_rounds"] < sum(len(e["decisions"]) for e in by_index[1])  # envs planned together
     assert shared["slot_occupancy"] == pytest.approx(shared["decisions"] / (2 * shared["decision_rounds"]))
+
+
+def test_a_slot_bounded_to_one_built_task_closes_the_others_and_gives_the_same_episodes():
+    tasks = TASKS + ["reach-v3"]
+    specs = [EpisodeSpec(tasks[j % 3], 3, j) for j in range(6)]  # one slot meets each of three tasks
+    kept_all, kept_one = [], []
+    unbounded = run(1, 1, specs, "auto", kept_all)
+    bounded = run(1, 1, specs, 1, kept_one)
+    same_episodes(unbounded, bounded)
+    assert sorted(kept_all[0]) == sorted(tasks) and len(kept_one[0]) == 1
+
+
+def test_the_automatic_bound_shares_half_the_memory_over_every_slot_of_the_host():
+    gib = 2**30
+    assert slot_task_limit("auto", 800, 16, 110 * gib) == 4           # 55 GiB over 16 LIBERO scenes of 0.78 GiB
+    assert slot_task_limit("auto", 800, 16, 110 * gib, processes=2) == 2  # two torchrun ranks, 16 slots each
+    assert slot_task_limit("auto", 150, 64, 4 * gib) == 1              # never below one
+    assert slot_task_limit(3, 800, 16, 1) == 3                        # a number is kept as given
