@@ -238,6 +238,14 @@ def import_(overrides: list[str] | None = OVERRIDES) -> None:
     _run("import", overrides, run_import)
 
 
+@app.command()
+def embed(overrides: list[str] | None = OVERRIDES) -> None:
+    """The task instructions' embeddings into the language cache, for a host without the encoder."""
+    from ript.stages.embed import run
+
+    _run("embed", overrides, run)
+
+
 @app.command("eval")
 def evaluate(overrides: list[str] | None = OVERRIDES) -> None:
     """Evaluate a checkpoint in the simulator (checkpoint=...; policy=openvla_oft|openvla with task=...)."""

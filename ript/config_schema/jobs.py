@@ -69,6 +69,10 @@ class ExportJob(Job):
     robot_type: str | None
 
 
+class EmbedJob(Section):
+    task: Task
+
+
 class ImportJob(Job):
     src: str
     data_dir: str
@@ -179,5 +183,6 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "collect": CollectJob, "stage0": Stage0Job, "stage1": Stage1Job, "finetune": Stage1Job, "flow": FlowJob,
     "world_model": WorldModelJob, "world_model_eval": WorldModelEvalJob, "rl": RLJob,
     "oft": OFTJob, "eval": EvalJob, "quickstart": QuickstartJob, "export": ExportJob, "import": ImportJob,
+    "embed": EmbedJob,
     "protocol": ProtocolJob,
 }
