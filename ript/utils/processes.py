@@ -103,13 +103,15 @@ def run_child(command: list[str], env: dict[str, str] | None = None) -> int:
 
 def available_memory_bytes() -> int:
     """Host memory a new allocation can still take without swapping (Linux's MemAvailable: free memory plus the
-    page cache it can drop; elsewhere the free pages)."""
+    page cache it can drop; elsewhere the free pages; 0 where neither can be read, so callers plan for the least)."""
     with contextlib.suppress(OSError, ValueError):
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    with contextlib.suppress(OSError, ValueError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return 0
 
 
 def ranks_on_this_host() -> int:
