@@ -10,6 +10,7 @@ Count = Annotated[int, Field(gt=0)]
 Size = Annotated[int, Field(ge=0)]
 Seed = Annotated[int, Field(ge=0, lt=2**31)]
 Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+ColorJitter = Annotated[float, Field(ge=0, le=0.5, allow_inf_nan=False)]  # a jitter strength (ript/models/encoders.py)
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Scale = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Workers = Literal["auto"] | Count
@@ -168,6 +169,7 @@ class Algo(Section):
     action_horizon: Count
     frame_stack: Count
     image_aug_pad: Size
+    image_aug_color: ColorJitter = 0.0
     autoencoder: Autoencoder
     prior: Prior
     sampling: Sampling
@@ -190,6 +192,7 @@ class FlowAlgo(Section):
     denoise_steps: Count
     frame_stack: Count
     image_aug_pad: Size
+    image_aug_color: ColorJitter = 0.0
     model: FlowModel
 
 

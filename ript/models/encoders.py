@@ -87,6 +87,39 @@ class MLPEncoder(nn.Module):
         return self.net(x)
 
 
+# RGB -> YIQ (luma and two chroma axes); a hue shift is a rotation of the chroma plane
+_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+_YIQ_INV = torch.linalg.inv(_YIQ)
+
+
+def color_jitter(img: torch.Tensor, strength: float, generator: torch.Generator | None, share: slice | None = None,
+                 total: int | None = None) -> torch.Tensor:
+    """Colour augmentation on uint8 (B, H, W, C) RGB images, as QueST trains with (torchvision's ``ColorJitter``
+    at 0.3): each image's brightness, contrast and saturation scaled by factors drawn from [1 - s, 1 + s] and its
+    hue turned by up to s of a full turn (a rotation of the YIQ chroma plane), s = ``strength``. Factors are drawn
+    for all ``total`` images and the block ``share`` used, as ``random_shift`` draws its offsets."""
+    if strength <= 0:
+        return img
+    b = img.shape[0]
+    n, share = (total, share) if share is not None else (b, slice(0, b))
+    draw = torch.rand((n, 4), device=img.device, generator=generator)[share]
+    scale = 1 + strength * (2 * draw[:, :3] - 1)                       # brightness, contrast, saturation
+    turn = 2 * torch.pi * strength * (2 * draw[:, 3] - 1)              # hue, radians
+    x = img.float() * scale[:, 0, None, None, None]
+    gray = x @ _YIQ[0].to(x.device)                                    # (B, H, W) luma
+    x = (x - gray.mean((1, 2))[:, None, None, None]) * scale[:, 1, None, None, None] \
+        + gray.mean((1, 2))[:, None, None, None]
+    gray = x @ _YIQ[0].to(x.device)
+    x = gray[..., None] + (x - gray[..., None]) * scale[:, 2, None, None, None]
+    cos, sin = torch.cos(turn), torch.sin(turn)
+    rotate = torch.zeros(b, 3, 3, device=x.device)
+    rotate[:, 0, 0] = 1
+    rotate[:, 1, 1], rotate[:, 1, 2], rotate[:, 2, 1], rotate[:, 2, 2] = cos, -sin, sin, cos
+    matrix = _YIQ_INV.to(x.device) @ rotate @ _YIQ.to(x.device)        # (B, 3, 3), RGB -> RGB
+    x = torch.einsum("bij,bhwj->bhwi", matrix, x)
+    return x.round().clamp(0, 255).to(img.dtype)
+
+
 def random_shift(img: torch.Tensor, pad: int, generator: torch.Generator | None, share: slice | None = None,
                  total: int | None = None) -> torch.Tensor:
     """DrQ-style augmentation on uint8 (B, H, W, C) images: pad by replication and crop at a random offset.

@@ -16,7 +16,7 @@ from ript.errors import RiptError
 from ript.evaluation.results import evaluation_dir
 from ript.evaluation.runner import evaluate_policy, make_runner
 from ript.model_loader import check_and_load
-from ript.models.encoders import random_shift
+from ript.models.encoders import color_jitter, random_shift
 from ript.policies.base import ChunkingPolicy
 from ript.utils import distributed as ddist
 from ript.utils import training
@@ -68,13 +68,17 @@ def observation_kwargs(train_set, embeddings: torch.Tensor | None, frame_stack: 
 
 def augment_images(obs: dict[str, torch.Tensor], image_keys: list[str], cfg, generator: torch.Generator,
                    share: slice | None) -> dict[str, torch.Tensor]:
-    """A batch's observations with each image frame randomly shifted by up to ``algo.image_aug_pad`` pixels;
-    ``share``: the batch is this rank's block of the global batch of ``train.batch_size`` samples."""
+    """A batch's observations with each image frame randomly shifted by up to ``algo.image_aug_pad`` pixels, then
+    its colours jittered at ``algo.image_aug_color`` (0: not); ``share``: the batch is this rank's block of the
+    global batch of ``train.batch_size`` samples."""
+    strength = float(cfg.algo.get("image_aug_color") or 0.0)
+
     def augment(v: torch.Tensor) -> torch.Tensor:
         frames = v.shape[1]  # images (B, frame_stack, H, W, C): one shift per frame
         rows = slice(share.start * frames, share.stop * frames) if share is not None else None
-        return random_shift(v.flatten(0, 1), int(cfg.algo.image_aug_pad), generator, rows,
-                            int(cfg.train.batch_size) * frames).view_as(v)
+        total = int(cfg.train.batch_size) * frames
+        out = random_shift(v.flatten(0, 1), int(cfg.algo.image_aug_pad), generator, rows, total)
+        return color_jitter(out, strength, generator, rows, total).view_as(v)
 
     return {k: augment(v) if k in image_keys else v for k, v in obs.items()}
 

@@ -82,7 +82,7 @@ def run_finetune(cfg) -> str:
 
 
 # algo keys fine-tuning applies itself; every other one is the base checkpoint's (architecture, replanning)
-FINETUNE_OWN_ALGO_KEYS = ("image_aug_pad",)
+FINETUNE_OWN_ALGO_KEYS = ("image_aug_pad", "image_aug_color")
 
 
 def _check_base_algo(cfg, base_ckpt: dict) -> None:

@@ -3,7 +3,7 @@ import torch
 
 from ript.errors import RiptError
 from ript.models.action_autoencoder import ActionAutoencoder
-from ript.models.encoders import ResNetEncoder, random_shift
+from ript.models.encoders import ResNetEncoder, color_jitter, random_shift
 from ript.models.prior import SkillPrior, processed_log_probs
 
 AE = dict(action_dim=4, chunk_size=16, downsample=4, dim=32, n_head=2, enc_layers=1, dec_layers=1, dropout=0.0)
@@ -132,6 +132,22 @@ def test_random_shift_keeps_shape_and_content_range():
     assert out.shape == img.shape and out.dtype == torch.uint8
     assert not torch.equal(out, img)
     assert torch.equal(random_shift(img, 0, None), img)
+
+
+def test_color_jitter_changes_colours_keeps_grays_gray_and_draws_per_sample():
+    gen = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    img = torch.randint(0, 255, (6, 8, 8, 3), dtype=torch.uint8)
+    out = color_jitter(img, 0.3, gen())
+    assert out.shape == img.shape and out.dtype == torch.uint8 and not torch.equal(out, img)
+    assert torch.equal(color_jitter(img, 0.0, gen()), img)  # off: the images, and no draw from the generator
+    # a rank's block of a global batch is jittered as the same samples of the whole batch
+    assert torch.equal(color_jitter(img[2:4], 0.3, gen(), slice(2, 4), 6), out[2:4])
+    # hue and saturation act on chroma only: a gray image stays gray (brightness and contrast may change it)
+    gray = torch.full((6, 8, 8, 3), 100, dtype=torch.uint8)
+    gray[:, :4] = 180
+    jittered = color_jitter(gray, 0.3, gen()).int()
+    assert (jittered.max(-1).values - jittered.min(-1).values).max() <= 1
+    assert len({int(v) for v in jittered[:, 0, 0, 0]}) > 1  # each sample its own factors
 
 
 def test_compiled_loss_falls_back_to_eager_when_compiling_fails(monkeypatch):
