@@ -15,6 +15,10 @@
 #   fewshot_variants  ML45 few-shot again for each variant of FEWSHOT_VARIANTS ("tag override...;tag ..."), each in
 #                 runs/protocols/ml45_fewshot_<tag> on the same demos (collection skips finished files) and base
 #                 checkpoint (FEWSHOT_EXTRA too)
+#   stage1_variants  protocol PROTO's stage 1 and evaluation again for each variant of STAGE1_VARIANTS ("tag
+#                 override...;tag ...", e.g. "jitter algo.image_aug_color=0.3;lr1e-4 +phases.stage1.train.lr=1e-4"),
+#                 each in runs/protocols/<PROTO>_<tag> on PROTO's demos and stage 0 (run PROTO's imitation first),
+#                 evaluated on EVAL_EPISODES per task (the standard 50 by default): $R/<PROTO>_<tag>.json
 #   steps         protocol PROTO's stage-1 checkpoints at EVAL_STEPS (e.g. "3000 6000") through its evaluation phase
 #                 (keep them: +phases.stage1.train.keep_last=20)
 #   topk          protocol PROTO's imitation checkpoint evaluated again with each top-k in EVAL_TOPK (e.g. "5 1")
@@ -183,6 +187,18 @@ for part in "$@"; do
     fewshot_variants)
       IFS=';' read -ra variants <<< "${FEWSHOT_VARIANTS:-}"
       for v in "${variants[@]}"; do fewshot_variant $v; done ;;
+    stage1_variants)
+      p=${PROTO:-libero_goal}
+      IFS=';' read -ra variants <<< "${STAGE1_VARIANTS:-}"
+      for v in "${variants[@]}"; do
+        set -- $v; tag=$1; shift
+        phase "$p stage 1 variant $tag: $*"
+        episodes=""; [ -n "${EVAL_EPISODES:-}" ] && episodes="+phases.eval.episodes_per_task=$EVAL_EPISODES"
+        python3 -m ript.cli protocol $p name=${p}_$tag +phases.stage1.progress=false phases.collect=null \
+          phases.stage0=null +phases.stage1.stage0_checkpoint=runs/protocols/$p/stage0 phases.rl=null \
+          phases.eval_rl=null $episodes "$@" 2>&1 | quiet
+        keep ${p}_$tag
+      done ;;
     steps)
       for s in ${EVAL_STEPS:-}; do
         eval_again ${PROTO:-ml45_multitask} stage1/checkpoints/$(printf %07d $s) step$s
