@@ -171,6 +171,11 @@ class LiberoTask:
         if self.render_settings is None:
             return {}
         self._set_render_quality()
+        ctx = self.sim._render_context_offscreen
+        if ctx is not None:
+            # robosuite draws in whatever GL context is current: a process keeping several scenes (an env slot's
+            # cache) would draw this one's model in the one built last, with that scene's textures
+            ctx.gl_ctx.make_current()
         size = self.render_settings.image_size
         return {f"{cam}_rgb": self.sim.render(camera_name=CAMERAS[cam], width=size, height=size)
                 for cam in self.render_settings.cameras}

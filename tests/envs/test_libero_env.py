@@ -59,6 +59,35 @@ def test_libero_task_resets_from_packaged_init_states_and_steps(soup_task):
     assert soup_task.step(np.zeros(7))[2]  # stepping past the end is a no-op that stays done
 
 
+def test_a_scene_taken_back_from_a_slots_cache_renders_and_steps_as_a_fresh_one():
+    """A slot keeps several LIBERO scenes (``workers.tasks_per_slot``), each with its own GL context: going back
+    to one after another was built gives the observations a fresh scene gives."""
+    from ript.envs.libero import suite_tasks
+    from ript.envs.worker_env import EpisodeSpec, TaskEnv
+
+    first, other = suite_tasks(SUITE)[:2]
+    render = {"cameras": ["agentview", "eye_in_hand"], "image_size": 32, "quality": "low"}
+    chunk = np.tile(np.array([0.3, 0.0, -0.2, 0, 0, 0, -1], dtype=np.float32), (4, 1))
+
+    def episode(env, task, seed):
+        start = env.begin(EpisodeSpec(task, seed, 0))[0]
+        return start, env.advance_chunk(chunk, 1, False)[0][-1][1]
+
+    cached, fresh = TaskEnv(SUITE, render, 300, None, task_limit=2), TaskEnv(SUITE, render, 300, None, task_limit=1)
+    try:
+        episode(cached, first, 5)
+        episode(cached, other, 1)
+        again = episode(cached, first, 3)
+        assert list(cached.tasks) == [other, first]  # both kept, the one used last at the end
+        for got, want in zip(again, episode(fresh, first, 3), strict=True):
+            assert set(got) == set(want)
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    finally:
+        cached.close()
+        fresh.close()
+
+
 def test_unknown_libero_names_are_one_line_errors():
     from ript.envs.libero import LiberoTask, check_task_names
 
