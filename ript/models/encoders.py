@@ -105,17 +105,18 @@ def color_jitter(img: torch.Tensor, strength: float, generator: torch.Generator 
     draw = torch.rand((n, 4), device=img.device, generator=generator)[share]
     scale = 1 + strength * (2 * draw[:, :3] - 1)                       # brightness, contrast, saturation
     turn = 2 * torch.pi * strength * (2 * draw[:, 3] - 1)              # hue, radians
-    x = img.float() * scale[:, 0, None, None, None]
-    gray = x @ _YIQ[0].to(x.device)                                    # (B, H, W) luma
-    x = (x - gray.mean((1, 2))[:, None, None, None]) * scale[:, 1, None, None, None] \
-        + gray.mean((1, 2))[:, None, None, None]
-    gray = x @ _YIQ[0].to(x.device)
-    x = gray[..., None] + (x - gray[..., None]) * scale[:, 2, None, None, None]
+    yiq, yiq_inv = _YIQ.to(img.device), _YIQ_INV.to(img.device)
+    factor = scale[:, :, None, None, None]                             # (B, 3, 1, 1, 1)
+    x = img.float() * factor[:, 0]
+    mean = (x @ yiq[0]).mean((1, 2))[:, None, None, None]             # each image's mean luma
+    x = (x - mean) * factor[:, 1] + mean
+    gray = (x @ yiq[0])[..., None]                                     # (B, H, W, 1) luma
+    x = gray + (x - gray) * factor[:, 2]
     cos, sin = torch.cos(turn), torch.sin(turn)
     rotate = torch.zeros(b, 3, 3, device=x.device)
     rotate[:, 0, 0] = 1
     rotate[:, 1, 1], rotate[:, 1, 2], rotate[:, 2, 1], rotate[:, 2, 2] = cos, -sin, sin, cos
-    matrix = _YIQ_INV.to(x.device) @ rotate @ _YIQ.to(x.device)        # (B, 3, 3), RGB -> RGB
+    matrix = yiq_inv @ rotate @ yiq                                    # (B, 3, 3), RGB -> RGB
     x = torch.einsum("bij,bhwj->bhwi", matrix, x)
     return x.round().clamp(0, 255).to(img.dtype)
 
