@@ -30,6 +30,8 @@
 #                 with NO_CUT_EVAL=1, for a run whose state goes on to another machine); with
 #                 RL_BEST_HORIZON=1 RL samples at the action horizon of the best imitation evaluation (`sampling`'s
 #                 eval_h<N> folders beside the protocol's own)
+#   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
+#                 runs `rl` with NO_CUT_EVAL=1 and keeps its `state` before this evaluation)
 #   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the
 #                 evaluations' results, the imitation checkpoint RL starts from, and an RL run's last checkpoint
 #                 with its optimizer and sampler state, which RL resumes from exactly): $R/state/<PROTO>.tar.part*,
@@ -249,6 +251,7 @@ for part in "$@"; do
     weights)
       phase "weight channel"
       python3 -m benchmarks.weight_channel ${WEIGHTS_ARGS:-} --out $R/weight_channel.json 2>&1 ;;
+    eval_cut) eval_rl_cut ${PROTO:-ml45_multitask} ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
       phase "resume from .resume*"
