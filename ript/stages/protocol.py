@@ -24,7 +24,7 @@ from ript.utils.atomic import atomic_write_text
 from ript.utils.locking import holding
 from ript.utils.logging import log, setup_console_logging
 from ript.utils.processes import run_child
-from ript.utils.run_dir import RUN_CONTROL_KEYS, covered, flatten
+from ript.utils.run_dir import ADDED_ALONG, ADDED_SETTINGS, RUN_CONTROL_KEYS, covered, flatten
 
 PHASES = ("collect", "stage0", "stage1", "finetune", "flow", "eval", "world_model", "rl", "eval_rl")
 JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune": "finetune", "flow": "flow",
@@ -203,12 +203,29 @@ def result_settings(overrides: list[str]) -> list[str]:
     return [o for o in overrides if not covered(o.split("=", 1)[0].lstrip("+~"), DRIVING_KEYS)]
 
 
+def settings_added_since(now: list[str], done: list[str]) -> set[str]:
+    """The overrides asked for now of settings added after the finished phase ran (run_dir.ADDED_SETTINGS), at the
+    value that computes what it computed, with the settings that go along with them: they do not make it differ."""
+    done_keys = {o.split("=", 1)[0].lstrip("+~") for o in done}
+    now_values = dict(o.lstrip("+~").split("=", 1) for o in now if "=" in o)
+    added = set()
+    for o in now:
+        key = o.split("=", 1)[0].lstrip("+~")
+        partner = ADDED_ALONG.get(key, key)
+        if key in done_keys or partner not in ADDED_SETTINGS or partner in done_keys:
+            continue
+        if now_values.get(partner) == json.dumps(ADDED_SETTINGS[partner]):
+            added.add(o)
+    return added
+
+
 def finished_differently(phase: Phase, record: dict) -> str | None:
     """How the finished phase's settings differ from those asked for now, said the right way round: a setting
     asked for now that it ran without, or one it ran with that is not asked for now (None: the same settings)."""
     now, done = result_settings(phase.overrides), result_settings(record["overrides"])
     now_set, done_set = set(now), set(done)
-    asked = next((o for o in now if o not in done_set), None)
+    added = settings_added_since(now, done)
+    asked = next((o for o in now if o not in done_set and o not in added), None)
     if asked is not None:
         return f"without {asked}"
     had = next((o for o in done if o not in now_set), None)

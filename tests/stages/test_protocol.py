@@ -200,3 +200,18 @@ def test_a_world_model_protocol_runs_rl_in_its_world_model_and_evaluates_in_the_
     flow_only = compose("protocol", ["protocol=libero_object_flow_fewshot", override("run_root", root)])
     rl_phase = next(p for p in protocol.plan(flow_only) if p.name == "rl")
     assert compose("rl", rl_phase.overrides).environment.name == "simulator"
+
+
+def test_a_phase_finished_before_a_setting_existed_is_skipped_only_at_the_value_it_computed_with():
+    # a stage finished before algo.image_aug_color existed computed what 0.0 computes now; any other value, or a
+    # setting that is not in the added list, still makes it differ
+    done = {"overrides": ["algo=quest", "algo.lr=0.001"]}
+    same = protocol.Phase("stage1", "stage1", ["algo=quest", "algo.lr=0.001", "algo.image_aug_color=0.0"])
+    assert protocol.finished_differently(same, done) is None
+    jittered = protocol.Phase("stage1", "stage1", ["algo=quest", "algo.lr=0.001", "algo.image_aug_color=0.3"])
+    assert protocol.finished_differently(jittered, done) == "without algo.image_aug_color=0.3"
+    unknown = protocol.Phase("stage1", "stage1", ["algo=quest", "algo.lr=0.001", "algo.image_aug_pad=0"])
+    assert protocol.finished_differently(unknown, done) == "without algo.image_aug_pad=0"
+    # a run that recorded the setting is compared as it was recorded
+    recorded = {"overrides": ["algo=quest", "algo.lr=0.001", "algo.image_aug_color=0.3"]}
+    assert protocol.finished_differently(same, recorded) == "without algo.image_aug_color=0.0"
