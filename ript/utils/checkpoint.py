@@ -243,6 +243,16 @@ def training_state(optimizer: dict[str, Any], sched, step: int, run_id: str, ran
             "ranks": ranks}
 
 
+def moments_laid_out_as_params(opt: torch.optim.Optimizer) -> None:
+    """Give each optimiser state tensor its parameter's strides. Checkpoints keep the state contiguous
+    (``host_copy``), while channels-last weights have other strides, and CUDA's fused Adam refuses moments whose
+    strides differ from their parameter's ("must have same dtype, device, and layout")."""
+    for param, per in opt.state.items():
+        for key, value in per.items():
+            if torch.is_tensor(value) and value.shape == param.shape and value.stride() != param.stride():
+                per[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
 def restore_training_state(ckpt: Path, opt, sched, rank: int, world_size: int,
                            load_optimizer: Callable[[Any, dict], None]) -> tuple[int, str, dict[str, Any]]:
     """Load the optimiser, schedule and this rank's RNG states; returns (step, logger run id, this rank's
@@ -251,6 +261,7 @@ def restore_training_state(ckpt: Path, opt, sched, rank: int, world_size: int,
     gives ``opt`` its state (``WholeState.load_optimizer``; under FSDP sharded again)."""
     state = load_training_state(ckpt)
     load_optimizer(opt, state["optimizer"])
+    moments_laid_out_as_params(opt)
     sched.load_state_dict(state["scheduler"])
     if "ranks" in state:
         if len(state["ranks"]) != world_size:

@@ -55,6 +55,27 @@ def test_a_saved_run_resumes_with_its_weights_step_streams_and_logger_id(tmp_pat
     assert resumed.opt.state_dict()["state"][0]["step"] == 1
 
 
+def test_a_resumed_optimizer_keeps_its_moments_in_the_strides_of_channels_last_weights(tmp_path):
+    # checkpoints keep the moments contiguous; CUDA's fused Adam refuses moments laid out unlike their weights
+    def conv():
+        return torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+
+    model = conv()
+    run = make_run(tmp_path, model)
+    run.open_logger({})
+    model(torch.ones(1, 3, 5, 5)).sum().backward()
+    run.opt.step()
+    run.save(1, model, {"stage": "test"}, {})
+    run.close()
+
+    again = conv()
+    resumed = make_run(tmp_path, again, resolve_checkpoint_dir(tmp_path))
+    resumed.resume(lambda ckpt: again.load_state_dict(load_weights(ckpt)))
+    moments = resumed.opt.state[again.weight]
+    assert moments["exp_avg"].stride() == moments["exp_avg_sq"].stride() == again.weight.stride()
+    assert torch.equal(moments["exp_avg"], run.opt.state[model.weight]["exp_avg"])
+
+
 def test_the_best_step_is_kept_by_score_and_ties_keep_the_earlier(tmp_path):
     model = torch.nn.Linear(2, 2)
     run = make_run(tmp_path, model)
