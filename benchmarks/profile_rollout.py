@@ -2,7 +2,7 @@
 against the same call while simulator processes load the host (physics only, or physics and rendering).
 
     python -m benchmarks.profile_rollout [--overrides task=libero_object ...] [--workers 16] [--episodes 32]
-                                         [--pipeline-stages auto]
+                                         [--pipeline-stages auto] [--decisions lockstep] [--runner-only 0]
                                          [--steps 100] [--load-procs 16] [--driver-threads N] [--out DIR]
 
 Builds an untrained prior of the configured size on one scripted demo per task of the configured suite (the
@@ -127,6 +127,9 @@ def parse_args() -> argparse.Namespace:
                     help="torch threads of the driving process during runs (default: the runner's, the cores "
                          "its workers leave; the number of cores: torch's own default, as ript had it before)")
     ap.add_argument("--pipeline-stages", default="auto", help="groups of workers planned in turn (the runner's)")
+    ap.add_argument("--decisions", default="lockstep", choices=["lockstep", "as_ready"],
+                    help="when a group's waiting workers are planned (the runner's)")
+    ap.add_argument("--runner-only", type=int, default=0, help="1: time the runner alone, not the isolated calls")
     ap.add_argument("--load-procs", type=int, default=0, help="background simulator processes (0: skip)")
     ap.add_argument("--out", default=None)
     return ap.parse_args()
@@ -170,7 +173,7 @@ def main() -> None:
     out: dict = {"suite": suite, "overrides": args.overrides, "workers": args.workers,
                  "envs_per_worker": args.envs_per_worker, "episodes": args.episodes, "horizon": args.steps,
                  "driver_threads": args.driver_threads, "cores": usable_cores(),
-                 "pipeline_stages": args.pipeline_stages}
+                 "pipeline_stages": args.pipeline_stages, "decisions": args.decisions}
     with tempfile.TemporaryDirectory() as tmp:
         ds = demo_dataset(cfg, Path(tmp), 1, task_names(cfg.task)[: args.tasks])
         model = make_prior(cfg, ds).to(device)
@@ -184,12 +187,17 @@ def main() -> None:
                        per_task, num_workers=args.workers, envs_per_worker=args.envs_per_worker,
                        driver_threads=args.driver_threads,
                        pipeline_stages=args.pipeline_stages if args.pipeline_stages == "auto"
-                       else int(args.pipeline_stages)))
+                       else int(args.pipeline_stages), decisions=args.decisions))
     runner.run(policy)  # warm-up: spawn workers, build envs, first kernels
     out["runner"], sizes = timed_run(runner, policy)
     print(json.dumps(out["runner"], indent=2), flush=True)
     if device.startswith("cuda") and args.torch_profile:
         torch_profile(runner, policy, args.out)
+    if args.runner_only:
+        runner.close()
+        if args.out:
+            Path(args.out, "profile_rollout.json").write_text(json.dumps(out, indent=2))
+        return
     task_name = ds.task_names[0]
     task = get_suite(suite).make_task(task_name, OmegaConf.to_container(cfg.task.render), args.steps)
     obs = task.reset(0, render=True)

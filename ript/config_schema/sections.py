@@ -60,6 +60,7 @@ class WorkerLimits(Section):
     backend: Literal["processes", "ray"] = "processes"  # this host's processes, or Ray actors on a cluster's nodes
     ray_address: str | None = None  # backend=ray: null starts Ray here; auto or host:port joins a cluster
     pipeline_stages: Literal["auto"] | Count = "auto"  # groups of workers planned in turn (runner.py)
+    decisions: Literal["lockstep", "as_ready"] = "lockstep"  # when a group's waiting workers are planned (runner.py)
     tasks_per_slot: Literal["auto"] | Count = "auto"  # built tasks an env slot keeps (auto: by the host's memory)
     render_gpus: list[Size] | None = None  # the host's GPUs the simulators render on (null: chosen, envs/gl.py)
 

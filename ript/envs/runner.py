@@ -43,6 +43,9 @@ def default_num_workers(requested: int | str | None, n_episodes: int, envs_per_w
     return max(1, min(int(requested), -(-n_episodes // envs_per_worker)))
 
 
+DECISIONS = ("lockstep", "as_ready")
+
+
 @dataclass(frozen=True)
 class RunnerOptions:
     """What an env runner runs and how: the suite, its tasks and the render settings (those the policy's
@@ -54,7 +57,8 @@ class RunnerOptions:
     holds when the caller passes its own (RL's rounds), which bounds the workers worth starting;
     ``driver_threads``: torch threads of the driving process while the workers run (None: the cores they leave,
     at least one); ``pipeline_stages``: groups of workers planned in turn ("auto": 2 where the simulators render
-    away from the policy's GPU, else 1)."""
+    away from the policy's GPU, else 1); ``decisions``: "lockstep" plans a group's envs once none of them is still
+    advancing, "as_ready" plans the waiting ones whenever the driving process is free."""
     suite: str
     task_names: tuple[str, ...] | list[str]
     render: dict
@@ -69,6 +73,7 @@ class RunnerOptions:
     episodes_at_once: int | None = None
     driver_threads: int | None = None
     pipeline_stages: int | str = "auto"
+    decisions: str = "lockstep"
 
     def __post_init__(self):
         if int(self.envs_per_worker) < 1:
@@ -76,6 +81,8 @@ class RunnerOptions:
         stages = self.pipeline_stages
         if stages != "auto" and not (isinstance(stages, int) and stages >= 1):
             raise ValueError(f"pipeline_stages={self.pipeline_stages!r}: expected 'auto' or 1 or more")
+        if self.decisions not in DECISIONS:
+            raise ValueError(f"decisions={self.decisions!r}: expected one of {', '.join(DECISIONS)}")
         if self.on_worker_failure not in ("rerun", "drop"):
             raise ValueError(f"on_worker_failure={self.on_worker_failure!r}: expected 'rerun' or 'drop'")
 
@@ -130,7 +137,8 @@ class EnvRunner:
         with driver_threads(len(workers.pool), self.options.driver_threads):
             schedule = Schedule(policy, workers, self.slot_tasks, self.specs() if specs is None else list(specs),
                                 video_dir, stop, [f"{c}_rgb" for c in self.options.render["cameras"]],
-                                self.options.on_worker_failure == "rerun", sink, self.workers_per_stage(policy))
+                                self.options.on_worker_failure == "rerun", sink, self.workers_per_stage(policy),
+                                self.options.decisions == "as_ready")
             return schedule.run()
 
     def workers_per_stage(self, policy: ChunkingPolicy) -> int:
@@ -164,12 +172,14 @@ class Schedule:
 
     def __init__(self, policy: ChunkingPolicy, workers: WorkerSet, built: list[list[str]], specs: list[EpisodeSpec],
                  video_dir: Path | None, stop: StopRule | None, video_keys: list[str], rerun_failed: bool,
-                 sink: Callable[[dict], None] | None = None, workers_per_stage: int | None = None):
+                 sink: Callable[[dict], None] | None = None, workers_per_stage: int | None = None,
+                 as_ready: bool = False):
         self.policy, self.pool, self.shared, self.per = policy, workers.pool, workers.frames, workers.envs_per_worker
         self.built, self.video_dir, self.stop, self.video_keys = built, video_dir, stop, video_keys
         self.rerun_failed, self.keep = rerun_failed, policy.frame_stack
         self.n_workers = len(self.pool)
         self.per_stage = workers_per_stage or self.n_workers
+        self.as_ready = as_ready  # plan a stage's waiting workers without waiting for its advancing ones
         self.waiting: set[int] = set()  # workers whose running envs wait for their stage's next decision
         n = self.n_workers * self.per
         self.n_specs = len(specs)
@@ -238,12 +248,14 @@ class Schedule:
             self.waiting.add(w)
 
     def plan_stages(self) -> None:
-        """Plan each stage whose waiting workers no longer wait on a stage-mate's chunk (a worker starting
-        episodes is not waited for: it joins the stage's next decision)."""
+        """Plan each stage whose waiting workers no longer wait on a stage-mate's chunk, or with ``as_ready``
+        every stage with a waiting worker (a worker starting episodes is not waited for: it joins the stage's next
+        decision)."""
         for first in range(0, self.n_workers, self.per_stage):
             stage = range(first, min(first + self.per_stage, self.n_workers))
             ready = [w for w in stage if w in self.waiting]
-            if ready and not any(self.in_flight[w].name == "advance" for w in stage if w in self.in_flight):
+            if ready and (self.as_ready or not any(self.in_flight[w].name == "advance" for w in stage
+                                                   if w in self.in_flight)):
                 self.waiting.difference_update(ready)
                 self.plan(ready)
 

@@ -45,6 +45,7 @@ def runner_from_metadata(metadata: dict, task_names: list[str], workers_cfg, *, 
         episodes_at_once=episodes_at_once,
         driver_threads=driver_threads,
         pipeline_stages=workers_cfg.pipeline_stages,
+        decisions=workers_cfg.decisions,
     ))
 
 

@@ -43,9 +43,9 @@ def test_runner_matches_a_step_by_step_oracle(stage1_run, tmp_path):
 def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage1_run):
     """Each episode samples from its own noise stream (seeded by its key and the run's draw of the policy's
     generator): the same specs give the same sampled decisions with 1 worker (batches of 1), 3 workers in two
-    pipeline stages answering in whatever order (batches of 1 to 2), and envs sharing a worker (3 in one; 2
-    workers of 2 envs in lock-step), so results depend on neither the machine's core count nor the schedule nor
-    the slot an episode lands in."""
+    pipeline stages answering in whatever order (batches of 1 to 2), envs sharing a worker (3 in one; 2
+    workers of 2 envs in lock-step), and 3 workers planned as each answers (``as_ready``), so results depend on
+    neither the machine's core count nor the schedule nor the slot an episode lands in."""
     model, ckpt = load_model(stage1_run)
     render = ckpt["metadata"]["env_args"]["render"]
     settings = sampling_settings(ckpt["metadata"], {}, ckpt["cfg"])
@@ -53,11 +53,13 @@ def test_sampled_episodes_depend_on_their_seeds_not_on_batching_or_workers(stage
     specs = [EpisodeSpec(t, s, j) for j, (t, s) in enumerate([("button-press-v3", 3), ("drawer-close-v3", 3),
                                                                ("button-press-v3", 3), ("drawer-close-v3", 5)])]
     runs = []
-    for workers, per_worker, stages in ((1, 1, 1), (3, 1, 2), (1, 3, 1), (2, 2, 1)):
+    for workers, per_worker, stages, decisions in ((1, 1, 1, "lockstep"), (3, 1, 2, "lockstep"), (1, 3, 1, "lockstep"),
+                                                   (2, 2, 1, "lockstep"), (3, 1, 1, "as_ready")):
         policy = make_policy(model, settings, "cpu", seed=7)
         policy.start_recording()
         runner = EnvRunner(RunnerOptions("metaworld", model.task_names, render, 24, 1, num_workers=workers,
-                                         envs_per_worker=per_worker, pipeline_stages=stages))
+                                         envs_per_worker=per_worker, pipeline_stages=stages,
+                                         decisions=decisions))
         try:
             out = runner.run(policy, specs=specs)
         finally:
