@@ -43,9 +43,6 @@ def default_num_workers(requested: int | str | None, n_episodes: int, envs_per_w
     return max(1, min(int(requested), -(-n_episodes // envs_per_worker)))
 
 
-DECISIONS = ("lockstep", "as_ready")
-
-
 @dataclass(frozen=True)
 class RunnerOptions:
     """What an env runner runs and how: the suite, its tasks and the render settings (those the policy's
@@ -81,8 +78,8 @@ class RunnerOptions:
         stages = self.pipeline_stages
         if stages != "auto" and not (isinstance(stages, int) and stages >= 1):
             raise ValueError(f"pipeline_stages={self.pipeline_stages!r}: expected 'auto' or 1 or more")
-        if self.decisions not in DECISIONS:
-            raise ValueError(f"decisions={self.decisions!r}: expected one of {', '.join(DECISIONS)}")
+        if self.decisions not in ("lockstep", "as_ready"):
+            raise ValueError(f"decisions={self.decisions!r}: expected lockstep or as_ready")
         if self.on_worker_failure not in ("rerun", "drop"):
             raise ValueError(f"on_worker_failure={self.on_worker_failure!r}: expected 'rerun' or 'drop'")
 
@@ -248,9 +245,8 @@ class Schedule:
             self.waiting.add(w)
 
     def plan_stages(self) -> None:
-        """Plan each stage whose waiting workers no longer wait on a stage-mate's chunk, or with ``as_ready``
-        every stage with a waiting worker (a worker starting episodes is not waited for: it joins the stage's next
-        decision)."""
+        """Plan each stage whose waiting workers no longer wait on a stage-mate's chunk (``as_ready``: any waiting
+        worker's stage); a worker starting episodes is not waited for: it joins the stage's next decision."""
         for first in range(0, self.n_workers, self.per_stage):
             stage = range(first, min(first + self.per_stage, self.n_workers))
             ready = [w for w in stage if w in self.waiting]
