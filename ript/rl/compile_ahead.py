@@ -27,12 +27,13 @@ WARM_EPISODE_STEPS = 64
 
 
 def wanted(cfg, compiles_update: bool, world_size: int, cache_loaded: bool) -> bool:
-    """``auto``: when the update compiles, in a run of one process with its rollouts in that process, and no
-    compile cache was loaded (a resumed run has its own)."""
+    """When the update compiles, its rollouts run in the run's own processes and no compile cache was loaded (a
+    resumed run has its own): ``auto`` in a run of one process, ``true`` under torchrun too (each rank then
+    starts its own second process, on its own GPU)."""
     setting = cfg.rl.get("compile_ahead", "auto")
-    if setting is False or not compiles_update:
+    if setting is False or not compiles_update or cache_loaded or str(cfg.placement.mode) != "collocated":
         return False
-    return world_size == 1 and str(cfg.placement.mode) == "collocated" and not cache_loaded
+    return world_size == 1 or setting is True
 
 
 def warm_config(cfg) -> dict:
@@ -82,8 +83,9 @@ class CompileAhead:
         from torch._dynamo.utils import counters
 
         found, compiled = (counters["inductor"].get(k, 0) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss"))
-        log.info("rl: the first update found %d compiled graphs in the compiler's caches and compiled %d", found,
-                 compiled)
+        # every rank says when it had to compile (under torchrun the others log only warnings)
+        (log.warning if compiled else log.info)(
+            "rl: the first update found %d compiled graphs in the compiler's caches and compiled %d", found, compiled)
 
     def close(self) -> None:
         if self.proc.is_alive():
