@@ -103,11 +103,15 @@ def _warm(cfg_dict: dict[str, Any], device: str) -> None:
     from ript.rl.placement import critic_settings, placement_kind
     from ript.rl.update import make_optimizer, ppo_update, reference_state, update_batch
     from ript.utils.distributed import DistInfo
-    from ript.utils.processes import die_with_parent
+    from ript.utils.processes import die_with_parent, ranks_on_this_host
 
     die_with_parent()
+    if device.startswith("cuda"):
+        # a spawned process starts on cuda:0: under torchrun, rank 1's second process must capture its graphs and
+        # render on rank 1's GPU (init_rank does this for the ranks themselves)
+        torch.cuda.set_device(device)
     cfg = OmegaConf.create(cfg_dict)
-    info = DistInfo()
+    info = DistInfo(local_world_size=ranks_on_this_host())  # its driver threads: this rank's share of the cores
     family = family_for(cfg)
     loaded = family.load(cfg, device, int(cfg.seed), rl=True)
     placement = placement_kind(cfg)(cfg=cfg, info=info, loaded=loaded, device=device)
