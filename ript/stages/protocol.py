@@ -203,6 +203,14 @@ def result_settings(overrides: list[str]) -> list[str]:
     return [o for o in overrides if not covered(o.split("=", 1)[0].lstrip("+~"), DRIVING_KEYS)]
 
 
+def override_value(text: str) -> Any:
+    """An override's value as the protocol writes it (JSON), or its text (a bare word on the command line)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def settings_added_since(now: list[str], done: list[str]) -> set[str]:
     """The overrides asked for now of settings added after the finished phase ran (run_dir.ADDED_SETTINGS), at the
     value that computes what it computed, with the settings that go along with them: they do not make it differ."""
@@ -214,7 +222,7 @@ def settings_added_since(now: list[str], done: list[str]) -> set[str]:
         partner = ADDED_ALONG.get(key, key)
         if key in done_keys or partner not in ADDED_SETTINGS or partner in done_keys:
             continue
-        if now_values.get(partner) == json.dumps(ADDED_SETTINGS[partner]):
+        if partner in now_values and override_value(now_values[partner]) == ADDED_SETTINGS[partner]:
             added.add(o)
     return added
 

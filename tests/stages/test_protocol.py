@@ -212,6 +212,11 @@ def test_a_phase_finished_before_a_setting_existed_is_skipped_only_at_the_value_
     assert protocol.finished_differently(jittered, done) == "without algo.image_aug_color=0.3"
     unknown = protocol.Phase("stage1", "stage1", ["algo=quest", "algo.lr=0.001", "algo.image_aug_pad=0"])
     assert protocol.finished_differently(unknown, done) == "without algo.image_aug_pad=0"
+    # the same value written another way, and a bare word asked for on the command line
+    assert protocol.finished_differently(protocol.Phase("stage1", "stage1", [*done["overrides"],
+                                                                              "algo.image_aug_color=0"]), done) is None
+    words = protocol.Phase("eval", "eval", ["environment.starts=first_frames"])
+    assert protocol.finished_differently(words, {"overrides": []}) is None
     # a run that recorded the setting is compared as it was recorded
     recorded = {"overrides": ["algo=quest", "algo.lr=0.001", "algo.image_aug_color=0.3"]}
     assert protocol.finished_differently(same, recorded) == "without algo.image_aug_color=0.0"
