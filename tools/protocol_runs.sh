@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reference protocols and their variants on a GPU host, as a detached job (`ript protocol`, see docs/protocols.md):
-#   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering
+#   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering every 8th
+#                 step (LIBERO_SPEED_ARGS replaces these, e.g. "--suite libero_10 --procs 1,32 --render-every 0,2")
 #   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
 #                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps VIDEO_COUNT (3) videos of
 #                 the tasks VIDEOS finds (a regular expression; LIBERO-Object's bottles by default), or with CKPT=1
@@ -134,8 +135,8 @@ for part in "$@"; do
   case "$part" in
     libero_speed)
       phase "libero_speed"
-      MUJOCO_GL=egl python3 -m benchmarks.libero_step_speed --procs 1,16 --render-every 0,8 --seconds 8 \
-        --out $R/libero_step_speed.json 2>&1 | grep -v -i warning ;;
+      MUJOCO_GL=egl python3 -m benchmarks.libero_step_speed ${LIBERO_SPEED_ARGS:---procs 1,16 --render-every 0,8} \
+        --seconds 8 --out $R/libero_step_speed.json 2>&1 | grep -v -i warning ;;
     libero)
       s=${LIBERO_SUITE:-libero_object}
       phase "$s"
