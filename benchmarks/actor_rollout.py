@@ -24,7 +24,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from benchmarks.bench import demo_dataset, make_prior, prior_sampling
+from benchmarks.untrained_prior import demo_dataset, make_prior, prior_sampling
 from ript.config import compose, resolve_device, task_names
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import PoolSettings

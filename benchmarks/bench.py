@@ -25,16 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ript.config import compose, resolve_device, to_dict
-from ript.data.dataset import ChunkDataset, DatasetSpec
+from benchmarks.untrained_prior import TASKS, demo_dataset, make_prior
+from ript.config import compose, resolve_device
+from ript.data.dataset import ChunkDataset
 from ript.envs.metaworld import MetaWorldTask, RenderSettings, expert_policy
-from ript.envs.suites import task_horizon
 from ript.models.action_autoencoder import ActionAutoencoder
-from ript.models.prior import SkillPrior
 from ript.stages.stage0 import autoencoder_kwargs
 from ript.utils import training
-
-TASKS = ["button-press-v3", "drawer-close-v3"]
 
 
 def timed(fn, repeat: int, warmup: int = 2, sync: bool = False) -> float:
@@ -50,43 +47,11 @@ def timed(fn, repeat: int, warmup: int = 2, sync: bool = False) -> float:
     return (time.perf_counter() - t) / repeat
 
 
-def ensure_data(cfg, data_dir: Path, demos: int, names: list[str] = TASKS) -> list[Path]:
-    """Scripted demos of ``names`` of the configured suite, collected as ``ript collect`` would (if missing)."""
-    from ript.experts.collect import collect_demos, require_complete
-
-    pattern = str(cfg.task.get("file_pattern") or "{name}.hdf5")
-    stats = collect_demos(str(cfg.task.suite), names, data_dir, demos, to_dict(cfg.task.render),
-                          task_horizon(cfg.task), noise=float(cfg.task.expert_noise), file_pattern=pattern,
-                          episodes_per_job=max(1, demos // 2))
-    require_complete(stats, demos, data_dir)
-    return [data_dir / pattern.format(name=n) for n in names]
-
-
-def demo_dataset(cfg, data_dir: Path, demos: int, names: list[str] = TASKS) -> ChunkDataset:
-    """Scripted demos of the benchmark tasks (collected if missing) as one training dataset."""
-    files = ensure_data(cfg, data_dir, demos, names)
-    return ChunkDataset(DatasetSpec(files, dict(cfg.task.obs_keys), int(cfg.algo.chunk_size), int(cfg.algo.frame_stack),
-                                    val_fraction=0.0, flip_keys=tuple(cfg.task.get("flip_obs_keys") or ())), "all")
-
-
 def bench_data(ds: ChunkDataset, batch: int, device: str) -> dict:
     ds.to(device)
     idx = lambda: torch.randint(0, len(ds), (batch,))  # noqa: E731
     sec = timed(lambda: ds.get_batch(idx()), 50, sync=device.startswith("cuda"))
     return {"dataset_samples_per_s": batch / sec}
-
-
-def prior_sampling(cfg) -> dict:
-    """The chunk policy's sampling settings as the config's algo gives them (its action horizon, temperature, top-k)."""
-    return {"action_horizon": int(cfg.algo.action_horizon), **to_dict(cfg.algo.sampling)}
-
-
-def make_prior(cfg, ds: ChunkDataset) -> SkillPrior:
-    shapes = ds.obs_shapes()
-    return SkillPrior(autoencoder=autoencoder_kwargs(cfg), task_names=ds.task_names,
-                      image_keys=[k for k, s in shapes.items() if len(s) == 3],
-                      lowdim_dims={k: s[0] for k, s in shapes.items() if len(s) == 1}, lang_dim=384,
-                      frame_stack=int(cfg.algo.frame_stack), **dict(cfg.algo.prior))
 
 
 def bench_train(cfg, ds: ChunkDataset, device: str, batch: int) -> dict:

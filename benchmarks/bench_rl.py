@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench import demo_dataset, make_prior, prior_sampling
+from benchmarks.untrained_prior import demo_dataset, make_prior, prior_sampling
 from ript.config import compose, resolve_device
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import PoolSettings

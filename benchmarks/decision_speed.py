@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.bench import demo_dataset, make_prior, prior_sampling
+from benchmarks.untrained_prior import demo_dataset, make_prior, prior_sampling
 from ript.config import compose, resolve_device, task_names
 from ript.envs.suites import get_suite
 from ript.policies.build import make_policy
