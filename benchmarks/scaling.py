@@ -10,8 +10,8 @@ every count whose trainers and actors fit the host's GPUs; the actors join one R
     python -m benchmarks.scaling [--counts 1,2,4,8] [--task metaworld_ml45_10] [--batch 1024] [--s1-steps 600]
         [--groups 32] [--k 8] [--iterations 3] [--episode-steps 200] [--out runs/scaling] [--cpu]
         [--task-extra task.* ...] [--extra stage-0/1 overrides ...] [--placements disaggregated,disaggregated_overlap]
-        [--stages auto|1|2] [--actor-gpus 1|0.5] [--parts stage1,rl] [--cores-per-gpu 16] [--base <stage-1 ckpt>]
-        [--rl-extra rl.* ...] [--pin-cores] [--parts stage1,rl,reference] [--run-limit 1800]
+        [--stages auto|1|2] [--actor-gpus 1|0.5] [--cores-per-gpu 16] [--base <stage-1 ckpt>] [--rl-extra rl.* ...]
+        [--pin-cores] [--parts stage1,rl,reference] [--run-limit 1800]
     python -m benchmarks.scaling --plot runs/scaling/scaling.json   # the figure alone, from the results
 
 Each stage runs as ``ript`` itself under torchrun (``torch.distributed.run``), reading its speed back from the run's
@@ -259,8 +259,7 @@ def rl_speed(a, out: Path, common: list[str], base: Path, n: int, tag: str | Non
 
 
 def efficiency(rows: dict[int, dict], key: str) -> None:
-    """Each row's speed-up over the fewest processes measured and that speed-up per process added (failed runs
-    left out)."""
+    """Each row's speed-up over the fewest processes measured and per process added (failed runs left out)."""
     done = {n: row for n, row in rows.items() if "failed" not in row}
     if not done:
         return
@@ -272,13 +271,11 @@ def efficiency(rows: dict[int, dict], key: str) -> None:
 
 def plot(result: dict, path: Path) -> None:
     try:
-        import matplotlib
+        import matplotlib.pyplot as plt
     except ImportError:  # a GPU host without it: the figure is drawn later from the JSON (--plot)
         print(f"matplotlib is missing: draw {path.name} later with --plot {path.with_suffix('.json')}")
         return
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt.switch_backend("Agg")  # the figure is only written
 
     if not (result["stage1"] or result["rl"]):
         return  # placements alone: no collocated curve to draw them against
@@ -302,7 +299,6 @@ def plot(result: dict, path: Path) -> None:
 
 def host_name(cpu: bool) -> str:
     import torch
-
     if cpu or not torch.cuda.is_available():
         return f"CPU, {os.cpu_count()} cores (gloo)"
     return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, {os.cpu_count()} cores"
