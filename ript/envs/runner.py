@@ -164,9 +164,8 @@ class Schedule:
     When a worker answers it gets its next call: episodes started at once, so a slow reset or a task being built
     holds up only its own worker; or its envs' next chunks, planned with its pipeline stage (``workers_per_stage``
     consecutive workers, one batch of the policy's) once no worker of the stage is still advancing (``as_ready``:
-    as soon as the driving process is free). Episodes
-    sample from their own noise streams and a stop rule decides from which episodes ended, so the schedule
-    changes no result."""
+    as soon as the driving process is free). Episodes sample from their own noise streams and a stop rule decides
+    from which episodes ended, so the schedule changes no result."""
 
     def __init__(self, policy: ChunkingPolicy, workers: WorkerSet, built: list[list[str]], specs: list[EpisodeSpec],
                  video_dir: Path | None, stop: StopRule | None, video_keys: list[str], rerun_failed: bool,
