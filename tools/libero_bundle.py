@@ -101,22 +101,17 @@ def smaller_png(data: bytes) -> bytes:
 
 
 def foreign_wheels(wheels: list[Path], python: str) -> list[str]:
-    """The wheels that cannot install on CPython ``python`` (e.g. "3.12"): those whose every tag names another
-    interpreter (``cp311``), or a stable ABI newer than it (``cp313-abi3``)."""
+    """The wheels that cannot install on CPython ``python`` (e.g. "3.12"): none of their interpreter-ABI tags is
+    one that Python supports (``cp311``, or a stable ABI newer than it: ``cp313-abi3``), as pip decides."""
+    from packaging.tags import compatible_tags, cpython_tags
     from packaging.utils import parse_wheel_filename
 
-    major, minor = (int(x) for x in python.split(".")[:2])
-
-    def fits(interpreter: str, abi: str) -> bool:
-        if interpreter in ("py3", f"py{major}", f"py{major}{minor}"):
-            return True
-        if not interpreter.startswith("cp"):
-            return False
-        version = (int(interpreter[2]), int(interpreter[3:] or 0))
-        return version == (major, minor) or (abi == "abi3" and version <= (major, minor))
-
+    version = tuple(int(x) for x in python.split(".")[:2])
+    # the platform is the host's business, not the Python's: one placeholder for every tag
+    supported = {(t.interpreter, t.abi) for t in (*cpython_tags(version, platforms=["any"]),
+                                                  *compatible_tags(version, platforms=["any"]))}
     return [w.name for w in wheels
-            if not any(fits(tag.interpreter, tag.abi) for tag in parse_wheel_filename(w.name)[3])]
+            if not any((tag.interpreter, tag.abi) in supported for tag in parse_wheel_filename(w.name)[3])]
 
 
 def write_bundle(out: Path, files: list[str], root: Path) -> None:
