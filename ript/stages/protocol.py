@@ -24,7 +24,7 @@ from ript.utils.atomic import atomic_write_text
 from ript.utils.locking import holding
 from ript.utils.logging import log, setup_console_logging
 from ript.utils.processes import run_child
-from ript.utils.run_dir import ADDED_ALONG, ADDED_SETTINGS, RUN_CONTROL_KEYS, covered, flatten
+from ript.utils.run_dir import RUN_CONTROL_KEYS, covered, flatten, predates
 
 PHASES = ("collect", "stage0", "stage1", "finetune", "flow", "eval", "world_model", "rl", "eval_rl")
 JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune": "finetune", "flow": "flow",
@@ -212,19 +212,14 @@ def override_value(text: str) -> Any:
 
 
 def settings_added_since(now: list[str], done: list[str]) -> set[str]:
-    """The overrides asked for now of settings added after the finished phase ran (run_dir.ADDED_SETTINGS), at the
-    value that computes what it computed, with the settings that go along with them: they do not make it differ."""
-    done_keys = {o.split("=", 1)[0].lstrip("+~") for o in done}
-    now_values = dict(o.lstrip("+~").split("=", 1) for o in now if "=" in o)
-    added = set()
-    for o in now:
-        key = o.split("=", 1)[0].lstrip("+~")
-        partner = ADDED_ALONG.get(key, key)
-        if key in done_keys or partner not in ADDED_SETTINGS or partner in done_keys:
-            continue
-        if partner in now_values and override_value(now_values[partner]) == ADDED_SETTINGS[partner]:
-            added.add(o)
-    return added
+    """The overrides asked for now of settings the finished phase predates (``run_dir.predates``): they do not
+    make it differ."""
+    def key(o: str) -> str:
+        return o.split("=", 1)[0].lstrip("+~")
+
+    done_keys = {key(o) for o in done}
+    now_values = {key(o): override_value(o.split("=", 1)[1]) for o in now if "=" in o}
+    return {o for o in now if predates(key(o), done_keys, now_values)}
 
 
 def finished_differently(phase: Phase, record: dict) -> str | None:

@@ -57,6 +57,14 @@ def covered(key: str, keys: tuple[str, ...]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in keys)
 
 
+def predates(key: str, old_keys, new_values: dict[str, Any]) -> bool:
+    """Is ``key`` (absent from a run's ``old_keys``) a setting added after that run, or one going along with such,
+    whose added setting is now at the value that computes what the run computed?"""
+    partner = ADDED_ALONG.get(key, key)
+    return key not in old_keys and partner in ADDED_SETTINGS and partner not in old_keys \
+        and partner in new_values and new_values[partner] == ADDED_SETTINGS[partner]
+
+
 def changed_keys(stored: dict, new: dict, allowed: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
     """(key, stored value, new value) for every key that differs and that ``allowed`` does not cover."""
     old, cur = flatten(stored), flatten(new)
@@ -64,9 +72,7 @@ def changed_keys(stored: dict, new: dict, allowed: tuple[str, ...]) -> list[tupl
     out = []
     for key in sorted(set(old) | set(cur)):
         a, b = old.get(key, missing), cur.get(key, missing)
-        partner = ADDED_ALONG.get(key, key)
-        if a is missing and partner in ADDED_SETTINGS and partner not in old \
-                and cur.get(partner) == ADDED_SETTINGS[partner]:
+        if predates(key, old, cur):
             continue  # a setting the stored run predates, at the value that reproduces it
         if a != b and not covered(key, allowed):
             out.append((key, None if a is missing else a, None if b is missing else b))
