@@ -124,6 +124,25 @@ print(max(rates, key=lambda h: (rates[h], -h)))
 PY
 }
 # ML45 few-shot as variant $1 with overrides $2...
+# each ';'-separated variant of $1 ("tag args...;tag ...") through the function $2, as $2 <tag> <args...>
+for_variants() { local v variants; IFS=';' read -ra variants <<< "$1"; for v in "${variants[@]}"; do $2 $v; done; }
+# benchmarks/profile_rollout.py as variant $1 with its arguments $2...
+profile_variant() {
+  local tag=$1; shift
+  phase "profile $tag"
+  python3 -m benchmarks.profile_rollout --overrides task=${LIBERO_SUITE:-libero_object} device=cuda \
+    algo.prior.encoder_stages=2 algo.prior.num_kp=128 --workers 16 --episodes 32 --steps 100 "$@" \
+    --out runs/profile_$tag 2>&1 | grep -v -i -E "warn|logo|collect:"
+  cp runs/profile_$tag/profile_rollout.json $R/profile_$tag.json; }
+# protocol PROTO's stage 1 and evaluation as variant $1 with overrides $2..., on PROTO's demos and stage 0
+stage1_variant() {
+  local p=${PROTO:-libero_goal} tag=$1 episodes=""; shift
+  phase "$p stage 1 variant $tag: $*"
+  [ -n "${EVAL_EPISODES:-}" ] && episodes="+phases.eval.episodes_per_task=$EVAL_EPISODES"
+  python3 -m ript.cli protocol $p name=${p}_$tag +phases.stage1.progress=false phases.collect=null \
+    phases.stage0=null +phases.stage1.stage0_checkpoint=runs/protocols/$p/stage0 phases.rl=null \
+    phases.eval_rl=null $episodes "$@" 2>&1 | quiet
+  keep ${p}_$tag; }
 fewshot_variant() {
   local tag=$1; shift
   phase "ml45_fewshot_$tag"
@@ -153,16 +172,7 @@ for part in "$@"; do
       s=${LIBERO_SUITE:-libero_object}
       phase "$s (imitation checkpoint)"
       imitation_ckpt $s ;;
-    profile)
-      IFS=';' read -ra variants <<< "${PROFILE_VARIANTS:-default}"
-      for v in "${variants[@]}"; do
-        set -- $v; tag=$1; shift
-        phase "profile $tag"
-        python3 -m benchmarks.profile_rollout --overrides task=${LIBERO_SUITE:-libero_object} device=cuda \
-          algo.prior.encoder_stages=2 algo.prior.num_kp=128 --workers 16 --episodes 32 --steps 100 "$@" \
-          --out runs/profile_$tag 2>&1 | grep -v -i -E "warn|logo|collect:"
-        cp runs/profile_$tag/profile_rollout.json $R/profile_$tag.json
-      done ;;
+    profile) for_variants "${PROFILE_VARIANTS:-default}" profile_variant ;;
     ae)
       # stage 0 alone on three LIBERO-Object tasks, trained for each of AE_STEPS; the checkpoints come back in
       # pieces for benchmarks/autoencoder_loop.py on a CPU
@@ -187,21 +197,8 @@ for part in "$@"; do
       phase "ml45_fewshot"
       python3 -m ript.cli protocol ml45_fewshot $workers $(no_bars ml45_fewshot) ${FEWSHOT_EXTRA:-} 2>&1 | quiet
       keep ml45_fewshot ;;
-    fewshot_variants)
-      IFS=';' read -ra variants <<< "${FEWSHOT_VARIANTS:-}"
-      for v in "${variants[@]}"; do fewshot_variant $v; done ;;
-    stage1_variants)
-      p=${PROTO:-libero_goal}
-      IFS=';' read -ra variants <<< "${STAGE1_VARIANTS:-}"
-      for v in "${variants[@]}"; do
-        set -- $v; tag=$1; shift
-        phase "$p stage 1 variant $tag: $*"
-        episodes=""; [ -n "${EVAL_EPISODES:-}" ] && episodes="+phases.eval.episodes_per_task=$EVAL_EPISODES"
-        python3 -m ript.cli protocol $p name=${p}_$tag +phases.stage1.progress=false phases.collect=null \
-          phases.stage0=null +phases.stage1.stage0_checkpoint=runs/protocols/$p/stage0 phases.rl=null \
-          phases.eval_rl=null $episodes "$@" 2>&1 | quiet
-        keep ${p}_$tag
-      done ;;
+    fewshot_variants) for_variants "${FEWSHOT_VARIANTS:-}" fewshot_variant ;;
+    stage1_variants) for_variants "${STAGE1_VARIANTS:-}" stage1_variant ;;
     steps)
       for s in ${EVAL_STEPS:-}; do
         eval_again ${PROTO:-ml45_multitask} stage1/checkpoints/$(printf %07d $s) step$s
@@ -264,7 +261,7 @@ for part in "$@"; do
         cat $pieces | tar -xf - -C runs/protocols || exit 1
       done
       ls -la runs/protocols/* ;;
-    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, steps, topk, sampling, rl, scaling, weights, actor, transfer, decision, state, resume)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, stage1_variants, steps, topk, sampling, rl, eval_cut, scaling, weights, actor, transfer, decision, state, resume)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
