@@ -163,6 +163,24 @@ def torch_profile(runner: EnvRunner, policy, out_dir: str | None) -> None:
         Path(out_dir, "profile_tables.txt").write_text(table_cpu + "\n\n" + table_cuda)
 
 
+def isolated_calls(args, cfg, policy, runner: EnvRunner, task_name: str, sizes: list[int]) -> dict:
+    """``plan()`` on a real observation at the runner's batch sizes: with its workers alive and idle, after they
+    close (this closes the runner), and under ``--load-procs`` simulator processes."""
+    task = get_suite(str(cfg.task.suite)).make_task(task_name, OmegaConf.to_container(cfg.task.render), args.steps)
+    obs = task.reset(0, render=True)
+    task.close()
+    out = {"isolated_workers_alive_ms": {n: isolated_plan_ms(policy, task_name, obs, n) for n in sizes}}
+    runner.close()
+    out["isolated_workers_closed_ms"] = {n: isolated_plan_ms(policy, task_name, obs, n) for n in sizes}
+    if args.load_procs:
+        for with_render in (False, True):
+            key = f"isolated_under_{args.load_procs}_procs_{'rendering' if with_render else 'physics_only'}"
+            with driver_threads(args.load_procs, args.driver_threads):  # as the runner does with its workers
+                out[key] = plan_ms_under_load(policy, cfg, task_name, obs, sizes, args.load_procs, with_render)
+            print(key, out[key], flush=True)
+    return out
+
+
 def main() -> None:
     args = parse_args()
     if args.out:
@@ -195,22 +213,8 @@ def main() -> None:
         torch_profile(runner, policy, args.out)
     if args.runner_only:
         runner.close()
-        if args.out:
-            Path(args.out, "profile_rollout.json").write_text(json.dumps(out, indent=2))
-        return
-    task_name = ds.task_names[0]
-    task = get_suite(suite).make_task(task_name, OmegaConf.to_container(cfg.task.render), args.steps)
-    obs = task.reset(0, render=True)
-    task.close()
-    out["isolated_workers_alive_ms"] = {n: isolated_plan_ms(policy, task_name, obs, n) for n in sizes}
-    runner.close()
-    out["isolated_workers_closed_ms"] = {n: isolated_plan_ms(policy, task_name, obs, n) for n in sizes}
-    if args.load_procs:
-        for with_render in (False, True):
-            key = f"isolated_under_{args.load_procs}_procs_{'rendering' if with_render else 'physics_only'}"
-            with driver_threads(args.load_procs, args.driver_threads):  # as the runner does with its workers
-                out[key] = plan_ms_under_load(policy, cfg, task_name, obs, sizes, args.load_procs, with_render)
-            print(key, out[key], flush=True)
+    else:
+        out.update(isolated_calls(args, cfg, policy, runner, ds.task_names[0], sizes))
     text = json.dumps(out, indent=2)
     print(text)
     if args.out:
