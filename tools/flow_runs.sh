@@ -20,6 +20,9 @@ protocol() {  # protocol $1 with FLOW_EXTRA's and the further overrides given
   python3 -m ript.cli protocol "$p" "+phases.collect.num_workers=$(nproc)" "${quiet[@]}" ${FLOW_EXTRA:-} "$@" 2>&1 \
     | stdbuf -o0 tr '\r' '\n' | grep --line-buffered -v -E '^\s*(collect|eval|rollout):\s+[0-9]+%'
 }
+rl_finished() {  # protocol $1's RL phase recorded as finished in its protocol.json
+  python3 -c 'import json, sys; sys.exit("rl" not in json.load(open(sys.argv[1]))["phases"])' \
+    "runs/protocols/$1/protocol.json" 2>/dev/null; }
 for p in "$@"; do
   echo "== $p at ${SECONDS}s"
   quiet=(+phases.flow.progress=false)
@@ -43,7 +46,10 @@ for p in "$@"; do
     protocol "$p" phases.eval_rl=null || { failed=1; continue; }
     PROTO=$p bash tools/protocol_runs.sh state
   fi
-  protocol "$p" || failed=1
+  # RL cut by its time limit (rl.stop_after_minutes) is evaluated where it stopped, as tools/protocol_runs.sh's rl
+  # part does, rather than resumed here with a fresh time limit; RESUME=1 goes on with RL first
+  if [[ -n ${RESUME:-} ]] || rl_finished "$p"; then protocol "$p" || failed=1; fi
+  rl_finished "$p" || PROTO=$p bash tools/protocol_runs.sh eval_cut || failed=1
   cp "runs/protocols/$p/results.json" "$R/$p.json" 2>/dev/null
   cp "runs/protocols/$p/protocol.json" "$R/$p.protocol.json" 2>/dev/null
   cp "runs/protocols/$p/rl/rl_history.json" "$R/$p.rl_history.json" 2>/dev/null
