@@ -6,8 +6,9 @@ or with a Gaussian at some steps, so that RL can score the chain (πRL):
 - ``flow_sde``: the ODE turned into the SDE with the same marginals, σ_τ = a·sqrt(τ / (1 − τ)) (a:
   ``noise_level``; at τ = 1 the next time's τ stands in the denominator): the step's mean
   ``x − Δ·[v + σ²/(2τ)·(x + (1 − τ)·v)]`` and standard deviation ``σ·sqrt(Δ)`` (Δ = τ_k − τ_{k+1}); with
-  ``sde_steps=one`` one randomly chosen step per chunk is stochastic (the hybrid ODE–SDE sampling), with ``all``
-  every step is.
+  ``sde_steps=one`` one randomly chosen step per chunk is stochastic (the hybrid ODE–SDE sampling; with
+  ``sde_first_steps=n`` one of the first n, whose noise the later ODE steps carry back towards the learnt
+  actions), with ``all`` every step is.
 
 Evaluation integrates the ODE. Every function here runs without host synchronisation (a CUDA graph can hold it).
 """
@@ -32,6 +33,7 @@ class Denoising:
     noise_level: float = 0.5                     # flow_sde: a in σ_τ = a·sqrt(τ / (1 − τ))
     noise_std_range: tuple[float, float] = (0.08, 0.16)  # flow_noise: the learned std's bounds
     sde_steps: str = "one"                       # flow_sde: one random stochastic step per chunk, or all
+    sde_first_steps: int | None = None           # flow_sde, one: that step is one of the first n (None: of all K)
 
     def __post_init__(self):
         if self.steps < 1:
@@ -45,6 +47,13 @@ class Denoising:
             raise RiptError(f"noise_std_range={list(self.noise_std_range)} must be 0 < low <= high")
         if self.noise_level <= 0:
             raise RiptError(f"noise_level={self.noise_level} must be > 0")
+        if self.sde_first_steps is not None and not 1 <= self.sde_first_steps <= self.steps:
+            raise RiptError(f"sde_first_steps={self.sde_first_steps} must be between 1 and denoise_steps={self.steps}")
+
+    @property
+    def picked_from(self) -> int:
+        """Flow-SDE's one stochastic step is drawn from steps 0 .. picked_from - 1."""
+        return self.steps if self.sde_first_steps is None else self.sde_first_steps
 
     @property
     def joint(self) -> bool:

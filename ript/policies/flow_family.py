@@ -30,7 +30,7 @@ def denoising(policy_cfg, recorded: dict) -> Denoising:
     steps = policy_cfg.denoise_steps if policy_cfg.denoise_steps is not None else recorded["denoise_steps"]
     return Denoising(steps=int(steps), method=str(policy_cfg.noise_method), noise_level=float(policy_cfg.noise_level),
                      noise_std_range=tuple(float(x) for x in policy_cfg.noise_std_range),
-                     sde_steps=str(policy_cfg.sde_steps))
+                     sde_steps=str(policy_cfg.sde_steps), sde_first_steps=policy_cfg.get("sde_first_steps"))
 
 
 def decoding(cfg, ckpt: dict) -> tuple[dict, bool]:

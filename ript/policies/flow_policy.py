@@ -54,12 +54,13 @@ class FlowPolicy(ObservationPolicy):
 
     def _draws(self, envs: list[int], rows: list[int]) -> dict[str, torch.Tensor]:
         """Each env's initial noise, step noise and stochastic step, from its episode's stream, laid out by row."""
-        k, shape = self.denoising.steps, (self.denoising.steps + 1, self.model.chunk_size, self.model.action_dim)
+        shape = (self.denoising.steps + 1, self.model.chunk_size, self.model.action_dim)
         if self.deterministic and self.eval_noise == "zero":
             noise = torch.zeros((len(envs), *shape), device=self.device)
         else:
             noise = self.env_draws(envs, lambda g: torch.randn(shape, device=self.device, generator=g))
-        picks = self.env_draws(envs, lambda g: torch.randint(0, k, (), device=self.device, generator=g))
+        first = self.denoising.picked_from
+        picks = self.env_draws(envs, lambda g: torch.randint(0, first, (), device=self.device, generator=g))
         order = [envs.index(i) for i in rows]  # every row reads one of envs
         return {"noise": noise[order], "picks": picks[order]}
 

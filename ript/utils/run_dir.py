@@ -38,7 +38,8 @@ RUN_CONTROL_KEYS = (
 # Settings added after runs were made without them, each with the value that computes what those runs computed:
 # a run whose stored config lacks the key resumes when the key has this value.
 ADDED_SETTINGS = {"train.lr_scaling": "none", "environment.starts": "first_frames", "rl.overlap": False,
-                  "rl.kl_coef": 0.0, "rl.task_weighting_prior": False, "algo.image_aug_color": 0.0}
+                  "rl.kl_coef": 0.0, "rl.task_weighting_prior": False, "algo.image_aug_color": 0.0,
+                  "policy.sde_first_steps": None}
 # settings meaningless without the added setting they go with
 ADDED_ALONG = {"train.lr_reference_batch": "train.lr_scaling", "environment.start_chunks": "environment.starts"}
 

@@ -137,6 +137,8 @@ def test_flow_sde_step_log_prob_equals_a_hand_computed_gaussian_reference():
 def test_denoising_settings_are_checked():
     for kwargs, words in (({"steps": 0}, "denoise_steps=0"), ({"method": "flow_cps"}, "noise_method='flow_cps'"),
                           ({"sde_steps": "two"}, "sde_steps='two'"),
+                          ({"steps": 4, "sde_first_steps": 5}, "sde_first_steps=5"),
+                          ({"sde_first_steps": 0}, "sde_first_steps=0"),
                           ({"noise_std_range": (0.2, 0.1)}, "noise_std_range"), ({"noise_level": 0.0}, "noise_level")):
         with pytest.raises(RiptError, match=words.replace("[", r"\[")):
             Denoising(**kwargs)

@@ -23,11 +23,12 @@ from tests.helpers.cli import assert_one_line_error, ript_here
 CRITIC = OmegaConf.create({"hidden": 16, "detach_input": True})
 
 
-@pytest.mark.parametrize("method, position, level", [("flow_noise", "expert", "element"),
-                                                     ("flow_sde", "vlm", "chunk"), ("flow_sde", "expert", "element")])
-def test_recorded_log_probs_and_values_equal_the_recomputed_ones(flow_run, method, position, level):
+@pytest.mark.parametrize("method, position, level, first", [("flow_noise", "expert", "element", None),
+                                                            ("flow_sde", "vlm", "chunk", None),
+                                                            ("flow_sde", "expert", "element", 1)])
+def test_recorded_log_probs_and_values_equal_the_recomputed_ones(flow_run, method, position, level, first):
     model, ckpt = load_model(flow_run)
-    denoising = Denoising(steps=3, method=method)
+    denoising = Denoising(steps=3, method=method, sde_first_steps=first)
     policy = FlowPolicy(model, denoising, 4, "cpu", seed=0, deterministic=False)
     learner = FlowLearner(model, denoising, 4, True, level, CRITIC, position)
     torch.nn.init.normal_(learner.critic.mlp[-1].weight)  # a fresh critic predicts 0 everywhere: not a test
@@ -57,6 +58,8 @@ def test_recorded_log_probs_and_values_equal_the_recomputed_ones(flow_run, metho
     assert data["old_log_probs"].shape == ((6, 4 * 4) if level == "element" else (6, 1))
     stochastic = data["stochastic"].sum(1)
     assert stochastic.tolist() == ([3] * 6 if method == "flow_noise" else [1] * 6)  # hybrid: one step per chunk
+    if first is not None:  # the stochastic step is one of the first `first`
+        assert not data["stochastic"][:, first:].any()
 
 
 def flow_rl_overrides(flow_run, run_dir, iterations: int, *extra: str) -> list[str]:
