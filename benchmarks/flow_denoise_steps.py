@@ -11,11 +11,11 @@ real first frame of the first task, after 3 untimed ones (on a GPU, synchronised
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
 from benchmarks.profile_rollout import isolated_plan_ms
+from benchmarks.results_file import write_or_print
 from ript.config import compose
 from ript.envs.suites import get_suite
 from ript.policies.families import family_for
@@ -59,11 +59,7 @@ def main() -> None:
             rows.append(one_k(args.checkpoint, k, args.episodes, args.batch, args.overrides, Path(tmp) / f"k{k}"))
             print(f"K={k:>3}  success {100 * rows[-1]['success_rate']:5.1f}%  decision "
                   f"{rows[-1]['decision_ms']:7.2f} ms (batch {args.batch})", flush=True)
-    text = json.dumps({"checkpoint": args.checkpoint, "episodes_per_task": args.episodes, "rows": rows}, indent=1)
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        print(text)
+    write_or_print({"checkpoint": args.checkpoint, "episodes_per_task": args.episodes, "rows": rows}, args.out)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ from a worse policy than the one it is judged by.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
+from benchmarks.results_file import write_or_print
 from ript.config import compose
 from ript.stages import evaluate
 
@@ -74,12 +74,8 @@ def main() -> None:
                   f"only {pair['ode_only']}, by this only {pair['variant_only']} of {pair['episodes']}", flush=True)
     for row in rows:
         row.pop("outcomes")
-    text = json.dumps({"checkpoint": args.checkpoint, "episodes_per_task": args.episodes,
-                       "overrides": args.overrides, "rows": rows}, indent=1)
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        print(text)
+    write_or_print({"checkpoint": args.checkpoint, "episodes_per_task": args.episodes, "overrides": args.overrides,
+                    "rows": rows}, args.out)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.results_file import write_or_print
+
 
 def ript(*args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "ript.cli", *args], capture_output=True, text=True)
@@ -65,11 +67,7 @@ def main() -> None:
             r = rows[-1]
             print(f"batch {batch:>5} {rule:>6}: {r['steps']} steps, validation {r['validation']}, "
                   f"success {100 * r['success_rate']:.1f}%", flush=True)
-    text = json.dumps({"settings": vars(args), "rows": rows}, indent=1)
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        print(text)
+    write_or_print({"settings": vars(args), "rows": rows}, args.out)
 
 
 if __name__ == "__main__":
