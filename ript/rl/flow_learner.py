@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ript.errors import RiptError
-from ript.models.flow_denoise import Denoising, score_chain
+from ript.models.flow_denoise import Denoising, denoise, score_chain
 from ript.policies.flow_policy import FlowPolicy
 from ript.rl.critic import FlowValueHead
 from ript.rl.learners import Scored, TrainableWeights, collate_conditioning
@@ -81,3 +81,13 @@ class FlowLearner:
         values = None if self.critic is None else self.critic(features.float(), hidden)
         executed = log_prob[:, : self.horizon, : self.policy.action_dim].flatten(1)
         return Scored(self._level(executed), entropy, values)
+
+    def evaluation_actions(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+        """The ODE's executed chunk from each recorded chain's initial noise (normalised units): what evaluation
+        runs. With one stochastic step per chain the ratio sees only that step; the deterministic steps move too,
+        through the weights every step shares."""
+        _, cache = self._prefix(data, idx)
+        chain = data["chain"][idx]
+        ode = torch.zeros(chain.shape[0], self.denoising.steps, dtype=torch.bool, device=chain.device)
+        final = denoise(self.model, cache, chain, self.denoising, ode)[0][:, -1]
+        return final[:, : self.horizon, : self.policy.action_dim].flatten(1).float()

@@ -27,6 +27,10 @@ def recorded_env_steps(run_dir: Path) -> int:
     return int(entries[-1]["env_steps"]) if entries else 0
 
 
+# what each entry keeps of its iteration's update (ript/rl/update.py's statistics), where measured
+UPDATE_RECORD = ("approx_kl", "clip_fraction", "eval_action_shift")
+
+
 class RolloutHistory:
     def __init__(self, run_dir: Path, start_iteration: int):
         self.path = Path(run_dir) / "rl_history.json"
@@ -37,12 +41,14 @@ class RolloutHistory:
             self.entries = [e for e in read_history(self.path) if e["iteration"] <= start_iteration]
 
     def add(self, iteration: int, episodes: int, successes: int, env_steps: int,
-            per_task: dict[str, tuple[int, int]] | None = None) -> None:
-        """One iteration's counted episodes over all ranks; ``per_task``: each task's (episodes, successes)."""
+            per_task: dict[str, tuple[int, int]] | None = None, update: dict[str, float] | None = None) -> None:
+        """One iteration's counted episodes over all ranks; ``per_task``: each task's (episodes, successes);
+        ``update``: the update's statistics named in ``UPDATE_RECORD``."""
         so_far = self.entries[-1]["env_steps"] if self.entries else 0
         self.entries.append({"iteration": iteration, "episodes": episodes, "success_rate": successes / max(1, episodes),
                              "env_steps": so_far + env_steps,
                              "per_task": {t: {"episodes": n, "successes": k}
-                                          for t, (n, k) in (per_task or {}).items()}})
+                                          for t, (n, k) in (per_task or {}).items()},
+                             **({"update": update} if update else {})})
         atomic_write_text(self.path, json.dumps(self.entries, indent=1))
         rl_curves(self.entries, self.picture)

@@ -43,6 +43,10 @@ class Learner(Protocol):
     def attach(self, policy: ChunkingPolicy) -> None: ...  # the policy records what collate reads; the critic's too
     def collate(self, decisions: list[dict], device: str) -> dict: ...
     def score(self, data: dict, idx: torch.Tensor) -> Scored: ...
+    # the actions an evaluation would execute for decisions idx, (N, ...), where it executes something other than
+    # RL's samples (a flow policy's ODE, OFT's Laplace mean): the update measures how far it moved them, which
+    # the ratio of the sampled actions may not show; None where evaluation samples the distribution RL scores
+    def evaluation_actions(self, data: dict, idx: torch.Tensor) -> torch.Tensor | None: ...
     # further files every RL checkpoint carries; ``whole``: ``weights``' state gathered whole where the model is
     # sharded (rl.fsdp), to read instead of the model's own; else None
     def write_extra(self, folder: Path, whole: dict[str, torch.Tensor] | None = None) -> None: ...
@@ -123,6 +127,10 @@ class ChunkLearner:
         log_probs, entropy, values = (x[:n] for x in scores(inputs, data["tokens"][idx]))
         return Scored(log_probs, entropy, None if self.critic is None else values)
 
+    def evaluation_actions(self, data: dict, idx: torch.Tensor) -> None:
+        """None: a chunk policy is evaluated sampling the tokens RL scores (approx_kl measures the change)."""
+        return None
+
 
 class TrainableWeights(torch.nn.Module):
     """The parameters RL trains (LoRA + heads), as one module for checkpoints: its state dict is exactly those."""
@@ -198,6 +206,13 @@ class OFTLearner:
         entropy = (1 + torch.log(2 * out["scale"].float())).flatten(1).mean(-1)  # a Laplace's, per action dim
         return Scored(log_probs, entropy, None if self.critic is None else self.critic(out["hidden"]))
 
+    def evaluation_actions(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+        """The Laplace means, which evaluation executes."""
+        rows = idx.cpu()
+        inputs = {"images": data["images"][rows], "prompts": [data["prompts"][i] for i in rows.tolist()],
+                  "proprio": None if data["proprio"] is None else data["proprio"][rows]}
+        return self.policy.forward(inputs)["mean"].float().flatten(1)
+
 
 class OpenVLALearner(OFTLearner):
     """The original OpenVLA: LoRA on the decoder, a Categorical policy over each action dimension's bins,
@@ -219,6 +234,11 @@ class OpenVLALearner(OFTLearner):
         entropy = -(log_p.exp() * log_p).sum(-1).mean(-1)
         values = None if self.critic is None else self.critic(state_hidden(hidden))
         return Scored(log_p.gather(-1, bins.unsqueeze(-1)).squeeze(-1), entropy, values)
+
+    def evaluation_actions(self, data: dict, idx: torch.Tensor) -> None:
+        """None: not measured. OpenVLA evaluates its greedy bins, decoded one dimension at a time, which the
+        update's teacher-forced forward over the sampled bins does not give."""
+        return None
 
 
 def check_fsdp(cfg, family) -> None:

@@ -19,7 +19,7 @@ from ript.model_loader import check_and_load
 from ript.policies.base import ChunkingPolicy
 from ript.rl.advantages import build_estimator
 from ript.rl.critic import load_critic, write_learner_files
-from ript.rl.history import RolloutHistory
+from ript.rl.history import UPDATE_RECORD, RolloutHistory
 from ript.rl.learners import Learner, shard_learner
 from ript.rl.overlap import RolloutsAhead, rollout_weights
 from ript.rl.refresh import WorldModelRefresh
@@ -283,7 +283,8 @@ class RLIterations:
             self.logger.log_videos(sorted(videos.glob("*.mp4")), "rollout/video", iteration)
         if self.history is not None:
             self.history.add(iteration, int(totals["episodes"]), int(totals["successes"]),
-                             int(totals["counted_env_steps"]), per_task(totals, self.names))
+                             int(totals["counted_env_steps"]), per_task(totals, self.names),
+                             {k: stats[k] for k in UPDATE_RECORD if k in stats})
         if not self.info.is_main:
             return
         log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d rounds, %d episodes, %d cancelled), "
@@ -293,6 +294,9 @@ class RLIterations:
                  metrics["rollout/cancelled_episodes"], stats["clip_fraction"], stats["approx_kl"],
                  metrics["time/rollout"], metrics["time/env_steps_per_s"], metrics["time/train"],
                  metrics["time/train_prepare"])
+        if "eval_action_shift" in stats:
+            log.info("rl iteration %d: the actions evaluation executes moved %.4f (root mean square, normalised "
+                     "units)", iteration, stats["eval_action_shift"])
         log.info("rl iteration %d rollout time: policy %.0f%%, env workers busy %.0f%% (building tasks %.0f%%), "
                  "driver waiting on workers %.0f%%; %.0f decision rounds per process, %.0f%% of their rows used",
                  iteration, 100 * metrics["time/inference_share"], 100 * metrics["time/worker_busy_share"],

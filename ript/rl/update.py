@@ -23,6 +23,33 @@ from ript.utils.logging import log
 # the update's metrics, RLinf's names; summed over micro-batches weighted by their share, averaged over updates
 ACTOR_STATS = ("policy_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "ratio_mean", "entropy")
 CRITIC_STATS = ("value_loss", "value_clip_fraction")
+SHIFT_PROBE = 64  # decisions whose evaluation actions are compared before and after each update
+
+
+class EvaluationShift:
+    """How far an update moves the actions evaluation executes (``learner.evaluation_actions``): their root mean
+    square change over the first ``SHIFT_PROBE`` decisions of the first epoch's order, in the policy's normalised
+    units. A flow policy scored at one denoise step can move its ODE far while approx_kl stays small. Not
+    measured under FSDP (a sharded forward runs on every rank in step) or for families that evaluate samples."""
+
+    def __init__(self, learner, data: dict | None, orders: list[torch.Tensor], cfg, device: str, sharded: bool):
+        self.learner, self.data, self.cfg, self.device = learner, data, cfg, device
+        self.probe = None if data is None or sharded or not orders else orders[0][:SHIFT_PROBE].to(device)
+        self.before = self._actions()
+
+    @torch.no_grad()
+    def _actions(self) -> torch.Tensor | None:
+        if self.probe is None:
+            return None
+        self.learner.model.eval()
+        with training.autocast(self.device, self.cfg.amp):
+            return self.learner.evaluation_actions(self.data, self.probe)
+
+    def measured(self) -> dict[str, float]:
+        """{"eval_action_shift": the change} after the update; empty where it is not measured."""
+        if self.before is None:
+            return {}
+        return {"eval_action_shift": float((self._actions() - self.before).pow(2).mean().sqrt())}
 
 
 def minibatches(order: torch.Tensor, count: int, micro: int | None) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
@@ -167,6 +194,7 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
     if data is not None and orders and reference is not None:
         with weights_swapped(learner.weights, reference):
             data["ref_log_probs"] = rescore(learner, data, cfg, device, orders[0], most)
+    shift = EvaluationShift(learner, data, orders, cfg, device, sharded)
     learner.model.eval()  # no dropout: the recomputed log-probs must be those recorded at sampling time
     # Gradients live in buffers of their own and are zeroed in place: a first backward would otherwise adopt a
     # compiled scorer's CUDA-graph output as the gradient, which the next micro-batch's replay overwrites while
@@ -199,6 +227,7 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
         if key not in ("ratio_max", "explained_variance"):
             stats[key] /= max(1, n_updates)
     stats["sync"] = sync
+    stats.update(shift.measured())
     return stats
 
 

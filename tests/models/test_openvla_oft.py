@@ -210,6 +210,10 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     with torch.no_grad():
         again = learner.score(data, torch.arange(len(decisions))).log_probs
     torch.testing.assert_close(again, data["old_log_probs"], atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # the Laplace means evaluation executes, one row of the recorded actions' size each
+        means = learner.evaluation_actions(data, torch.arange(len(decisions)))
+    assert means.shape == data["actions"].flatten(1).shape and torch.isfinite(means).all()
+    assert not torch.equal(means, data["actions"].flatten(1).float())  # the rollout sampled around them
 
     # the rank's device is chosen before the (7B) model is built on it: record the order of the real calls
     from ript.policies.vla_family import VLAFamily

@@ -91,6 +91,30 @@ def test_an_rl_iteration_with_each_noise_method_resumes_exactly(flow_run, tmp_pa
         assert not torch.equal(trained.noise_head.weight, base.noise_head.weight)  # the entropy bonus reaches it
     history = json.loads((full / "rl_history.json").read_text())
     assert history == json.loads((part / "rl_history.json").read_text())
+    # each update moved the ODE chunk evaluation executes, measured beside the sampled actions' approx KL
+    assert all(e["update"]["eval_action_shift"] > 0 and e["update"]["approx_kl"] >= 0 for e in history)
+
+
+def test_evaluation_actions_are_the_chunk_the_ode_runs_from_the_recorded_noise(flow_run):
+    """With almost no SDE noise the sampled chain is the ODE's: the learner's evaluation actions, rebuilt from each
+    chain's initial noise and the recorded prefix, are the chunks the rollout executed (normalised)."""
+    model, ckpt = load_model(flow_run)
+    denoising = Denoising(steps=4, method="flow_sde", noise_level=1e-6)
+    policy = FlowPolicy(model, denoising, 4, "cpu", seed=0, deterministic=False)
+    learner = FlowLearner(model, denoising, 4, True, "element")
+    learner.attach(policy)
+    runner = EnvRunner(RunnerOptions("metaworld", model.task_names, ckpt["metadata"]["env_args"]["render"], 8, 1,
+                                     num_workers=1, envs_per_worker=2))
+    try:
+        out = runner.run(policy, specs=[EpisodeSpec("button-press-v3", 3, 0), EpisodeSpec("drawer-close-v3", 3, 1)])
+    finally:
+        runner.close()
+    data = learner.collate([d for e in out["episodes"] for d in e["decisions"]], "cpu")
+    with torch.no_grad():
+        actions = learner.evaluation_actions(data, torch.arange(len(data["chain"])))
+    executed = data["chain"][:, -1, :4, : policy.action_dim].flatten(1)
+    assert actions.shape == executed.shape == (4, 4 * policy.action_dim)
+    torch.testing.assert_close(actions, executed.float(), atol=1e-4, rtol=0)
 
 
 def test_flow_checkpoints_evaluate_through_the_cli_and_token_settings_are_refused(flow_run, tmp_path):

@@ -134,7 +134,10 @@ def test_rl_sharded_with_fsdp_gives_the_unsharded_updates_and_resumes_on_its_gat
     torchrun_rl([*rl_overrides(stage1_run, sharded, 2), *common, "rl.fsdp=true", "rl.stop_after_minutes=0"])
     assert [e["iteration"] for e in json.loads((sharded / "rl_history.json").read_text())] == [1]
     torchrun_rl([*rl_overrides(stage1_run, sharded, 2), *common, "rl.fsdp=true", "resume=true"])
-    assert json.loads((plain / "rl_history.json").read_text()) == json.loads((sharded / "rl_history.json").read_text())
+    # the same episodes; the updates' statistics agree up to the order sharding sums in
+    straight, resharded = (json.loads((d / "rl_history.json").read_text()) for d in (plain, sharded))
+    assert [e.pop("update") for e in resharded] == [pytest.approx(e.pop("update"), rel=1e-5) for e in straight]
+    assert straight == resharded
     a, b, start = weights(plain), weights(sharded), load_file(str(stage1_run / "checkpoints" / "last" /
                                                                   "model.safetensors"))
     assert sorted(a) == sorted(b) and any(not torch.equal(a[k], start[k]) for k in a if k in start)
