@@ -267,6 +267,8 @@ class RL(Section):
     clip_ratio_c: Annotated[float, Field(gt=1, allow_inf_nan=False)] | None  # dual clip needs c > 1
     entropy_coef: Scale
     kl_coef: Scale = 0.0  # KL penalty to the checkpoint RL started from
+    target_kl: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # epochs end past this approx KL
+    target_eval_shift: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # ... or this shift
     critic: Critic
     epochs: Count
     minibatches: Count

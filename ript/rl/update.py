@@ -45,11 +45,35 @@ class EvaluationShift:
         with training.autocast(self.device, self.cfg.amp):
             return self.learner.evaluation_actions(self.data, self.probe)
 
+    def current(self) -> float:
+        """The change so far (0 where it is not measured)."""
+        return 0.0 if self.before is None else float((self._actions() - self.before).pow(2).mean().sqrt())
+
     def measured(self) -> dict[str, float]:
         """{"eval_action_shift": the change} after the update; empty where it is not measured."""
-        if self.before is None:
-            return {}
-        return {"eval_action_shift": float((self._actions() - self.before).pow(2).mean().sqrt())}
+        return {} if self.before is None else {"eval_action_shift": self.current()}
+
+
+class EarlyStop:
+    """``rl.target_kl`` / ``rl.target_eval_shift``: the update's epochs end after the optimiser step at which a
+    minibatch's approx KL (read before its step, as Stable-Baselines3 reads it) or the evaluation actions' shift
+    so far (``EvaluationShift``) passes its target on any rank; every rank stops at the same step (one all-reduce
+    per step, only with a target set)."""
+
+    def __init__(self, rl, shift: EvaluationShift, info):
+        self.kl = None if rl.get("target_kl") is None else float(rl.target_kl)
+        self.moved = None if rl.get("target_eval_shift") is None else float(rl.target_eval_shift)
+        self.shift, self.info, self.stopped = shift, info, False
+
+    def after_step(self, minibatch_kl) -> bool:
+        """Whether the update stops after the step just taken, its minibatch's approx KL ``minibatch_kl``."""
+        if self.kl is None and self.moved is None:
+            return False
+        over = 0.0 if self.kl is None else float(minibatch_kl) / self.kl
+        if self.moved is not None:
+            over = max(over, self.shift.current() / self.moved)
+        self.stopped = ddist.all_max([over], self.info)[0] > 1.0
+        return self.stopped
 
 
 def minibatches(order: torch.Tensor, count: int, micro: int | None) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
@@ -203,12 +227,15 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
     for p in learner.params + critic_params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+    stop = EarlyStop(rl, shift, info)
     for order in orders:
         for parts in micro_batch_plan(order, int(rl.minibatches), micro, most):
             opt.zero_grad(set_to_none=False)
+            minibatch_kl = 0.0
             for part, weight in parts:  # token means weighted to the minibatch's
                 loss, s = micro_batch_loss(learner, data, part.to(device), cfg, device, clip_c, reference)
                 (loss * weight).backward()
+                minibatch_kl = minibatch_kl + s["approx_kl"].detach() * weight
                 for key, v in s.items():  # on the device: no host synchronisation per micro-batch
                     stats[key] = torch.maximum(torch.as_tensor(stats[key], device=v.device), v.detach()) \
                         if key == "ratio_max" else stats[key] + v.detach() * weight
@@ -221,13 +248,17 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
                 stats["critic_grad_norm"] += critic_norm
             opt.step()
             n_updates += 1
+            if stop.after_step(minibatch_kl):
+                break
+        if stop.stopped:
+            break
     sched.step()
     stats = {key: float(v) for key, v in stats.items()}
     for key in stats:
         if key not in ("ratio_max", "explained_variance"):
             stats[key] /= max(1, n_updates)
     stats["sync"] = sync
-    stats.update(shift.measured())
+    stats.update(shift.measured(), optimizer_steps=n_updates)
     return stats
 
 

@@ -130,3 +130,17 @@ def test_flow_checkpoints_evaluate_through_the_cli_and_token_settings_are_refuse
     assert_one_line_error(ript_here("rl", f"checkpoint={flow_run}", "policy.noise_method=flow_cps",
                                f"run_dir={tmp_path / 'r'}"), "noise_method='flow_cps'")
     assert not (tmp_path / "r").exists()
+
+
+def test_the_update_stops_early_at_its_kl_or_evaluation_shift_target(flow_run, tmp_path):
+    """2 epochs x 2 minibatches are 4 optimiser steps; a tiny evaluation-shift target ends the update after its
+    first (that step moved the ODE chunk), a tiny approx-KL target by its second (the first moved the policy the
+    second minibatch is scored under)."""
+    steps = {}
+    for tag, extra in (("plain", ()), ("shift", ("rl.target_eval_shift=1e-9",)), ("kl", ("rl.target_kl=1e-12",))):
+        rl.run(compose("rl", flow_rl_overrides(flow_run, tmp_path / tag, 1, *extra)))
+        (entry,) = json.loads((tmp_path / tag / "rl_history.json").read_text())
+        steps[tag] = entry["update"]["optimizer_steps"]
+    assert steps["plain"] == 4 and steps["shift"] == 1 and 1 <= steps["kl"] <= 2
+    assert_one_line_error(ript_here("rl", f"checkpoint={flow_run}", "rl.target_kl=0", f"run_dir={tmp_path / 'r'}"),
+                          "rl.target_kl")
