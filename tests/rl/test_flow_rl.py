@@ -23,6 +23,18 @@ from tests.helpers.cli import assert_one_line_error, ript_here
 CRITIC = OmegaConf.create({"hidden": 16, "detach_input": True})
 
 
+def two_recorded_episodes(policy: FlowPolicy, model, ckpt, steps: int, seed: int) -> list[dict]:
+    """The decisions of one button-press and one drawer-close episode of ``steps`` steps, planned together."""
+    runner = EnvRunner(RunnerOptions("metaworld", model.task_names, ckpt["metadata"]["env_args"]["render"], steps, 1,
+                                     num_workers=1, envs_per_worker=2))
+    try:
+        out = runner.run(policy, specs=[EpisodeSpec("button-press-v3", seed, 0),
+                                        EpisodeSpec("drawer-close-v3", seed, 1)])
+    finally:
+        runner.close()
+    return [d for e in out["episodes"] for d in e["decisions"]]
+
+
 @pytest.mark.parametrize("method, position, level, first", [("flow_noise", "expert", "element", None),
                                                             ("flow_sde", "vlm", "chunk", None),
                                                             ("flow_sde", "expert", "element", 1)])
@@ -33,13 +45,7 @@ def test_recorded_log_probs_and_values_equal_the_recomputed_ones(flow_run, metho
     learner = FlowLearner(model, denoising, 4, True, level, CRITIC, position)
     torch.nn.init.normal_(learner.critic.mlp[-1].weight)  # a fresh critic predicts 0 everywhere: not a test
     learner.attach(policy)
-    runner = EnvRunner(RunnerOptions("metaworld", model.task_names, ckpt["metadata"]["env_args"]["render"], 12, 1,
-                                     num_workers=1, envs_per_worker=2))
-    try:
-        out = runner.run(policy, specs=[EpisodeSpec("button-press-v3", 7, 0), EpisodeSpec("drawer-close-v3", 7, 1)])
-    finally:
-        runner.close()
-    decisions = [d for e in out["episodes"] for d in e["decisions"]]
+    decisions = two_recorded_episodes(policy, model, ckpt, 12, 7)
     assert len(decisions) == 2 * 3  # 12 steps, a new chunk every 4
     data = learner.collate(decisions, "cpu")
     with torch.no_grad():
@@ -103,13 +109,7 @@ def test_evaluation_actions_are_the_chunk_the_ode_runs_from_the_recorded_noise(f
     policy = FlowPolicy(model, denoising, 4, "cpu", seed=0, deterministic=False)
     learner = FlowLearner(model, denoising, 4, True, "element")
     learner.attach(policy)
-    runner = EnvRunner(RunnerOptions("metaworld", model.task_names, ckpt["metadata"]["env_args"]["render"], 8, 1,
-                                     num_workers=1, envs_per_worker=2))
-    try:
-        out = runner.run(policy, specs=[EpisodeSpec("button-press-v3", 3, 0), EpisodeSpec("drawer-close-v3", 3, 1)])
-    finally:
-        runner.close()
-    data = learner.collate([d for e in out["episodes"] for d in e["decisions"]], "cpu")
+    data = learner.collate(two_recorded_episodes(policy, model, ckpt, 8, 3), "cpu")
     with torch.no_grad():
         actions = learner.evaluation_actions(data, torch.arange(len(data["chain"])))
     executed = data["chain"][:, -1, :4, : policy.action_dim].flatten(1)
