@@ -22,6 +22,7 @@ class FlowLearner:
     recorded prefix; otherwise the prefix and observation encoders train too, recomputed from the observations."""
     sharded_methods = ("encode", "cache_from", "expert", "noise_std")
     compiles_update = False
+    evaluation_shift_measured = True  # evaluation integrates the ODE
 
     def __init__(self, model, denoising: Denoising, action_horizon: int, expert_only: bool, log_prob_level: str,
                  critic_cfg=None, critic_position: str = "expert", trainable_only: bool = False):

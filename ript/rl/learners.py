@@ -39,6 +39,7 @@ class Learner(Protocol):
     sharded_methods: tuple[str, ...]  # the model's methods besides forward that scoring calls (rl.fsdp gathers
                                       # the model's own weights around each)
     compiles_update: bool  # scoring runs through torch.compile (rl.compile_ahead can compile it ahead)
+    evaluation_shift_measured: bool  # ``evaluation_actions`` gives what evaluation executes (not RL's samples)
 
     def attach(self, policy: ChunkingPolicy) -> None: ...  # the policy records what collate reads; the critic's too
     def collate(self, decisions: list[dict], device: str) -> dict: ...
@@ -77,6 +78,7 @@ class ChunkLearner:
     on what was cached at sampling time: the contexts when only the prior trains, else the observations
     (so the gradient reaches the observation encoders)."""
     sharded_methods = ("context", "logits")
+    evaluation_shift_measured = False  # evaluation samples tokens as RL does, or decodes greedy ones one by one
 
     def __init__(self, model, settings: dict, prior_only: bool, critic_cfg=None, static_batch: int | None = None,
                  compile_scoring: bool = False):
@@ -128,7 +130,8 @@ class ChunkLearner:
         return Scored(log_probs, entropy, None if self.critic is None else values)
 
     def evaluation_actions(self, data: dict, idx: torch.Tensor) -> None:
-        """None: a chunk policy is evaluated sampling the tokens RL scores (approx_kl measures the change)."""
+        """None: not measured. A chunk policy is evaluated sampling the tokens RL scores (approx_kl measures the
+        change), or greedy, decoded one token at a time, which the teacher-forced update does not give."""
         return None
 
 
@@ -155,6 +158,7 @@ class TrainableWeights(torch.nn.Module):
 class OFTLearner:
     sharded_methods = ()  # scoring runs the model's forward
     compiles_update = False
+    evaluation_shift_measured = True  # evaluation executes the Laplace means
     def __init__(self, model, grad_checkpointing: bool, train_action_head: bool, critic_cfg=None,
                  full_finetune: bool = False):
         model.requires_grad_(full_finetune)  # full fine-tuning: every weight trains (with FSDP across GPUs at 7B)
@@ -217,6 +221,7 @@ class OFTLearner:
 class OpenVLALearner(OFTLearner):
     """The original OpenVLA: LoRA on the decoder, a Categorical policy over each action dimension's bins,
     rescored teacher-forced in one forward; the value head reads the hidden state predicting the first bin."""
+    evaluation_shift_measured = False  # greedy bins are evaluated, but not measured (evaluation_actions)
 
     def __init__(self, model, grad_checkpointing: bool, critic_cfg=None):
         super().__init__(model, grad_checkpointing, train_action_head=False, critic_cfg=critic_cfg)
@@ -253,6 +258,8 @@ def check_fsdp(cfg, family) -> None:
         why = "set placement.mode=disaggregated (or hybrid): the rollouts then run on a rollout actor's whole copy"
     elif int(cfg.eval.every):
         why = "set eval.every=0 and evaluate its checkpoints with `ript eval`: rank 0 alone cannot run it"
+    elif cfg.rl.get("target_eval_shift") is not None:
+        why = "rl.target_eval_shift is not measured on a sharded model; use rl.target_kl"
     elif cfg.rl.get("overlap") or float(cfg.rl.get("kl_coef") or 0.0):
         why = "rl.overlap and rl.kl_coef keep whole copies of the weights; leave them off"
     elif cfg.environment.get("refresh_every"):

@@ -143,6 +143,10 @@ class RLIterations:
         if self.estimator.uses_critic and learner.critic is None:
             raise RiptError(f"rl.advantage={cfg.rl.advantage} needs a critic, which {type(learner).__name__} does "
                             f"not have yet; use rloo or grpo")
+        if cfg.rl.get("target_eval_shift") is not None and not learner.evaluation_shift_measured:
+            raise RiptError(f"rl.target_eval_shift={cfg.rl.target_eval_shift}: the evaluation actions' shift is not "
+                            f"measured for {type(learner).__name__} (a flow policy's ODE and OpenVLA-OFT's means "
+                            f"are); use rl.target_kl")
         self.sharded = bool(cfg.rl.get("fsdp"))
         if self.sharded:  # rl.fsdp: before the optimiser, whose state then lives in shards too
             shard_learner(learner)

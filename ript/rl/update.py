@@ -34,7 +34,8 @@ class EvaluationShift:
 
     def __init__(self, learner, data: dict | None, orders: list[torch.Tensor], cfg, device: str, sharded: bool):
         self.learner, self.data, self.cfg, self.device = learner, data, cfg, device
-        self.probe = None if data is None or sharded or not orders else orders[0][:SHIFT_PROBE].to(device)
+        measured = learner.evaluation_shift_measured and data is not None and not sharded and orders
+        self.probe = orders[0][:SHIFT_PROBE].to(device) if measured else None
         self.before = self._actions()
 
     @torch.no_grad()

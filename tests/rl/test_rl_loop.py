@@ -27,7 +27,7 @@ from ript.rl.sampler import InitialConditionSampler
 from ript.rl.update import ppo_update, rescore
 from ript.stages import evaluate, rl
 from ript.utils import distributed as ddist
-from tests.helpers.cli import rl_overrides
+from tests.helpers.cli import assert_one_line_error, ript_here, rl_overrides
 from tests.helpers.faults import processes
 
 
@@ -330,6 +330,10 @@ def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsy
     assert not load_model(tmp_path / "r")[1]["metadata"]["sampling"]["greedy"]
     assert "only 0 of 2 groups were informative after 2 sampling rounds" in capsys.readouterr().err
     assert (tmp_path / "r" / "checkpoints" / "last").exists()
+    # a chunk policy's evaluation actions are not measured: a target on their shift is refused, not ignored
+    shift_target = [*rl_overrides(stage1_run, tmp_path / "shift", 1), "rl.target_eval_shift=0.01"]
+    assert_one_line_error(ript_here("rl", *shift_target), "rl.target_eval_shift=0.01", "rl.target_kl")
+    assert not (tmp_path / "shift" / "checkpoints").exists()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo")
