@@ -43,8 +43,10 @@ class EvaluationShift:
         if self.probe is None:
             return None
         self.learner.model.eval()
+        micro = int(self.cfg.rl.get("micro_batch") or 0) or len(self.probe)  # the update's memory bound
         with training.autocast(self.device, self.cfg.amp):
-            return self.learner.evaluation_actions(self.data, self.probe)
+            return torch.cat([self.learner.evaluation_actions(self.data, part)
+                              for part in torch.split(self.probe, micro)])
 
     def current(self) -> float:
         """The change so far (0 where it is not measured)."""
