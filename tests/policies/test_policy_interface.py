@@ -90,6 +90,7 @@ class GaussianLearner:
     """The Learner protocol (ript/rl/learners.py) for GaussianHold."""
 
     compiles_update = False
+    evaluation_shift_measured = False  # GaussianHold evaluates samples, as RL draws them
 
     def __init__(self, model: torch.nn.Module, std: float):
         self.model, self.weights, self.std = model, model, std
@@ -109,6 +110,9 @@ class GaussianLearner:
         mean = self.model.mean[data["task_ids"][idx]]
         dist = torch.distributions.Normal(mean, self.std)
         return Scored(dist.log_prob(data["actions"][idx]).flatten(1), dist.entropy().flatten(1).mean(-1), None)
+
+    def evaluation_actions(self, data: dict, idx: torch.Tensor) -> None:
+        return None
 
     def write_extra(self, folder, whole=None) -> None:
         (folder / "gaussian.txt").write_text(f"std {self.std}\n")
