@@ -43,6 +43,7 @@ class RunJob(Job):
     device: str
     resume: bool
     resume_allow_changes: list[str] = []
+    resume_fewer_ranks: bool = False  # a checkpoint of N processes may continue on fewer (not an exact resume)
     compile_cache: str | None = None  # another run's compiled kernels (ript/utils/compile_cache.py)
 
     @field_validator("compile_cache")

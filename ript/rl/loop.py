@@ -156,7 +156,8 @@ class RLIterations:
         learner.attach(policy)  # the policy records what the update reads (with the critic's values, if any)
         self.run = TrainingRun(RunSettings("rl", run.run_dir, run.resume_from, cfg.keep_last,
                                            cfg.rl.stop_after_minutes, unit="iteration",
-                                           compile_cache=cfg.get("compile_cache")), info, self.opt, self.sched,
+                                           compile_cache=cfg.get("compile_cache"),
+                                           fewer_ranks=bool(cfg.get("resume_fewer_ranks"))), info, self.opt, self.sched,
                                ShardedState() if self.sharded else WholeState())
         self.reference = reference_state(learner, cfg)  # rl.kl_coef: the weights loaded from the checkpoint
         self.env_steps = 0  # env steps of the counted episodes, over all ranks

@@ -102,7 +102,7 @@ def train_imitation(cfg, objective: Objective, model, model_kwargs: dict, train_
     try:
         ImitationTraining(cfg, objective, model, train_set, val_set, stage, device, info).run(
             RunSettings(stage, run_dir, resume_from, cfg.train.keep_last, cfg.train.stop_after_minutes,
-                        compile_cache=cfg.get("compile_cache")),
+                        compile_cache=cfg.get("compile_cache"), fewer_ranks=bool(cfg.get("resume_fewer_ranks"))),
             checkpoint_config(stage, objective.model_name, model_kwargs, cfg, metadata), evaluation)
     finally:
         if evaluation is not None:

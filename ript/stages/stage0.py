@@ -81,7 +81,7 @@ def run(cfg) -> str:
     check_resume_data(resume_from, train_set, cfg.resume_allow_changes)
     ckpt_config = checkpoint_config("stage0", "action_autoencoder", kwargs, cfg, train_set.metadata(cfg.task))
     settings = RunSettings("stage0", run_dir, resume_from, cfg.train.keep_last, cfg.train.stop_after_minutes,
-                           compile_cache=cfg.get("compile_cache"))
+                           compile_cache=cfg.get("compile_cache"), fewer_ranks=bool(cfg.get("resume_fewer_ranks")))
     train(model, train_set, val_set, cfg.train, settings,
           ckpt_config, to_dict(cfg), int(cfg.seed), bool(cfg.progress), device, info)
     log.info("stage0: done; checkpoint %s", run_dir / "checkpoints" / "last")

@@ -33,6 +33,7 @@ import ript
 from ript.errors import RiptError
 from ript.utils.atomic import atomic_replace, fsync_path
 from ript.utils.containers import to_dict
+from ript.utils.logging import log
 from ript.utils.seeding import rng_state, set_rng_state
 
 WEIGHTS = "model.safetensors"
@@ -253,20 +254,34 @@ def moments_laid_out_as_params(opt: torch.optim.Optimizer) -> None:
                 per[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
+def check_process_count(ckpt: Path, written: int, world_size: int, fewer_ranks: bool, rank: int) -> None:
+    """A checkpoint of ``written`` processes resumes on as many, or on fewer with ``fewer_ranks``."""
+    if written == world_size:
+        return
+    if not fewer_ranks or world_size > written:
+        fewer = " or fewer with resume_fewer_ranks=true (not an exact resume)" if world_size < written else ""
+        raise RiptError(f"{ckpt}: written by {written} process(es); resume it with the same number "
+                        f"(torchrun --nproc_per_node={written}){fewer}, not {world_size}")
+    if rank == 0:
+        log.warning("%s: written by %d processes, continued on %d (resume_fewer_ranks): the random streams of ranks "
+                    "%d..%d are dropped; not an exact resume", ckpt, written, world_size, world_size, written - 1)
+
+
 def restore_training_state(ckpt: Path, opt, sched, rank: int, world_size: int,
-                           load_optimizer: Callable[[Any, dict], None]) -> tuple[int, str, dict[str, Any]]:
+                           load_optimizer: Callable[[Any, dict], None], fewer_ranks: bool = False
+                           ) -> tuple[int, str, dict[str, Any]]:
     """Load the optimiser, schedule and this rank's RNG states; returns (step, logger run id, this rank's
     streams for the stage to restore). A run resumes with the process count that wrote it (each rank's random
-    streams continue). Reads the layouts written before the schema was shared, too. ``load_optimizer(opt, state)``
+    streams continue), or with ``fewer_ranks`` on fewer (rank r takes rank r's streams; the others' are
+    dropped). Reads the layouts written before the schema was shared, too. ``load_optimizer(opt, state)``
     gives ``opt`` its state (``WholeState.load_optimizer``; under FSDP sharded again)."""
     state = load_training_state(ckpt)
+    if "ranks" in state:
+        check_process_count(ckpt, len(state["ranks"]), world_size, fewer_ranks, rank)
     load_optimizer(opt, state["optimizer"])
     moments_laid_out_as_params(opt)
     sched.load_state_dict(state["scheduler"])
     if "ranks" in state:
-        if len(state["ranks"]) != world_size:
-            raise RiptError(f"{ckpt}: written by {len(state['ranks'])} process(es); resume it with the same number "
-                            f"(torchrun --nproc_per_node={len(state['ranks'])}), not {world_size}")
         mine, step = state["ranks"][rank], state.get("step", state.get("iteration"))
     else:  # stage 0/1 checkpoints of earlier versions
         mine, step = {"rng": state["rng"], "data_rng": state["data_rng"]}, state["step"]

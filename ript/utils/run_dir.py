@@ -23,7 +23,8 @@ from ript.utils.logging import log
 
 # Keys that change how a run is driven or reported, not what it computes: a resumed run may change them.
 RUN_CONTROL_KEYS = (
-    "resume", "resume_allow_changes", "run_dir", "progress", "device", "logger", "workers", "placement", "eval",
+    "resume", "resume_allow_changes", "resume_fewer_ranks", "run_dir", "progress", "device", "logger", "workers",
+    "placement", "eval",
     "train.stop_after_minutes", "rl.stop_after_minutes", "train.log_every", "train.val_every",
     "train.save_every", "train.keep_last", "keep_last", "rl.num_workers", "cuda_graph",
     "train.compile", "train.cuda_graphs", "train.channels_last", "train.tf32", "train.cudnn_benchmark",

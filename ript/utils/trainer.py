@@ -91,6 +91,7 @@ class RunSettings:
     stop_after_minutes: float | None
     unit: str = "step"
     compile_cache: str | None = None  # another run's compiled kernels to start from (``CompileCache``)
+    fewer_ranks: bool = False  # ``resume_fewer_ranks``: a checkpoint of more processes may continue on these
 
 
 class TrainingRun:
@@ -116,7 +117,8 @@ class TrainingRun:
             return None
         load_weights(ckpt)
         self.start, self.run_id, streams = restore_training_state(ckpt, self.opt, self.sched, self.info.rank,
-                                                                  self.info.world_size, self.layout.load_optimizer)
+                                                                  self.info.world_size, self.layout.load_optimizer,
+                                                                  self.settings.fewer_ranks)
         log.info("%s: resumed from %s at %s %d", self.settings.name, ckpt, self.settings.unit, self.start)
         return streams
 

@@ -373,6 +373,14 @@ def test_rl_under_torchrun_survives_a_killed_rank_and_resumes_exactly(stage1_run
     a, b = (load_file(str(d / "checkpoints" / "last" / "model.safetensors")) for d in (straight, killed))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
+    # one process goes on from the two ranks' checkpoint only when told that it is not an exact resume
+    one = [*rl_overrides(stage1_run, straight, 3), "rl.groups_per_iteration=2", "rl.num_workers=1", "resume=true"]
+    assert_one_line_error(ript_here("rl", *one), "written by 2 process(es)", "resume_fewer_ranks=true")
+    code, _, err = ript_here("rl", *one, "resume_fewer_ranks=true")
+    assert code == 0, err[-3000:]
+    assert any("written by 2 processes, continued on 1 (resume_fewer_ranks)" in line for line in err)
+    assert [e["iteration"] for e in json.loads((straight / "rl_history.json").read_text())] == [1, 2, 3]
+
 
 def test_the_rl_benchmark_times_a_real_iteration(tmp_path, monkeypatch):
     """benchmarks/bench_rl.py (the bench's RL part) runs rollouts and one update through the current RL API."""
