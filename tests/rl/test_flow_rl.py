@@ -145,3 +145,16 @@ def test_the_update_stops_early_at_its_kl_or_evaluation_shift_target(flow_run, t
     assert steps["plain"] == 4 and steps["shift"] == 1 and 1 <= steps["kl"] <= 2
     assert_one_line_error(ript_here("rl", f"checkpoint={flow_run}", "rl.target_kl=0", f"run_dir={tmp_path / 'r'}"),
                           "rl.target_kl")
+
+
+def test_rl_that_scores_only_the_first_steps_is_warned_about(capsys):
+    from ript.policies.flow_family import warn_unscored_steps
+    from ript.utils.logging import setup_console_logging
+
+    setup_console_logging()
+    said = []
+    for settings in (Denoising(steps=4, sde_first_steps=1), Denoising(steps=4, sde_first_steps=4), Denoising(steps=4),
+                     Denoising(steps=4, method="flow_noise", sde_first_steps=1)):
+        warn_unscored_steps(settings)
+        said.append("never scores the steps after the first" in capsys.readouterr().err)
+    assert said == [True, False, False, False]  # only a one-step chain drawn from fewer than all K steps
