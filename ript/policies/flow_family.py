@@ -36,8 +36,8 @@ def denoising(policy_cfg, recorded: dict) -> Denoising:
 
 def warn_unscored_steps(settings: Denoising) -> None:
     """RL scoring one of only the first n < K steps: the steps after them are never scored, and move unclipped."""
-    first = settings.sde_first_steps
-    if settings.method == "flow_sde" and not settings.joint and first is not None and first < settings.steps:
+    first = settings.picked_from
+    if not settings.joint and first < settings.steps:  # one stochastic step (Flow-SDE), drawn from fewer than K
         log.warning("policy.sde_first_steps=%d of %d denoise steps: RL never scores the steps after the first %d, "
                     "and they move unclipped (LIBERO-Goal, 2 demos: 50.0%% -> 30.2%% in 8 iterations, docs/flow.md); "
                     "rl.target_eval_shift bounds how far the update moves what evaluation executes", first,
