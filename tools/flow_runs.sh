@@ -48,6 +48,12 @@ for p in "$@"; do
   fi
   # RL cut by its time limit (rl.stop_after_minutes) is evaluated where it stopped, as tools/protocol_runs.sh's rl
   # part does, rather than resumed here with a fresh time limit; RESUME=1 goes on with RL first
+  if [[ -n ${RESUME:-} ]]; then
+    # RL goes on from the carried state: its new last checkpoint is kept before the evaluation, so that a run cut by
+    # its time limit can go on again on the next machine
+    protocol "$p" phases.eval_rl=null || failed=1
+    PROTO=$p bash tools/protocol_runs.sh state
+  fi
   if [[ -n ${RESUME:-} ]] || rl_finished "$p"; then protocol "$p" || failed=1; fi
   rl_finished "$p" || PROTO=$p bash tools/protocol_runs.sh eval_cut || failed=1
   cp "runs/protocols/$p/results.json" "$R/$p.json" 2>/dev/null
