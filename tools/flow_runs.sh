@@ -54,7 +54,7 @@ for p in "$@"; do
     protocol "$p" phases.eval_rl=null || failed=1
     PROTO=$p bash tools/protocol_runs.sh state
   fi
-  if [[ -n ${RESUME:-} ]] || rl_finished "$p"; then protocol "$p" || failed=1; fi
+  rl_finished "$p" && { protocol "$p" || failed=1; }
   rl_finished "$p" || PROTO=$p bash tools/protocol_runs.sh eval_cut || failed=1
   cp "runs/protocols/$p/results.json" "$R/$p.json" 2>/dev/null
   cp "runs/protocols/$p/protocol.json" "$R/$p.protocol.json" 2>/dev/null
