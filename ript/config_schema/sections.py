@@ -269,6 +269,7 @@ class RL(Section):
     kl_coef: Scale = 0.0  # KL penalty to the checkpoint RL started from
     target_kl: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # epochs end past this approx KL
     target_eval_shift: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # ... or this shift
+    flow_matching_coef: Scale = 0.0  # advantage-weighted flow matching toward the executed chunks
     critic: Critic
     epochs: Count
     minibatches: Count

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ript.errors import RiptError
-from ript.models.flow_denoise import Denoising, denoise, score_chain
+from ript.models.flow_denoise import Denoising, denoise, flow_times, score_chain
 from ript.policies.flow_policy import FlowPolicy
 from ript.rl.critic import FlowValueHead
 from ript.rl.learners import Scored, TrainableWeights, collate_conditioning
@@ -23,6 +23,7 @@ class FlowLearner:
     sharded_methods = ("encode", "cache_from", "expert", "noise_std")
     compiles_update = False
     evaluation_shift_measured = True  # evaluation integrates the ODE
+    regresses_chunks = True  # the flow-matching loss toward the executed chunk
 
     def __init__(self, model, denoising: Denoising, action_horizon: int, expert_only: bool, log_prob_level: str,
                  critic_cfg=None, critic_position: str = "expert", trainable_only: bool = False):
@@ -92,3 +93,19 @@ class FlowLearner:
         ode = torch.zeros(chain.shape[0], self.denoising.steps, dtype=torch.bool, device=chain.device)
         final = denoise(self.model, cache, chain, self.denoising, ode)[0][:, -1]
         return final[:, : self.horizon, : self.policy.action_dim].flatten(1).float()
+
+    def chunk_regression(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
+        """Each decision's flow-matching loss (N,) toward the chunk it executed (its chain's last state), on the line
+        from the chain's own initial noise, at the K times the evaluation ODE visits: the velocity field evaluation
+        integrates is trained directly, where the ratio sees only the scored steps. No fresh noise or times are
+        drawn, so the update stays a function of the recorded decisions (resumes are exact)."""
+        _, cache = self._prefix(data, idx)
+        chain = data["chain"][idx].float()
+        noise, chunk = chain[:, 0], chain[:, -1]
+        target = (noise - chunk)[:, : self.horizon, : self.policy.action_dim]
+        errors = []
+        for tau in flow_times(self.denoising.steps, chain.device)[:-1]:
+            taus = tau.expand(chain.shape[0])
+            velocity, _ = self.model.expert(tau * noise + (1 - tau) * chunk, taus, cache)
+            errors.append((velocity.float()[:, : self.horizon, : self.policy.action_dim] - target).pow(2).mean((1, 2)))
+        return torch.stack(errors, 1).mean(1)

@@ -147,6 +147,9 @@ class RLIterations:
             raise RiptError(f"rl.target_eval_shift={cfg.rl.target_eval_shift}: the evaluation actions' shift is not "
                             f"measured for {type(learner).__name__} (a flow policy's ODE and OpenVLA-OFT's means "
                             f"are); use rl.target_kl")
+        if float(cfg.rl.get("flow_matching_coef") or 0) > 0 and not learner.regresses_chunks:
+            raise RiptError(f"rl.flow_matching_coef={cfg.rl.flow_matching_coef}: {type(learner).__name__} has no "
+                            f"flow-matching loss (flow and π0 policies have); leave it at 0")
         self.sharded = bool(cfg.rl.get("fsdp"))
         if self.sharded:  # rl.fsdp: before the optimiser, whose state then lives in shards too
             shard_learner(learner)

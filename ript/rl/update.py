@@ -202,6 +202,8 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
     stats = dict.fromkeys(ACTOR_STATS + ("grad_norm", "ratio_max"), 0.0)
     if reference is not None:
         stats["kl_to_reference"] = 0.0
+    if float(rl.get("flow_matching_coef") or 0) > 0:
+        stats["flow_matching_loss"] = 0.0
     if critic is not None:
         stats.update(dict.fromkeys(CRITIC_STATS + ("critic_grad_norm",), 0.0))
         stats["explained_variance"] = float("nan") if data is None else \
@@ -280,6 +282,13 @@ def micro_batch_loss(learner, data: dict, idx: torch.Tensor, cfg, device: str, c
         kl = reference_kl(scored.log_probs.float(), data["ref_log_probs"][idx])
         s["kl_to_reference"] = kl.detach()
         loss = loss + float(rl.kl_coef) * kl
+    fm_coef = float(rl.get("flow_matching_coef") or 0)
+    if fm_coef > 0:
+        with training.autocast(device, cfg.amp):
+            errors = learner.chunk_regression(data, idx)
+        fm_loss = (data["advantages"][idx].clamp(min=0) * errors.float()).mean()
+        s["flow_matching_loss"] = fm_loss.detach()
+        loss = loss + fm_coef * fm_loss
     if learner.critic is not None:
         v_loss, vs = value_loss(scored.values.float(), data["old_values"][idx], data["returns"][idx],
                                 None if rl.critic.value_clip is None else float(rl.critic.value_clip),

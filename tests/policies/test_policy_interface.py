@@ -91,6 +91,7 @@ class GaussianLearner:
 
     compiles_update = False
     evaluation_shift_measured = False  # GaussianHold evaluates samples, as RL draws them
+    regresses_chunks = False
 
     def __init__(self, model: torch.nn.Module, std: float):
         self.model, self.weights, self.std = model, model, std
@@ -112,6 +113,9 @@ class GaussianLearner:
         return Scored(dist.log_prob(data["actions"][idx]).flatten(1), dist.entropy().flatten(1).mean(-1), None)
 
     def evaluation_actions(self, data: dict, idx: torch.Tensor) -> None:
+        return None
+
+    def chunk_regression(self, data: dict, idx: torch.Tensor) -> None:
         return None
 
     def write_extra(self, folder, whole=None) -> None:

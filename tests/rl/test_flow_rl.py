@@ -77,8 +77,9 @@ def flow_rl_overrides(flow_run, run_dir, iterations: int, *extra: str) -> list[s
 
 @pytest.mark.parametrize("extra", [
     ("policy.noise_method=flow_noise", "rl.advantage=gae", "policy.critic_position=expert", "rl.entropy_coef=0.01"),
-    ("policy.noise_method=flow_sde", "rl.advantage=gae", "policy.critic_position=vlm", "policy.denoise_steps=2"),
-], ids=["flow_noise-gae-expert", "flow_sde-gae-vlm"])
+    ("policy.noise_method=flow_sde", "rl.advantage=gae", "policy.critic_position=vlm", "policy.denoise_steps=2",
+     "rl.flow_matching_coef=1.0"),
+], ids=["flow_noise-gae-expert", "flow_sde-gae-vlm-flow_matching"])
 def test_an_rl_iteration_with_each_noise_method_resumes_exactly(flow_run, tmp_path, extra):
     full, part = tmp_path / "full", tmp_path / "part"
     rl.run(compose("rl", flow_rl_overrides(flow_run, full, 2, *extra)))
@@ -115,6 +116,47 @@ def test_evaluation_actions_are_the_chunk_the_ode_runs_from_the_recorded_noise(f
     executed = data["chain"][:, -1, :4, : policy.action_dim].flatten(1)
     assert actions.shape == executed.shape == (4, 4 * policy.action_dim)
     torch.testing.assert_close(actions, executed.float(), atol=1e-4, rtol=0)
+
+
+def test_advantage_weighted_flow_matching_pulls_the_ode_toward_the_chunks_that_did_well(flow_run, tmp_path):
+    """Chunks sampled with much SDE noise lie away from the ODE's; minimising their flow-matching loss (from each
+    chain's own noise) brings the chunk the ODE integrates from that noise toward them. In the PPO loss the term
+    counts only decisions with a positive advantage, in proportion to it."""
+    from ript.rl.update import micro_batch_loss
+
+    model, ckpt = load_model(flow_run)
+    denoising = Denoising(steps=3, method="flow_sde", noise_level=1.0)
+    policy = FlowPolicy(model, denoising, 4, "cpu", seed=0, deterministic=False)
+    learner = FlowLearner(model, denoising, 4, True, "element")
+    learner.attach(policy)
+    data = learner.collate(two_recorded_episodes(policy, model, ckpt, 12, 5), "cpu")
+    idx = torch.arange(len(data["chain"]))
+    executed = data["chain"][:, -1, :4, : policy.action_dim].flatten(1).float()
+
+    def ode_gap() -> float:
+        with torch.no_grad():
+            return float((learner.evaluation_actions(data, idx) - executed).pow(2).mean())
+
+    cfg = compose("rl", flow_rl_overrides(flow_run, tmp_path / "r", 1, "rl.flow_matching_coef=2.0"))
+    losses = {}
+    for name, advantages in (("none", [-1.0, 0.0, -0.5] * 2), ("some", [1.0, 0.0, -0.5, 0.5, -1.0, 0.0])):
+        data["advantages"] = torch.tensor(advantages)
+        with torch.no_grad():
+            losses[name] = micro_batch_loss(learner, data, idx, cfg, "cpu", None, None)
+        errors = learner.chunk_regression(data, idx).detach()
+    assert "flow_matching_loss" in losses["some"][1] and float(losses["none"][1]["flow_matching_loss"]) == 0
+    # PPO's term at ratio 1 is -mean(A): the two batches' means are 0 and -0.5
+    expected = -0.5 + 2.0 * float((errors * torch.tensor([1.0, 0, 0, 0.5, 0, 0])).mean())
+    assert abs(float(losses["some"][0] - losses["none"][0]) - expected) < 1e-4
+    gap, first = ode_gap(), float(errors.mean())
+    opt = torch.optim.Adam(learner.params, lr=1e-3)
+    for _ in range(30):
+        opt.zero_grad()
+        learner.chunk_regression(data, idx).mean().backward()
+        opt.step()
+    with torch.no_grad():
+        assert float(learner.chunk_regression(data, idx).mean()) < 0.5 * first
+    assert ode_gap() < 0.5 * gap
 
 
 def test_flow_checkpoints_evaluate_through_the_cli_and_token_settings_are_refused(flow_run, tmp_path):

@@ -334,6 +334,10 @@ def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsy
     shift_target = [*rl_overrides(stage1_run, tmp_path / "shift", 1), "rl.target_eval_shift=0.01"]
     assert_one_line_error(ript_here("rl", *shift_target), "rl.target_eval_shift=0.01", "rl.target_kl")
     assert not (tmp_path / "shift" / "checkpoints").exists()
+    # nor has it a flow-matching loss to weight
+    regression = [*rl_overrides(stage1_run, tmp_path / "fm", 1), "rl.flow_matching_coef=0.5"]
+    assert_one_line_error(ript_here("rl", *regression), "rl.flow_matching_coef=0.5", "ChunkLearner")
+    assert not (tmp_path / "fm" / "checkpoints").exists()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo")
