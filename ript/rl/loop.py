@@ -32,7 +32,7 @@ from ript.utils.device import take_peak_memory_gib
 from ript.utils.fsdp import ShardedState, WholeState
 from ript.utils.logging import MetricLogger, log, setup_console_logging
 from ript.utils.run_dir import prepare_ranked_run_dir
-from ript.utils.seeding import seed_everything
+from ript.utils.seeding import restore_generator, seed_everything
 from ript.utils.trainer import RunSettings, Timer, TrainingRun, due, sum_by_name
 
 
@@ -168,7 +168,7 @@ class RLIterations:
         streams = self.run.resume(self.load_weights)
         if streams is not None:
             self.sampler.load_state_dict(streams["sampler"])
-            policy.generator.set_state(streams["policy_rng"])
+            restore_generator(policy.generator, streams["policy_rng"], run.resume_from)
             self.env_steps = int(streams.get("env_steps", 0))
         self.logger = self.run.open_logger(to_dict(cfg))
         self.history = RolloutHistory(run.run_dir, self.run.start) if info.is_main else None

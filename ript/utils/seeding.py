@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from ript.errors import RiptError
 
 
 def seed_everything(seed: int) -> None:
@@ -47,3 +50,14 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def restore_generator(generator: torch.Generator, state: torch.Tensor, source: Path | str) -> None:
+    """Give ``generator`` the state a checkpoint saved; a state of another device kind's generator (a run written on
+    a GPU resumed on a CPU, or the reverse) is a one-line error naming ``source``, not a size mismatch traceback."""
+    try:
+        generator.set_state(state)
+    except RuntimeError as e:
+        raise RiptError(f"{source}: its policy's random stream was saved by a generator of another device kind than "
+                        f"this run's ({generator.device.type}); resume it on the kind of device it was written "
+                        f"on") from e
