@@ -100,12 +100,13 @@ class FlowLearner:
         integrates is trained directly, where the ratio sees only the scored steps. No fresh noise or times are
         drawn, so the update stays a function of the recorded decisions (resumes are exact)."""
         _, cache = self._prefix(data, idx)
-        chain = data["chain"][idx].float()
-        noise, chunk = chain[:, 0], chain[:, -1]
+        recorded = data["chain"][idx]
+        noise, chunk = recorded[:, 0].float(), recorded[:, -1].float()
         target = (noise - chunk)[:, : self.horizon, : self.policy.action_dim]
         errors = []
-        for tau in flow_times(self.denoising.steps, chain.device)[:-1]:
-            taus = tau.expand(chain.shape[0])
-            velocity, _ = self.model.expert(tau * noise + (1 - tau) * chunk, taus, cache)
+        for tau in flow_times(self.denoising.steps, recorded.device)[:-1]:
+            taus = tau.expand(recorded.shape[0])
+            # the expert sees points in the dtype the recorded chain has, as scoring gives it the chain's own
+            velocity, _ = self.model.expert((tau * noise + (1 - tau) * chunk).to(recorded.dtype), taus, cache)
             errors.append((velocity.float()[:, : self.horizon, : self.policy.action_dim] - target).pow(2).mean((1, 2)))
         return torch.stack(errors, 1).mean(1)
