@@ -202,10 +202,11 @@ def pi0_eval_overrides(checkpoint, out_dir) -> list[str]:
             "num_workers=1", "max_episode_steps=8", f"out_dir={out_dir}", "n_videos=0"]
 
 
-@pytest.mark.parametrize("method", ["flow_noise", "flow_sde"])
-def test_pi0_trains_its_action_expert_one_rl_iteration_and_the_run_evaluates(pi0_folder, tmp_path, method):
+@pytest.mark.parametrize("method, extra", [("flow_noise", ()), ("flow_sde", ("rl.flow_matching_coef=1.0",))],
+                         ids=["flow_noise", "flow_sde-flow_matching"])
+def test_pi0_trains_its_action_expert_one_rl_iteration_and_the_run_evaluates(pi0_folder, tmp_path, method, extra):
     run = tmp_path / "rl"
-    rl.run(compose("rl", pi0_rl_overrides(pi0_folder, run, 1, f"policy.noise_method={method}")))
+    rl.run(compose("rl", pi0_rl_overrides(pi0_folder, run, 1, f"policy.noise_method={method}", *extra)))
     saved = load_file(str(run / "checkpoints" / "last" / "model.safetensors"))
     assert saved and all(k.startswith(("expert_", "state_proj", "action_", "noise_head")) for k in saved)
     trained, _ = load_model(run, expect_stage="rl")
