@@ -168,7 +168,7 @@ class RLIterations:
         streams = self.run.resume(self.load_weights)
         if streams is not None:
             self.sampler.load_state_dict(streams["sampler"])
-            restore_generator(policy.generator, streams["policy_rng"], run.resume_from)
+            restore_generator(policy.generator, streams["policy_rng"], run.resume_from, "policy_rng")
             self.env_steps = int(streams.get("env_steps", 0))
         self.logger = self.run.open_logger(to_dict(cfg))
         self.history = RolloutHistory(run.run_dir, self.run.start) if info.is_main else None

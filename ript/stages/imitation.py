@@ -23,6 +23,7 @@ from ript.utils import training
 from ript.utils.checkpoint import checkpoint_config, load_weights
 from ript.utils.logging import log
 from ript.utils.run_dir import prepare_ranked_run_dir
+from ript.utils.seeding import restore_generator
 from ript.utils.trainer import RunSettings, Throughput, TrainingRun, due, sum_by_name
 
 
@@ -194,7 +195,7 @@ class ImitationTraining:
         run = TrainingRun(settings, info, opt, sched)
         streams = run.resume(lambda ckpt: check_and_load(model, load_weights(ckpt), str(ckpt)))
         if streams is not None:
-            generator.set_state(streams["data_rng"])  # a CPU ByteTensor, whatever the generator's device
+            restore_generator(generator, streams["data_rng"], settings.resume_from, "data_rng")
         run.open_logger(to_dict(cfg))
         bar, speed = run.progress(steps, bool(cfg.progress)), Throughput()
         try:

@@ -13,7 +13,7 @@ from ript.utils import training
 from ript.utils.checkpoint import checkpoint_config, load_weights
 from ript.utils.logging import log, setup_console_logging
 from ript.utils.run_dir import prepare_ranked_run_dir, prepare_run_dir
-from ript.utils.seeding import seed_everything
+from ript.utils.seeding import restore_generator, seed_everything
 from ript.utils.trainer import RunSettings, Throughput, TrainingRun, due, sum_by_name
 
 
@@ -100,7 +100,7 @@ def train(model: ActionAutoencoder, train_set, val_set, train_cfg, settings: Run
     run = TrainingRun(settings, info, opt, sched)
     streams = run.resume(lambda ckpt: check_and_load(model, load_weights(ckpt), str(ckpt)))
     if streams is not None:
-        generator.set_state(streams["data_rng"])  # a CPU ByteTensor, whatever the generator's device
+        restore_generator(generator, streams["data_rng"], settings.resume_from, "data_rng")
     logger = run.open_logger(logged_config)
     bar, speed = run.progress(steps, progress), Throughput()
     try:

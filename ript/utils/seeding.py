@@ -52,12 +52,13 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def restore_generator(generator: torch.Generator, state: torch.Tensor, source: Path | str) -> None:
-    """Give ``generator`` the state a checkpoint saved; a state of another device kind's generator (a run written on
-    a GPU resumed on a CPU, or the reverse) is a one-line error naming ``source``, not a size mismatch traceback."""
+def restore_generator(generator: torch.Generator, state: torch.Tensor, source: Path | str, stream: str) -> None:
+    """Give ``generator`` the state ``stream`` a checkpoint saved (a CPU byte tensor, whatever the generator's
+    device); a state of another device kind's generator (a run written on a GPU resumed on a CPU, or the reverse) is
+    a one-line error naming ``source``, not a size mismatch traceback."""
     try:
         generator.set_state(state)
     except RuntimeError as e:
-        raise RiptError(f"{source}: its policy's random stream was saved by a generator of another device kind than "
+        raise RiptError(f"{source}: its random stream {stream} was saved by a generator of another device kind than "
                         f"this run's ({generator.device.type}); resume it on the kind of device it was written "
                         f"on") from e
