@@ -66,7 +66,7 @@ class Pi0Family(VLAFamily):
         p = cfg.policy
         return FlowLearner(loaded.model, loaded.policy.denoising, loaded.policy.action_horizon,
                            bool(p.train_expert_only), str(p.log_prob_level), critic_cfg, str(p.critic_position),
-                           trainable_only=True)
+                           trainable_only=True, regression=float(cfg.rl.get("flow_matching_coef") or 0) > 0)
 
     def rl_checkpoint(self, loaded: Loaded, cfg) -> dict:
         kwargs = model_kwargs(loaded.metadata["base_checkpoint"], cfg.policy)

@@ -26,7 +26,8 @@ class FlowLearner:
     regresses_chunks = True  # the flow-matching loss toward the executed chunk
 
     def __init__(self, model, denoising: Denoising, action_horizon: int, expert_only: bool, log_prob_level: str,
-                 critic_cfg=None, critic_position: str = "expert", trainable_only: bool = False):
+                 critic_cfg=None, critic_position: str = "expert", trainable_only: bool = False,
+                 regression: bool = False):
         if log_prob_level not in LOG_PROB_LEVELS:
             raise RiptError(f"policy.log_prob_level={log_prob_level!r}; choose one of {', '.join(LOG_PROB_LEVELS)}")
         self.model, self.denoising, self.horizon, self.level = model, denoising, action_horizon, log_prob_level
@@ -37,6 +38,7 @@ class FlowLearner:
         # checkpoints hold the whole model, or (a big model over its official folder) only what RL trains
         self.weights = TrainableWeights(model) if trainable_only else model
         self.expert_only = expert_only
+        self.regression = regression  # score gives chunk_errors too, from the prefix it has computed
         # the update encodes the recorded observations again when the prefix trains, or when the expert's cache
         # cannot be rebuilt from a few recorded features (π0's is every layer's keys and values)
         self.encodes = not expert_only or not model.rescores_from_features
@@ -82,7 +84,8 @@ class FlowLearner:
                                                 self.denoising, every_step)
         values = None if self.critic is None else self.critic(features.float(), hidden)
         executed = log_prob[:, : self.horizon, : self.policy.action_dim].flatten(1)
-        return Scored(self._level(executed), entropy, values)
+        errors = self._chunk_errors(data, idx, cache) if self.regression else None
+        return Scored(self._level(executed), entropy, values, errors)
 
     def evaluation_actions(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
         """The ODE's executed chunk from each recorded chain's initial noise (normalised units): what evaluation
@@ -95,11 +98,15 @@ class FlowLearner:
         return final[:, : self.horizon, : self.policy.action_dim].flatten(1).float()
 
     def chunk_regression(self, data: dict, idx: torch.Tensor) -> torch.Tensor:
-        """Each decision's flow-matching loss (N,) toward the chunk it executed (its chain's last state), on the line
-        from the chain's own initial noise, at the K times the evaluation ODE visits: the velocity field evaluation
-        integrates is trained directly, where the ratio sees only the scored steps. No fresh noise or times are
-        drawn, so the update stays a function of the recorded decisions (resumes are exact)."""
-        _, cache = self._prefix(data, idx)
+        """Each decision's flow-matching loss (N,) toward the chunk it executed, alone (``score`` gives it beside the
+        log-probs, from the same prefix, when the learner is built with ``regression``)."""
+        return self._chunk_errors(data, idx, self._prefix(data, idx)[1])
+
+    def _chunk_errors(self, data: dict, idx: torch.Tensor, cache) -> torch.Tensor:
+        """The flow-matching loss toward each executed chunk (its chain's last state), on the line from the chain's
+        own initial noise, at the K times the evaluation ODE visits: the velocity field evaluation integrates is
+        trained directly, where the ratio sees only the scored steps. No fresh noise or times are drawn, so the
+        update stays a function of the recorded decisions (resumes are exact)."""
         recorded = data["chain"][idx]
         noise, chunk = recorded[:, 0].float(), recorded[:, -1].float()
         target = (noise - chunk)[:, : self.horizon, : self.policy.action_dim]

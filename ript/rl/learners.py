@@ -29,6 +29,8 @@ class Scored:
     log_probs: torch.Tensor          # (N, T): per token / action dimension
     entropy: torch.Tensor            # (N,): the distribution's mean entropy per token / action dimension
     values: torch.Tensor | None      # (N,): the critic's, when the learner has one
+    chunk_errors: torch.Tensor | None = None  # (N,): each decision's imitation loss toward the chunk it executed,
+                                              # when the learner was built to give it (rl.flow_matching_coef)
 
 
 class Learner(Protocol):
@@ -40,7 +42,7 @@ class Learner(Protocol):
                                       # the model's own weights around each)
     compiles_update: bool  # scoring runs through torch.compile (rl.compile_ahead can compile it ahead)
     evaluation_shift_measured: bool  # ``evaluation_actions`` gives what evaluation executes (not RL's samples)
-    regresses_chunks: bool  # ``chunk_regression`` gives a regression loss toward the executed chunks
+    regresses_chunks: bool  # ``score`` can give ``chunk_errors`` (a flow policy's flow-matching loss)
 
     def attach(self, policy: ChunkingPolicy) -> None: ...  # the policy records what collate reads; the critic's too
     def collate(self, decisions: list[dict], device: str) -> dict: ...
@@ -49,9 +51,6 @@ class Learner(Protocol):
     # RL's samples (a flow policy's ODE, OFT's Laplace mean): the update measures how far it moved them, which
     # the ratio of the sampled actions may not show; None where evaluation samples the distribution RL scores
     def evaluation_actions(self, data: dict, idx: torch.Tensor) -> torch.Tensor | None: ...
-    # each decision's imitation loss toward the chunk it executed (N,), which rl.flow_matching_coef weights by the
-    # decision's positive advantage: a flow policy's flow-matching loss; None where the family has none
-    def chunk_regression(self, data: dict, idx: torch.Tensor) -> torch.Tensor | None: ...
     # further files every RL checkpoint carries; ``whole``: ``weights``' state gathered whole where the model is
     # sharded (rl.fsdp), to read instead of the model's own; else None
     def write_extra(self, folder: Path, whole: dict[str, torch.Tensor] | None = None) -> None: ...
@@ -139,10 +138,6 @@ class ChunkLearner:
         change), or greedy, decoded one token at a time, which the teacher-forced update does not give."""
         return None
 
-    def chunk_regression(self, data: dict, idx: torch.Tensor) -> None:
-        """None: the chunk policy's imitation target is its tokens, which the ratio already scores."""
-        return None
-
 
 class TrainableWeights(torch.nn.Module):
     """The parameters RL trains (LoRA + heads), as one module for checkpoints: its state dict is exactly those."""
@@ -226,10 +221,6 @@ class OFTLearner:
         inputs = {"images": data["images"][rows], "prompts": [data["prompts"][i] for i in rows.tolist()],
                   "proprio": None if data["proprio"] is None else data["proprio"][rows]}
         return self.policy.forward(inputs)["mean"].float().flatten(1)
-
-    def chunk_regression(self, data: dict, idx: torch.Tensor) -> None:
-        """None: no regression term for OpenVLA(-OFT)."""
-        return None
 
 
 class OpenVLALearner(OFTLearner):

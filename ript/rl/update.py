@@ -284,9 +284,7 @@ def micro_batch_loss(learner, data: dict, idx: torch.Tensor, cfg, device: str, c
         loss = loss + float(rl.kl_coef) * kl
     fm_coef = float(rl.get("flow_matching_coef") or 0)
     if fm_coef > 0:
-        with training.autocast(device, cfg.amp):
-            errors = learner.chunk_regression(data, idx)
-        fm_loss = (data["advantages"][idx].clamp(min=0) * errors.float()).mean()
+        fm_loss = (data["advantages"][idx].clamp(min=0) * scored.chunk_errors.float()).mean()
         s["flow_matching_loss"] = fm_loss.detach()
         loss = loss + fm_coef * fm_loss
     if learner.critic is not None:

@@ -115,9 +115,6 @@ class GaussianLearner:
     def evaluation_actions(self, data: dict, idx: torch.Tensor) -> None:
         return None
 
-    def chunk_regression(self, data: dict, idx: torch.Tensor) -> None:
-        return None
-
     def write_extra(self, folder, whole=None) -> None:
         (folder / "gaussian.txt").write_text(f"std {self.std}\n")
 

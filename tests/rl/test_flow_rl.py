@@ -127,7 +127,7 @@ def test_advantage_weighted_flow_matching_pulls_the_ode_toward_the_chunks_that_d
     model, ckpt = load_model(flow_run)
     denoising = Denoising(steps=3, method="flow_sde", noise_level=1.0)
     policy = FlowPolicy(model, denoising, 4, "cpu", seed=0, deterministic=False)
-    learner = FlowLearner(model, denoising, 4, True, "element")
+    learner = FlowLearner(model, denoising, 4, True, "element", regression=True)
     learner.attach(policy)
     data = learner.collate(two_recorded_episodes(policy, model, ckpt, 12, 5), "cpu")
     idx = torch.arange(len(data["chain"]))
