@@ -18,6 +18,7 @@ from ript.policies.flow_policy import FlowPolicy
 from ript.registry import POLICIES
 from ript.rl.critic import CRITIC_FILE, load_critic
 from ript.rl.flow_learner import FlowLearner
+from ript.rl.objective import flow_matching_coef
 from ript.utils import training
 from ript.utils.checkpoint import checkpoint_config
 from ript.utils.logging import log
@@ -98,7 +99,7 @@ class FlowFamily:
         p = cfg.policy
         learner = FlowLearner(model, denoising(p, loaded.source["settings"]), int(loaded.source["settings"]
                               ["action_horizon"]), bool(p.train_expert_only), str(p.log_prob_level), critic_cfg,
-                              str(p.critic_position), regression=float(cfg.rl.get("flow_matching_coef") or 0) > 0)
+                              str(p.critic_position), regression=flow_matching_coef(cfg.rl) > 0)
         if learner.critic is not None and (Path(base["checkpoint_dir"]) / CRITIC_FILE).is_file():
             load_critic(learner.critic, base["checkpoint_dir"])  # an RL checkpoint's critic carries on
         return learner

@@ -18,6 +18,7 @@ from ript.policies.pi0_policy import Pi0Policy
 from ript.policies.vla_family import VLAFamily, load_tokenizer, recorded_model
 from ript.registry import MODELS, POLICIES
 from ript.rl.flow_learner import FlowLearner
+from ript.rl.objective import flow_matching_coef
 from ript.utils.checkpoint import checkpoint_config
 from ript.utils.containers import to_dict
 
@@ -66,7 +67,7 @@ class Pi0Family(VLAFamily):
         p = cfg.policy
         return FlowLearner(loaded.model, loaded.policy.denoising, loaded.policy.action_horizon,
                            bool(p.train_expert_only), str(p.log_prob_level), critic_cfg, str(p.critic_position),
-                           trainable_only=True, regression=float(cfg.rl.get("flow_matching_coef") or 0) > 0)
+                           trainable_only=True, regression=flow_matching_coef(cfg.rl) > 0)
 
     def rl_checkpoint(self, loaded: Loaded, cfg) -> dict:
         kwargs = model_kwargs(loaded.metadata["base_checkpoint"], cfg.policy)

@@ -21,6 +21,7 @@ from ript.rl.advantages import build_estimator
 from ript.rl.critic import load_critic, write_learner_files
 from ript.rl.history import UPDATE_RECORD, RolloutHistory
 from ript.rl.learners import Learner, shard_learner
+from ript.rl.objective import flow_matching_coef
 from ript.rl.overlap import RolloutsAhead, rollout_weights
 from ript.rl.refresh import WorldModelRefresh
 from ript.rl.rollout import GroupSampling, collect_groups
@@ -147,7 +148,7 @@ class RLIterations:
             raise RiptError(f"rl.target_eval_shift={cfg.rl.target_eval_shift}: the evaluation actions' shift is not "
                             f"measured for {type(learner).__name__} (a flow policy's ODE and OpenVLA-OFT's means "
                             f"are); use rl.target_kl")
-        if float(cfg.rl.get("flow_matching_coef") or 0) > 0 and not learner.regresses_chunks:
+        if flow_matching_coef(cfg.rl) > 0 and not learner.regresses_chunks:
             raise RiptError(f"rl.flow_matching_coef={cfg.rl.flow_matching_coef}: {type(learner).__name__} has no "
                             f"flow-matching loss (flow and π0 policies have); leave it at 0")
         self.sharded = bool(cfg.rl.get("fsdp"))

@@ -7,6 +7,12 @@ import torch
 from ript.models.prior import SkillPrior, processed_log_probs
 
 
+def flow_matching_coef(rl_cfg) -> float:
+    """``rl.flow_matching_coef``: the weight of the advantage-weighted flow-matching term (0: off; absent from
+    configs written before it)."""
+    return float(rl_cfg.get("flow_matching_coef") or 0)
+
+
 def token_scores(model: SkillPrior, context: torch.Tensor, tokens: torch.Tensor, temperature: float,
                  top_k: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (N, T) of ``tokens`` given cached contexts, with the temperature and top-k used to sample,

@@ -13,7 +13,7 @@ import torch
 
 from ript.rl.advantages import normalize_over_ranks
 from ript.rl.critic import explained_variance, value_loss
-from ript.rl.objective import ppo_loss, reference_kl
+from ript.rl.objective import flow_matching_coef, ppo_loss, reference_kl
 from ript.rl.rollout import flatten_groups
 from ript.utils import distributed as ddist
 from ript.utils import training
@@ -202,7 +202,7 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
     stats = dict.fromkeys(ACTOR_STATS + ("grad_norm", "ratio_max"), 0.0)
     if reference is not None:
         stats["kl_to_reference"] = 0.0
-    if float(rl.get("flow_matching_coef") or 0) > 0:
+    if flow_matching_coef(rl) > 0:
         stats["flow_matching_loss"] = 0.0
     if critic is not None:
         stats.update(dict.fromkeys(CRITIC_STATS + ("critic_grad_norm",), 0.0))
@@ -282,7 +282,7 @@ def micro_batch_loss(learner, data: dict, idx: torch.Tensor, cfg, device: str, c
         kl = reference_kl(scored.log_probs.float(), data["ref_log_probs"][idx])
         s["kl_to_reference"] = kl.detach()
         loss = loss + float(rl.kl_coef) * kl
-    fm_coef = float(rl.get("flow_matching_coef") or 0)
+    fm_coef = flow_matching_coef(rl)
     if fm_coef > 0:
         fm_loss = (data["advantages"][idx].clamp(min=0) * scored.chunk_errors.float()).mean()
         s["flow_matching_loss"] = fm_loss.detach()
