@@ -28,6 +28,52 @@ class StopRule:
     def satisfied(self) -> bool:
         raise NotImplementedError
 
+    def more(self) -> list[EpisodeSpec]:
+        """Episodes to run after every one given so far has started, asked for whenever an env slot is free and
+        none is waiting (RL's stream of groups); [] (the default): none. The rule's own state decides them, never
+        the time they are asked for."""
+        return []
+
+
+class EpisodeQueue:
+    """The episodes of a run not started yet, in the caller's order: the given ones, then those the stop rule
+    streams (``StopRule.more``) once they have all started. ``on_new`` sees every spec before it can start."""
+
+    def __init__(self, specs: list[EpisodeSpec], stop: StopRule | None,
+                 on_new: Callable[[list[EpisodeSpec]], None] | None = None):
+        self.stop, self.on_new = stop, on_new
+        self.waiting: list[EpisodeSpec] = []  # popped from the end
+        self.total = 0  # every spec queued, given or streamed
+        self.add(list(specs))
+
+    def add(self, specs: list[EpisodeSpec]) -> None:
+        if specs and self.on_new is not None:
+            self.on_new(specs)
+        self.waiting[:0] = reversed(specs)
+        self.total += len(specs)
+
+    def has_next(self) -> bool:
+        if not self.waiting and self.stop is not None:
+            self.add(self.stop.more())
+        return bool(self.waiting)
+
+    def take(self, prefer: Callable[[EpisodeSpec], bool] | None = None) -> EpisodeSpec:
+        """The next episode, or the first waiting one ``prefer`` accepts (call ``has_next`` first)."""
+        j = len(self.waiting) - 1
+        if prefer is not None:
+            j = next((i for i in range(len(self.waiting) - 1, -1, -1) if prefer(self.waiting[i])), j)
+        return self.waiting.pop(j)
+
+    def put_back(self, spec: EpisodeSpec) -> None:
+        """An episode to run again (its worker failed): it starts next."""
+        self.waiting.append(spec)
+
+    def clear(self) -> int:
+        """Nothing more starts (the stop rule is satisfied): how many waiting episodes that cancels."""
+        n = len(self.waiting)
+        self.waiting.clear()
+        return n
+
 
 class Runner(Protocol):
     """What runs a policy's episodes: the simulator's env workers (``EnvRunner``) or a world model

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ript.envs.episodes import StopRule, decision_counts, finished_episode, video_frame
+from ript.envs.episodes import EpisodeQueue, StopRule, decision_counts, finished_episode, video_frame
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.worker_env import EpisodeSpec, PoolSettings, WorkerSet
 from ript.errors import RiptError
@@ -131,7 +131,6 @@ class ImaginedRunner:
             raise RiptError(f"the policy executes {policy.action_horizon} actions per decision; the world model "
                             f"steps {self.model.chunk} at a time (set the decoding's action_horizon to a multiple)")
         t0 = time.perf_counter()
-        self.initial.ensure([(s.task_name, s.seed) for s in specs])
         episodes = Episodes(self, policy, specs, video_dir, stop)
         startup = time.perf_counter() - t0
         episodes.run()
@@ -149,13 +148,14 @@ class Episodes:
                  video_dir: Path | None, stop: StopRule | None):
         self.runner, self.policy, self.model, self.video_dir, self.stop = runner, policy, runner.model, video_dir, stop
         n = runner.env_slots
-        self.pending = list(reversed(specs))
+        # each episode's first frame is rendered in the simulator before it can start
+        self.queue = EpisodeQueue(specs, stop, lambda new: runner.initial.ensure([(s.task_name, s.seed) for s in new]))
         self.running: list[EpisodeSpec | None] = [None] * n
         self.steps, self.rewards = [0] * n, [[] for _ in range(n)]
         self.frames: list[list[np.ndarray]] = [[] for _ in range(n)]
         self.current: list[dict[str, np.ndarray] | None] = [None] * n
         self.episodes: list[dict] = []
-        self.n_specs, self.cancelled, self.env_steps, self.decisions = len(specs), 0, 0, 0
+        self.cancelled, self.env_steps, self.decisions = 0, 0, 0
         self.model_s, self.t0 = 0.0, time.perf_counter()
         self.video_keys = list(self.model.image_keys)
         self.before = (policy.inference_seconds, policy.plan_calls)
@@ -164,8 +164,8 @@ class Episodes:
         self.policy.reset(len(self.running))
         while True:
             for s in range(len(self.running)):
-                if self.running[s] is None and self.pending:
-                    self.begin(s, self.pending.pop())
+                if self.running[s] is None and self.queue.has_next():
+                    self.begin(s, self.queue.take())
             active = [spec is not None for spec in self.running]
             if not any(active):
                 break
@@ -173,8 +173,8 @@ class Episodes:
             if self.stop is not None and self.stop.satisfied():
                 self.cancel()
                 break
-        if len(self.episodes) + self.cancelled != self.n_specs:
-            raise RuntimeError(f"imagined run finished {len(self.episodes)} episodes of {self.n_specs}")
+        if len(self.episodes) + self.cancelled != self.queue.total:
+            raise RuntimeError(f"imagined run finished {len(self.episodes)} episodes of {self.queue.total}")
 
     def begin(self, s: int, spec: EpisodeSpec) -> None:
         first = self.runner.initial[(spec.task_name, spec.seed)]
@@ -248,8 +248,7 @@ class Episodes:
             self.stop.finished(episode)
 
     def cancel(self) -> None:
-        self.cancelled += len(self.pending)
-        self.pending.clear()
+        self.cancelled += self.queue.clear()
         for s, spec in enumerate(self.running):
             if spec is not None:
                 if self.policy.record:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ript.envs.episodes import StopRule, decision_counts, finished_episode, video_frame
+from ript.envs.episodes import EpisodeQueue, StopRule, decision_counts, finished_episode, video_frame
 from ript.envs.gl import renders_apart
 from ript.envs.seeds import eval_layout_seed
 from ript.envs.suites import get_suite
@@ -179,8 +179,7 @@ class Schedule:
         self.as_ready = as_ready  # plan a stage's waiting workers without waiting for its advancing ones
         self.waiting: set[int] = set()  # workers whose running envs wait for their stage's next decision
         n = self.n_workers * self.per
-        self.n_specs = len(specs)
-        self.pending = list(reversed(specs))  # popped from the end
+        self.queue = EpisodeQueue(specs, stop)
         self.running: list[EpisodeSpec | None] = [None] * n
         self.steps = [0] * n
         self.chunks: list = [None] * n
@@ -212,8 +211,8 @@ class Schedule:
             for w in ready:
                 self.receive(w)
             self.plan_stages()
-        if len(self.episodes) + self.dropped + self.cancelled != self.n_specs:
-            raise RuntimeError(f"runner finished {len(self.episodes)} episodes of {self.n_specs} ({self.dropped} "
+        if len(self.episodes) + self.dropped + self.cancelled != self.queue.total:
+            raise RuntimeError(f"runner finished {len(self.episodes)} episodes of {self.queue.total} ({self.dropped} "
                                f"dropped, {self.cancelled} cancelled)")
         return self.summary(*before)
 
@@ -227,8 +226,7 @@ class Schedule:
             (self.begun if call.name == "begin" else self.advanced)(w, results[w])
         if self.stop is not None and not self.stopping and self.stop.satisfied():
             self.stopping = True
-            self.cancelled += len(self.pending)
-            self.pending.clear()
+            self.cancelled += self.queue.clear()
             for other in range(self.n_workers):
                 if other not in self.in_flight and other != w:
                     self.cancel(other)  # workers with a call in flight are cancelled when they answer
@@ -239,7 +237,7 @@ class Schedule:
         """Worker w has answered: start episodes on its idle slots, or plan its running ones' next chunks."""
         if self.stopping:
             self.cancel(w)
-        elif self.pending and any(self.running[s] is None for s in self.slots(w)):
+        elif any(self.running[s] is None for s in self.slots(w)) and self.queue.has_next():
             self.assign(w)
         elif any(self.running[s] is not None for s in self.slots(w)):
             self.waiting.add(w)
@@ -263,12 +261,9 @@ class Schedule:
         """Worker w's idle slots take waiting episodes: each the next one of a task it has built if one is left
         (building a task takes seconds)."""
         assigned: dict[int, tuple] = {}
-        pending = self.pending
         for s in self.slots(w):
-            if self.running[s] is None and pending:
-                j = next((j for j in range(len(pending) - 1, -1, -1) if pending[j].task_name in self.built[s]),
-                         len(pending) - 1)
-                self.running[s] = pending.pop(j)
+            if self.running[s] is None and self.queue.has_next():
+                self.running[s] = self.queue.take(lambda spec, built=self.built[s]: spec.task_name in built)
                 assigned[s] = (self.running[s],)
                 self.steps[s], self.rewards[s], self.frames[s] = 0, [], []
         self.send(w, "begin", assigned)
@@ -354,7 +349,7 @@ class Schedule:
             if self.running[s] is None:
                 continue
             if self.rerun_failed and not self.stopping:
-                self.pending.append(self.running[s])  # popped next
+                self.queue.put_back(self.running[s])
                 self.reruns += 1
             else:
                 self.dropped += 1

@@ -1,6 +1,6 @@
 """RL's rollout record, one entry per iteration and task (``<run_dir>/rl_history.json``), and its picture
 (``<run_dir>/rl_success.png``: rollout success against iterations and against environment steps). The steps
-are those of the episodes that count, not of episodes a sampling round cancelled, so a resumed run's record
+are those of the episodes that count, not of episodes an iteration cancelled, so a resumed run's record
 equals an uninterrupted one's."""
 
 from __future__ import annotations

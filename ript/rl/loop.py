@@ -216,8 +216,9 @@ class RLIterations:
                                self.rollout_group)
         batch["inference_seconds"] = self.policy.inference_seconds - inference_before  # the policy's planning time
         if batch["capped"] and self.info.is_main:
-            log.warning("rl iteration %d: only %d of %d groups were informative after %d sampling rounds; "
-                        "training on those", it + 1, int(batch["total_kept"]), self.sampling.groups, batch["rounds"])
+            log.warning("rl iteration %d: only %d of %d groups were informative after drawing %d (the most "
+                        "rl.max_sampling_rounds allows); training on those", it + 1, int(batch["total_kept"]),
+                        self.sampling.groups, batch["groups_drawn"])
         return batch, videos
 
     def totals(self, batch: dict, targets) -> dict[str, float]:
@@ -249,7 +250,7 @@ class RLIterations:
             "rollout/groups_kept": batch["total_kept"],
             "rollout/kept_fraction": batch["total_kept"] * self.sampling.k / max(1, n),
             "rollout/nonzero_advantage_fraction": totals["nonzero_advantages"] / max(1, n),
-            "rollout/sampling_rounds": batch["rounds"],
+            "rollout/groups_drawn": batch["groups_drawn"],
             "rollout/dropped_episodes": batch["dropped"],
             "rollout/cancelled_episodes": batch["cancelled"],
             "rollout/returns_mean": totals["returns_sum"] / max(1, totals["returns"]),  # kept episodes' rewards
@@ -296,10 +297,10 @@ class RLIterations:
                              {k: stats[k] for k in UPDATE_RECORD if k in stats})
         if not self.info.is_main:
             return
-        log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d rounds, %d episodes, %d cancelled), "
+        log.info("rl iteration %d/%d: rollout success %.1f%%, %d groups kept (%d drawn, %d episodes, %d cancelled), "
                  "clip %.3f, kl %.4f, %.1f s rollout (%.0f env steps/s) + %.1f s train (%.1f s of it preparing the "
                  "batch)", iteration, self.iterations, 100 * metrics["rollout/success_rate"],
-                 metrics["rollout/groups_kept"], metrics["rollout/sampling_rounds"], int(totals["episodes"]),
+                 metrics["rollout/groups_kept"], metrics["rollout/groups_drawn"], int(totals["episodes"]),
                  metrics["rollout/cancelled_episodes"], stats["clip_fraction"], stats["approx_kl"],
                  metrics["time/rollout"], metrics["time/env_steps_per_s"], metrics["time/train"],
                  metrics["time/train_prepare"])

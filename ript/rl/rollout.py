@@ -1,7 +1,7 @@
 """Rollouts for RL: dynamic sampling of groups of K rollouts per initial condition until B informative groups
-(over all ranks) are kept, and the kept groups' decisions with their advantages. A round draws more groups
-than it needs when many will come out all-success or all-failure, and ends as soon as its first groups in draw
-order settle the need."""
+(over all ranks) are kept, and the kept groups' decisions with their advantages. Groups stream onto the env
+slots as they free up, in draw order, and the run ends as soon as its first groups in draw order settle the need:
+no slot waits for a round's longest episode."""
 
 from __future__ import annotations
 
@@ -13,25 +13,25 @@ from pathlib import Path
 
 import torch
 
-from ript.envs.episodes import Runner, StopRule, decision_counts
+from ript.envs.episodes import Runner, StopRule
 from ript.envs.worker_env import EpisodeSpec
 from ript.errors import RiptError
 from ript.evaluation.environments import EnvironmentSetting, build_environment
 from ript.policies.base import ChunkingPolicy
 from ript.registry import ADVANTAGES
 from ript.rl.advantages import Estimator, Targets
-from ript.rl.sampler import InitialConditionSampler
+from ript.rl.sampler import GroupDraws, InitialConditionSampler
 from ript.utils import distributed as ddist
 
-# auto oversampling draws at most this many times the groups still needed in a round
+# auto oversampling draws at most this many times the groups still needed
 MAX_AUTO_OVERSAMPLE = 4.0
 
 
 @dataclass(frozen=True)
 class GroupSampling:
     """Dynamic sampling's settings, read from the config once: K rollouts per initial condition, B informative
-    groups per iteration over all ranks, at most ``max_rounds`` rounds of fresh initial conditions, and how many
-    groups a round draws for those it needs (``oversample``; None: auto)."""
+    groups per iteration over all ranks, and the most groups an iteration draws: ``max_rounds`` times a round's
+    worth (the groups needed times ``oversample``, None: auto, and at least enough to fill the env slots once)."""
     k: int
     groups: int
     max_rounds: int
@@ -53,15 +53,13 @@ class GroupSampling:
         return math.ceil(self.groups / world_size)
 
     def most_episodes_per_round(self, world_size: int) -> int:
-        """The most episodes a rank's round draws (its first, needing every group), which sizes its workers."""
+        """The most episodes a round's worth of groups holds (needing every group), which sizes the workers."""
         factor = MAX_AUTO_OVERSAMPLE if self.oversample is None else self.oversample
         return math.ceil(self.local_groups(world_size) * factor) * self.k
 
-    def groups_to_draw(self, need: int, sampler: InitialConditionSampler, env_slots: int) -> int:
-        """Groups to draw for ``need`` informative ones. Auto: as many as the sampler expects to hold ``need``
-        mixed groups (at most 4x), and at least enough to give every env slot an episode. A round waits for its
-        longest episode, so a round that is sure to fall short costs another round's wait; the extra groups
-        run on slots that would idle, and those not needed are cancelled (``InformativePrefix``)."""
+    def round_groups(self, need: int, sampler: InitialConditionSampler, env_slots: int) -> int:
+        """A round's worth of groups for ``need`` informative ones. Auto: as many as the sampler expects to hold
+        ``need`` mixed groups (at most 4x), and at least enough to give every env slot an episode."""
         if need == 0:
             return 0
         if not self.mixed_only:
@@ -70,6 +68,13 @@ class GroupSampling:
             return math.ceil(need * self.oversample)
         factor = min(MAX_AUTO_OVERSAMPLE, 1.0 / max(sampler.informative_share(), 1e-9))
         return max(math.ceil(need * factor), math.ceil(env_slots / self.k))
+
+    def most_groups(self, need: int, sampler: InitialConditionSampler, env_slots: int) -> int:
+        """The most groups an iteration draws for ``need`` informative ones; all of them when every complete
+        group is kept (the first ``need`` settle it, so more could only be cancelled)."""
+        if not self.mixed_only:
+            return need
+        return self.max_rounds * self.round_groups(need, sampler, env_slots)
 
 
 class InformativePrefix(StopRule):
@@ -83,6 +88,13 @@ class InformativePrefix(StopRule):
         self.lost = [False] * n_groups     # a group that lost a rollout is left out whole
         self.settled = 0                   # groups [0, settled) have ended and are counted
         self.informative = 0
+
+    def add_group(self) -> int:
+        """One more group, last in draw order: its number."""
+        self.ended.append(0)
+        self.outcomes.append(set())
+        self.lost.append(False)
+        return len(self.ended) - 1
 
     def finished(self, episode: dict) -> None:
         g = episode["episode"] // self.k
@@ -102,59 +114,53 @@ class InformativePrefix(StopRule):
         return self.informative >= self.need
 
 
+class GroupStream(InformativePrefix):
+    """The informative prefix over groups drawn one at a time as env slots free up (``StopRule.more``), up to
+    ``most`` groups: group g's K rollouts are episodes g*K .. g*K+K-1 of ``draws.draw(g)``. With ``record_first``
+    the first rollout of the first group is recorded as a video."""
+
+    def __init__(self, draws: GroupDraws, k: int, need: int, most: int, mixed_only: bool = True,
+                 record_first: bool = False):
+        super().__init__(0, k, need, mixed_only)
+        self.draws, self.most, self.record_first = draws, most, record_first
+
+    def more(self) -> list[EpisodeSpec]:
+        if len(self.ended) >= self.most or self.satisfied():
+            return []
+        g = self.add_group()
+        task, seed = self.draws.draw(g)
+        specs = [EpisodeSpec(task, seed, g * self.k + j) for j in range(self.k)]
+        if g == 0 and self.record_first:
+            specs[0] = dataclasses.replace(specs[0], record=True)  # recording changes what is saved, not the episode
+        return specs
+
+
 def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialConditionSampler,
                    sampling: GroupSampling, info, video_dir: Path | None = None, process_group=None) -> dict:
-    """Dynamic sampling: rounds of K rollouts per initial condition until B informative groups (over all ranks,
-    counted over ``process_group``: the default one unless given). Each round keeps its groups up to the one
-    that completes the need, in draw order (the sampler learns from exactly those); later groups are cancelled
-    or ignored. With ``video_dir``, the first rollout of the first round is recorded there as an mp4."""
+    """Dynamic sampling: groups of K rollouts per initial condition, streamed in draw order, until this rank
+    holds its share of B informative groups (the first groups in draw order that settle it; the sampler learns
+    from exactly those, later ones are cancelled or ignored) or has drawn ``sampling.most_groups``; the groups
+    kept over all ranks are counted over ``process_group`` (the default one unless given). With ``video_dir``,
+    the first rollout is recorded there as an mp4."""
     k = sampling.k
-    t0 = time.perf_counter()
-    local_target = sampling.local_groups(info.world_size)
-    kept, episodes, rounds, sync = [], [], 0, 0.0
-    dropped = cancelled = env_steps = 0
-    busy = idle = 0.0  # env workers' busy and the driver's idle shares of the rounds, weighted by their seconds
-    build = 0.0  # the env workers' share spent building simulator tasks, likewise
-    decisions = dict.fromkeys(("decisions", "decision_rounds", "decision_rows"), 0)  # the policy's batched calls
-    while True:
-        need = max(0, local_target - len(kept))
-        ics = sampler.draw(sampling.groups_to_draw(need, sampler, runner.env_slots))
-        # episode index g*K + j: group g of this round, even when two draws share an initial condition
-        specs = [EpisodeSpec(task, seed, g * k + j) for g, (task, seed) in enumerate(ics) for j in range(k)]
-        if specs and video_dir is not None and rounds == 0:
-            specs[0] = dataclasses.replace(specs[0], record=True)  # recording changes what is saved, not the episode
-        prefix = InformativePrefix(len(ics), k, need, sampling.mixed_only)
-        results = runner.run(policy, video_dir=video_dir, specs=specs, stop=prefix) if specs else \
-            {"episodes": [], "dropped": 0, "cancelled": 0, "env_steps": 0, "worker_busy_share": 0.0,
-             "driver_idle_share": 0.0, "task_build_share": 0.0, "seconds": 0.0, **decision_counts(0, 0, 0)}
-        prefix.satisfied()  # a round that ran to the end: every group counts
-        dropped += results["dropped"]
-        cancelled += results["cancelled"]
-        env_steps += results["env_steps"]
-        busy += results["worker_busy_share"] * results["seconds"]
-        idle += results["driver_idle_share"] * results["seconds"]
-        build += results["task_build_share"] * results["seconds"]
-        for key in decisions:
-            decisions[key] += results[key]
-        counted = [e for e in results["episodes"] if e["episode"] // k < prefix.settled]
-        for group in group_episodes(counted, k):
-            rewards = [float(e["success"]) for e in group]
-            sampler.record((group[0]["task"], group[0]["seed"]), rewards)
-            episodes.extend(group)
-            if sampling.keeps([e["success"] for e in group]):
-                kept.append(group)
-        rounds += 1
-        t = time.perf_counter()
-        total_kept = ddist.all_sum([len(kept)], info, process_group)[0]
-        sync += time.perf_counter() - t
-        if total_kept >= sampling.groups or rounds >= sampling.max_rounds:
-            break
-    capped = total_kept < sampling.groups
-    seconds = time.perf_counter() - t0
-    return {"kept": kept, "episodes": episodes, "rounds": rounds, "capped": capped, "total_kept": total_kept,
-            "sync": sync, "dropped": dropped, "cancelled": cancelled, "env_steps": env_steps,
-            "worker_busy_share": busy / max(1e-9, seconds), "driver_idle_share": idle / max(1e-9, seconds),
-            "task_build_share": build / max(1e-9, seconds), "seconds": seconds, **decisions}
+    need = sampling.local_groups(info.world_size)
+    stream = GroupStream(sampler.draws(), k, need, sampling.most_groups(need, sampler, runner.env_slots),
+                         sampling.mixed_only, video_dir is not None)
+    results = runner.run(policy, video_dir=video_dir, specs=[], stop=stream)
+    stream.satisfied()  # a run that drew its most groups and ran them all: every group counts
+    kept, episodes = [], []
+    counted = [e for e in results["episodes"] if e["episode"] // k < stream.settled]
+    for group in group_episodes(counted, k):
+        rewards = [float(e["success"]) for e in group]
+        sampler.record((group[0]["task"], group[0]["seed"]), rewards)
+        episodes.extend(group)
+        if sampling.keeps([e["success"] for e in group]):
+            kept.append(group)
+    t = time.perf_counter()
+    total_kept = ddist.all_sum([len(kept)], info, process_group)[0]
+    sync = time.perf_counter() - t
+    return {**results, "kept": kept, "episodes": episodes, "groups_drawn": len(stream.ended),
+            "capped": total_kept < sampling.groups, "total_kept": total_kept, "sync": sync}
 
 
 def group_episodes(episodes: list[dict], k: int) -> list[list[dict]]:

@@ -1,10 +1,12 @@
-"""Initial conditions for RL: (task, layout seed) pairs drawn from a seeded stream, optionally skipping
-ones the policy mastered (all K rollouts succeeded) in recent iterations, and optionally drawing tasks in
-proportion to the chance that a group of K rollouts on them is informative. Its state is checkpointed."""
+"""Initial conditions for RL: (task, layout seed) pairs, group g of iteration i drawn from its own seeded
+stream, optionally skipping ones the policy mastered (all K rollouts succeeded) in recent iterations, and
+optionally drawing tasks in proportion to the chance that a group of K rollouts on them is informative. Its
+estimates are checkpointed."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,7 +29,7 @@ class InitialConditionSampler:
         # moves them one EMA step; False: its first group sets them. A group's K rollouts share one layout, so one
         # all-failed group of a task at 20% is common, and setting its success to 0 starves it at the floor
         self.prior = prior
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
         self.mastered: dict[str, int] = {}  # "task|seed" -> iteration it was last mastered
         self.success: dict[str, float] = {}  # task -> running estimate of rollout success
         self.mixed: dict[str, float] = {}  # task -> running share of its groups that came out mixed
@@ -59,18 +61,13 @@ class InitialConditionSampler:
         mixed = np.array([self.mixed.get(t, self.unseen_mixed) for t in self.task_names])
         return float(np.dot(self.task_probabilities(), mixed))
 
-    def draw(self, n: int, max_tries: int = 100) -> list[tuple[str, int]]:
-        out = []
-        probs = self.task_probabilities()
-        for _ in range(n):
-            for _ in range(max_tries):
-                task = self.task_names[int(self.rng.choice(len(self.task_names), p=probs))]
-                ic = (task, rl_layout_seed(int(self.rng.integers(self.pool_size))))
-                last = self.mastered.get(f"{ic[0]}|{ic[1]}")
-                if last is None or self.iteration - last > self.skip_mastered_for:
-                    break
-            out.append(ic)
-        return out
+    def draws(self) -> GroupDraws:
+        """This iteration's draws, from the estimates as they stand: group g's initial condition depends on
+        (seed, iteration, g) only, so it is the same however many groups are drawn or when."""
+        recent = self.skip_mastered_for
+        skipped = frozenset(key for key, last in self.mastered.items() if recent and self.iteration - last <= recent)
+        return GroupDraws(tuple(self.task_names), tuple(self.task_probabilities().tolist()), self.seed,
+                          self.iteration, self.pool_size, skipped)
 
     def record(self, ic: tuple[str, int], rewards: list[float]) -> None:
         self._running(self.success, ic[0], float(np.mean(rewards)), UNSEEN_SUCCESS)
@@ -87,12 +84,34 @@ class InitialConditionSampler:
             estimates[task] = value
 
     def state_dict(self) -> dict:
-        return {"rng": json.dumps(self.rng.bit_generator.state), "mastered": json.dumps(self.mastered),
+        return {"seed": self.seed, "mastered": json.dumps(self.mastered),
                 "success": json.dumps(self.success), "mixed": json.dumps(self.mixed), "iteration": self.iteration}
 
     def load_state_dict(self, state: dict) -> None:
-        self.rng.bit_generator.state = json.loads(state["rng"])
+        self.seed = int(state.get("seed", self.seed))  # a checkpoint of a sequential stream has none
         self.mastered = json.loads(state["mastered"])
         self.success = json.loads(state["success"])
         self.mixed = json.loads(state.get("mixed", "{}"))  # checkpoints before rl.oversample have none
         self.iteration = int(state["iteration"])
+
+
+@dataclass(frozen=True)
+class GroupDraws:
+    """One iteration's initial conditions, group by group: the task from the iteration's task probabilities and a
+    layout from the pool, skipping those mastered recently (up to ``max_tries`` draws)."""
+    task_names: tuple[str, ...]
+    probabilities: tuple[float, ...]
+    seed: int
+    iteration: int
+    pool_size: int
+    skipped: frozenset[str]  # "task|layout seed" keys mastered within rl.skip_mastered_for iterations
+    max_tries: int = 100
+
+    def draw(self, group: int) -> tuple[str, int]:
+        rng = np.random.default_rng([self.seed, self.iteration, group])
+        for _ in range(self.max_tries):
+            task = self.task_names[int(rng.choice(len(self.task_names), p=self.probabilities))]
+            ic = (task, rl_layout_seed(int(rng.integers(self.pool_size))))
+            if f"{ic[0]}|{ic[1]}" not in self.skipped:
+                break
+        return ic

@@ -181,7 +181,8 @@ def test_the_update_stops_early_at_its_kl_or_evaluation_shift_target(flow_run, t
     steps = {}
     for tag, extra in (("plain", ()), ("shift", ("rl.target_eval_shift=1e-9",)), ("kl", ("rl.target_kl=1e-12",))):
         # the probe runs in the update's micro-batches of 16 (up to 24 decisions here)
-        rl.run(compose("rl", flow_rl_overrides(flow_run, tmp_path / tag, 1, "rl.micro_batch=16", *extra)))
+        rl.run(compose("rl", flow_rl_overrides(flow_run, tmp_path / tag, 1, "rl.micro_batch=16",
+                                               "rl.max_sampling_rounds=3", *extra)))
         (entry,) = json.loads((tmp_path / tag / "rl_history.json").read_text())
         steps[tag] = entry["update"]["optimizer_steps"]
     assert steps["plain"] == 4 and steps["shift"] == 1 and 1 <= steps["kl"] <= 2

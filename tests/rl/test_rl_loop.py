@@ -51,13 +51,23 @@ def test_ppo_loss_clips_both_sides():
 
 def test_sampler_skips_mastered_and_round_trips_its_state():
     s = InitialConditionSampler(["a"], seed=0, pool_size=2, skip_mastered_for=3)
-    first = s.draw(1)[0]
+    first = s.draws().draw(0)
     s.record(first, [1.0, 1.0])
-    assert all(ic != first for ic in s.draw(5))
+    assert all(s.draws().draw(g) != first for g in range(5))
     state = s.state_dict()
     again = InitialConditionSampler(["a"], seed=5, pool_size=2, skip_mastered_for=3)
     again.load_state_dict(state)
-    assert again.draw(4) == s.draw(4)
+    assert [again.draws().draw(g) for g in range(4)] == [s.draws().draw(g) for g in range(4)]
+
+
+def test_a_groups_draw_depends_on_its_number_and_iteration_only():
+    """However many groups an iteration streams, and in whatever order they are asked for, group g is the same."""
+    s = InitialConditionSampler([f"t{i}" for i in range(5)], seed=3)
+    forward = [s.draws().draw(g) for g in range(20)]
+    assert [s.draws().draw(g) for g in reversed(range(20))] == forward[::-1]
+    assert len(set(forward)) > 10
+    s.start_iteration(1)
+    assert [s.draws().draw(g) for g in range(20)] != forward
 
 
 def test_groups_stay_apart_when_two_draws_share_an_initial_condition():
@@ -84,47 +94,55 @@ def test_informative_prefix_settles_on_the_first_groups_in_draw_order():
     assert rule.satisfied() and (rule.settled, rule.informative) == (3, 2)  # group 3 is not counted
 
 
-def test_groups_drawn_per_round():
+def test_groups_drawn_per_round_and_iteration():
     sampler = InitialConditionSampler(["a", "b"], seed=0, k=8)
     auto = GroupSampling(k=8, groups=16, max_rounds=4, oversample=None)
     assert sampler.informative_share() == pytest.approx(1 - 2 * 0.5**8)  # nothing seen: p = 0.5
-    assert auto.groups_to_draw(16, sampler, env_slots=64) == 17 and auto.groups_to_draw(0, sampler, 64) == 0
-    assert auto.groups_to_draw(2, sampler, env_slots=64) == 8  # every env slot gets an episode
+    assert auto.round_groups(16, sampler, env_slots=64) == 17 and auto.round_groups(0, sampler, 64) == 0
+    assert auto.round_groups(2, sampler, env_slots=64) == 8  # every env slot gets an episode
     sampler.record(("a", 1), [1.0] * 8), sampler.record(("b", 1), [0.0, 1.0] * 4)
     assert sampler.informative_share() == 0.5  # each task's observed share of mixed groups (a: 0, b: 1)
-    assert auto.groups_to_draw(5, sampler, env_slots=8) == 10
+    assert auto.round_groups(5, sampler, env_slots=8) == 10
+    assert auto.most_groups(5, sampler, env_slots=8) == 40  # rl.max_sampling_rounds rounds' worth
     for seed in range(2, 6):
         sampler.record(("b", seed), [0.0] * 8)  # b's share decays: 0.7^4
-    assert auto.groups_to_draw(5, sampler, env_slots=8) == 20  # at most 4x when few groups come out mixed
-    assert GroupSampling(8, 16, 4, oversample=1.5).groups_to_draw(5, sampler, env_slots=64) == 8
+    assert auto.round_groups(5, sampler, env_slots=8) == 20  # at most 4x when few groups come out mixed
+    assert GroupSampling(8, 16, 4, oversample=1.5).round_groups(5, sampler, env_slots=64) == 8
+    # every complete group is kept (a critic's estimator): the first ones settle it, so no more are drawn
+    assert GroupSampling(8, 16, 4, oversample=None, mixed_only=False).most_groups(5, sampler, env_slots=64) == 5
 
 
-def test_a_sampling_round_keeps_the_same_groups_on_any_layout_and_cancels_the_rest(stage1_run):
-    """Six groups drawn for the one informative group needed: the round ends once the first groups in draw
-    order settle it and cancels the others (waiting or running), and the kept groups, the sampler's estimates
-    and the next round (on slots left mid-episode) are the same on one env slot, 2 workers of 4, or 2 of 2."""
+def test_streamed_groups_keep_the_same_data_on_any_layout_and_cancel_the_rest(stage1_run):
+    """At most six groups for the one informative group needed, streamed onto the env slots as they free up: the
+    run ends once the first groups in draw order settle it and cancels the others (waiting or running), and the
+    kept groups, the sampler's estimates and the next iteration (on slots left mid-episode) are the same on one
+    env slot, 2 workers of 4, or 2 of 2; every slot got an episode while groups were left to draw."""
     from ript.utils.distributed import DistInfo
 
     model, ckpt = load_model(stage1_run)
     render = ckpt["metadata"]["env_args"]["render"]
     settings = sampling_settings(ckpt["metadata"], {"temperature": 3.0}, ckpt["cfg"])
-    runs = []
+    runs, cancelled = [], []
     for workers, per_worker in ((1, 1), (2, 4), (2, 2)):
         policy = make_policy(model, settings, "cpu", seed=7)
         policy.start_recording()
         runner = EnvRunner(RunnerOptions("metaworld", ["drawer-close-v3"], render, 36, 1, num_workers=workers,
-                                         envs_per_worker=per_worker))
-        sampler = InitialConditionSampler(["drawer-close-v3"], seed=0, k=2)
+                                         envs_per_worker=per_worker, episodes_at_once=12))
+        sampler = InitialConditionSampler(["drawer-close-v3"], seed=2, k=2)
+        batches = []
         try:
-            rounds = [collect_groups(runner, policy, sampler, GroupSampling(2, 1, 1, 6.0), DistInfo())
-                      for _ in range(2)]
+            for it in range(2):
+                sampler.start_iteration(it)
+                batches.append(collect_groups(runner, policy, sampler, GroupSampling(2, 1, 1, 6.0), DistInfo()))
         finally:
             runner.close()
-        assert all(len(b["kept"]) == 1 and b["cancelled"] > 0 for b in rounds)
-        assert all(len(b["episodes"]) + b["cancelled"] == 12 for b in rounds)  # nothing lost, nothing counted twice
+        assert runner.env_slots == workers * per_worker and all(len(b["kept"]) == 1 for b in batches)
+        assert all(min(6, runner.env_slots // 2) <= b["groups_drawn"] <= 6 for b in batches)
+        cancelled.append(sum(b["cancelled"] for b in batches))
         runs.append(([[(e["seed"], e["episode"], e["success"], e["length"], len(e["decisions"])) for e in g]
-                      for b in rounds for g in b["kept"]], sampler.state_dict()))
+                      for b in batches for g in b["kept"]], sampler.state_dict()))
     assert runs[1] == runs[0] and runs[2] == runs[0]
+    assert cancelled[0] == 0 and cancelled[1] > 0  # one slot runs one group at a time; eight run past the prefix
 
 
 def test_informative_task_weighting_favours_tasks_with_mixed_outcomes():
@@ -135,11 +153,11 @@ def test_informative_task_weighting_favours_tasks_with_mixed_outcomes():
     s.record(("failed", 1), [0.0] * 8)
     p = s.task_probabilities()
     assert p[1] > 0.8 and p[0] == p[2] > 0  # floored, never starved
-    draws = [task for task, _ in s.draw(200)]
+    draws = [s.draws().draw(g)[0] for g in range(200)]
     assert draws.count("mixed") > 150
     restored = InitialConditionSampler(["solved", "mixed", "failed"], seed=1, task_weighting="informative")
     restored.load_state_dict(s.state_dict())
-    assert restored.draw(5) == s.draw(5)
+    assert [restored.draws().draw(g) for g in range(5)] == [s.draws().draw(g) for g in range(5)]
 
 
 def test_with_the_prior_one_failed_group_does_not_starve_a_task():
@@ -328,7 +346,7 @@ def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsy
         evaluation = json.loads((tmp_path / "r" / "eval" / iteration / "results.json").read_text())
         assert evaluation["sampling"]["greedy"]  # the evaluations follow the mode; RL samples
     assert not load_model(tmp_path / "r")[1]["metadata"]["sampling"]["greedy"]
-    assert "only 0 of 2 groups were informative after 2 sampling rounds" in capsys.readouterr().err
+    assert "only 0 of 2 groups were informative after drawing" in capsys.readouterr().err
     assert (tmp_path / "r" / "checkpoints" / "last").exists()
     # a chunk policy's evaluation actions are not measured: a target on their shift is refused, not ignored
     shift_target = [*rl_overrides(stage1_run, tmp_path / "shift", 1), "rl.target_eval_shift=0.01"]
@@ -355,7 +373,7 @@ def test_rl_under_torchrun_survives_a_killed_rank_and_resumes_exactly(stage1_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = torch.load(straight / "checkpoints" / "last" / "training_state.pt", weights_only=True)
     assert len(state["ranks"]) == 2
-    assert state["ranks"][0]["sampler"]["rng"] != state["ranks"][1]["sampler"]["rng"]
+    assert state["ranks"][0]["sampler"]["seed"] != state["ranks"][1]["sampler"]["seed"]  # the ranks draw apart
     # the per-task record counts both ranks' episodes, as the total does
     entry = json.loads((straight / "rl_history.json").read_text())[-1]
     assert sum(t["episodes"] for t in entry["per_task"].values()) == entry["episodes"] > 0
