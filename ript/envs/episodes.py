@@ -52,9 +52,16 @@ class EpisodeQueue:
         self.waiting[:0] = reversed(specs)
         self.total += len(specs)
 
-    def has_next(self) -> bool:
-        if not self.waiting and self.stop is not None:
-            self.add(self.stop.more())
+    def has_next(self, want: int = 1) -> bool:
+        """Whether an episode waits, asking the stop rule for more until ``want`` do (or it has none)."""
+        if len(self.waiting) < want and self.stop is not None:
+            streamed: list[EpisodeSpec] = []
+            while len(self.waiting) + len(streamed) < want:
+                more = self.stop.more()
+                if not more:
+                    break
+                streamed += more
+            self.add(streamed)  # at once: on_new may prepare them together
         return bool(self.waiting)
 
     def take(self, prefer: Callable[[EpisodeSpec], bool] | None = None) -> EpisodeSpec:

@@ -163,6 +163,7 @@ class Episodes:
     def run(self) -> None:
         self.policy.reset(len(self.running))
         while True:
+            self.queue.has_next(sum(spec is None for spec in self.running))  # the free slots' first frames at once
             for s in range(len(self.running)):
                 if self.running[s] is None and self.queue.has_next():
                     self.begin(s, self.queue.take())
