@@ -30,9 +30,8 @@ class StopRule:
 
     def more(self) -> list[EpisodeSpec]:
         """Episodes to run after every one given so far has started, asked for whenever an env slot is free and
-        none is waiting (RL's stream of groups); [] (the default): none for now. Which episodes come, in which
-        order, is the rule's own (what has ended may decide how many come now, never which); it must not answer
-        [] while it is unsatisfied with nothing running, or the run ends there."""
+        none is waiting (RL's stream of groups); [] (the default): none. The rule's own state decides them, never
+        the time they are asked for."""
         return []
 
 

@@ -210,7 +210,6 @@ class Schedule:
             self.idle_s += time.perf_counter() - t
             for w in ready:
                 self.receive(w)
-            self.start_idle()
             self.plan_stages()
         if len(self.episodes) + self.dropped + self.cancelled != self.queue.total:
             raise RuntimeError(f"runner finished {len(self.episodes)} episodes of {self.queue.total} ({self.dropped} "
@@ -242,15 +241,6 @@ class Schedule:
             self.assign(w)
         elif any(self.running[s] is not None for s in self.slots(w)):
             self.waiting.add(w)
-
-    def start_idle(self) -> None:
-        """Workers left without a call (nothing to start when they last answered) take what the stop rule has
-        streamed since."""
-        for w in range(self.n_workers):
-            if self.stopping:
-                return
-            if w not in self.in_flight and w not in self.waiting and self.queue.has_next():
-                self.assign(w)
 
     def plan_stages(self) -> None:
         """Plan each stage whose waiting workers no longer wait on a stage-mate's chunk (``as_ready``: any waiting

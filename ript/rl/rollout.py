@@ -57,25 +57,17 @@ class GroupSampling:
         factor = MAX_AUTO_OVERSAMPLE if self.oversample is None else self.oversample
         return math.ceil(self.local_groups(world_size) * factor) * self.k
 
-    def factor(self, sampler: InitialConditionSampler) -> float:
-        """Groups drawn per informative one needed: ``oversample``, or (auto) as many as the sampler expects to
-        hold one mixed group, at most 4; 1 when every complete group is kept."""
-        if not self.mixed_only:
-            return 1.0
-        if self.oversample is not None:
-            return self.oversample
-        return min(MAX_AUTO_OVERSAMPLE, 1.0 / max(sampler.informative_share(), 1e-9))
-
     def round_groups(self, need: int, sampler: InitialConditionSampler, env_slots: int) -> int:
-        """A round's worth of groups for ``need`` informative ones: ``need`` times the factor, and (auto) at least
-        enough to give every env slot an episode."""
+        """A round's worth of groups for ``need`` informative ones. Auto: as many as the sampler expects to hold
+        ``need`` mixed groups (at most 4x), and at least enough to give every env slot an episode."""
         if need == 0:
             return 0
         if not self.mixed_only:
             return need  # every complete group is kept
         if self.oversample is not None:
             return math.ceil(need * self.oversample)
-        return max(math.ceil(need * self.factor(sampler)), math.ceil(env_slots / self.k))
+        factor = min(MAX_AUTO_OVERSAMPLE, 1.0 / max(sampler.informative_share(), 1e-9))
+        return max(math.ceil(need * factor), math.ceil(env_slots / self.k))
 
     def most_groups(self, need: int, sampler: InitialConditionSampler, env_slots: int) -> int:
         """The most groups an iteration draws for ``need`` informative ones; all of them when every complete
@@ -124,21 +116,17 @@ class InformativePrefix(StopRule):
 
 class GroupStream(InformativePrefix):
     """The informative prefix over groups drawn one at a time as env slots free up (``StopRule.more``), up to
-    ``most`` groups: group g's K rollouts are episodes g*K .. g*K+K-1 of ``draws.draw(g)``. Groups not yet
-    counted are kept at about what the informative ones still needed call for (``factor`` per group), so that
-    slots do not run episodes the iteration is likely to cancel: those slow the envs sharing their worker. With
-    ``record_first`` the first rollout of the first group is recorded as a video."""
+    ``most`` groups: group g's K rollouts are episodes g*K .. g*K+K-1 of ``draws.draw(g)``. With ``record_first``
+    the first rollout of the first group is recorded as a video."""
 
-    def __init__(self, draws: GroupDraws, k: int, need: int, most: int, factor: float, mixed_only: bool = True,
+    def __init__(self, draws: GroupDraws, k: int, need: int, most: int, mixed_only: bool = True,
                  record_first: bool = False):
         super().__init__(0, k, need, mixed_only)
-        self.draws, self.most, self.factor, self.record_first = draws, most, factor, record_first
+        self.draws, self.most, self.record_first = draws, most, record_first
 
     def more(self) -> list[EpisodeSpec]:
         if len(self.ended) >= self.most or self.satisfied():
             return []
-        if len(self.ended) - self.settled >= math.ceil((self.need - self.informative) * self.factor):
-            return []  # enough groups under way for now; asked again as they end
         g = self.add_group()
         task, seed = self.draws.draw(g)
         specs = [EpisodeSpec(task, seed, g * self.k + j) for j in range(self.k)]
@@ -157,7 +145,7 @@ def collect_groups(runner: Runner, policy: ChunkingPolicy, sampler: InitialCondi
     k = sampling.k
     need = sampling.local_groups(info.world_size)
     stream = GroupStream(sampler.draws(), k, need, sampling.most_groups(need, sampler, runner.env_slots),
-                         sampling.factor(sampler), sampling.mixed_only, video_dir is not None)
+                         sampling.mixed_only, video_dir is not None)
     results = runner.run(policy, video_dir=video_dir, specs=[], stop=stream)
     stream.satisfied()  # a run that drew its most groups and ran them all: every group counts
     kept, episodes = [], []
