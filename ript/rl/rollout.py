@@ -81,11 +81,11 @@ class InformativePrefix(StopRule):
     """Satisfied once the first groups in draw order have all ended and hold ``need`` informative (mixed) ones;
     only those groups count, so which groups are kept depends on the draw and the outcomes, not on timing."""
 
-    def __init__(self, n_groups: int, k: int, need: int, mixed_only: bool = True):
+    def __init__(self, k: int, need: int, mixed_only: bool = True):
         self.k, self.need, self.mixed_only = k, need, mixed_only
-        self.ended = [0] * n_groups        # episodes ended per group (finished or lost)
-        self.outcomes: list[set[bool]] = [set() for _ in range(n_groups)]
-        self.lost = [False] * n_groups     # a group that lost a rollout is left out whole
+        self.ended: list[int] = []         # episodes ended per group (finished or lost), in draw order
+        self.outcomes: list[set[bool]] = []
+        self.lost: list[bool] = []         # a group that lost a rollout is left out whole
         self.settled = 0                   # groups [0, settled) have ended and are counted
         self.informative = 0
 
@@ -121,7 +121,7 @@ class GroupStream(InformativePrefix):
 
     def __init__(self, draws: GroupDraws, k: int, need: int, most: int, mixed_only: bool = True,
                  record_first: bool = False):
-        super().__init__(0, k, need, mixed_only)
+        super().__init__(k, need, mixed_only)
         self.draws, self.most, self.record_first = draws, most, record_first
 
     def more(self) -> list[EpisodeSpec]:

@@ -83,7 +83,9 @@ def test_groups_stay_apart_when_two_draws_share_an_initial_condition():
 def test_informative_prefix_settles_on_the_first_groups_in_draw_order():
     """Groups 0..m count once all of them have ended and hold the needed informative ones, whatever order their
     episodes end in; a group that lost a rollout counts as uninformative."""
-    rule = InformativePrefix(n_groups=4, k=2, need=2)
+    rule = InformativePrefix(k=2, need=2)
+    for _ in range(4):
+        rule.add_group()
     ended = lambda g, j, success: rule.finished({"episode": g * 2 + j, "success": success})  # noqa: E731
     ended(1, 0, True), ended(1, 1, False), ended(3, 0, True), ended(3, 1, False)  # mixed, but group 0 is open
     assert not rule.satisfied() and rule.settled == 0
