@@ -54,8 +54,9 @@ class ObservationPolicy(ChunkingPolicy):
 
     @property
     def fixed_layout(self) -> bool:
-        # a graph's batch has n rows anyway; eagerly, only RL's recorded decisions pay for the padding rows
-        return self.record or self.cuda_graph
+        # every decision a block-sized batch, so that an episode's actions do not depend on which envs happened
+        # to be planned with it (on a CPU a 1-row batch alone moves the last bits, and an episode then diverges)
+        return True
 
     def _block_rows(self, env: int) -> list[int]:
         """The envs of ``env``'s block, padded to the block's size with the block's first (the last block of a

@@ -102,6 +102,29 @@ def test_an_rl_iteration_with_each_noise_method_resumes_exactly(flow_run, tmp_pa
     assert all(e["update"]["eval_action_shift"] > 0 and e["update"]["approx_kl"] >= 0 for e in history)
 
 
+def test_an_evaluated_chunk_is_the_same_whichever_envs_share_its_batch(flow_run, tiny_data):
+    """Evaluation plans whichever envs have answered, and a flow policy's continuous actions carry any change of
+    the last bits into its episode: env 1's ODE chunk is identical planned alone, with envs 0 and 3, or with all
+    four (on a CPU a batch of one row alone moves them)."""
+    import h5py
+    import numpy as np
+
+    model, _ = load_model(flow_run)
+    demo = sorted(tiny_data.rglob("*.hdf5"))[0]
+    with h5py.File(demo, "r") as f:
+        obs = f["data"][sorted(f["data"])[0]]["obs"]
+        frames = [{k: obs[k][t] for k in model.image_keys + model.lowdim_keys} for t in range(4)]
+    chunks = []
+    for batch in ([1], [0, 1, 3], [0, 1, 2, 3]):
+        policy = FlowPolicy(model, Denoising(steps=4, method="flow_sde", noise_level=0.5), 4, "cpu", seed=0)
+        policy.reset(4)
+        for i in range(4):
+            policy.reset_env(i, model.task_names[i % len(model.task_names)], episode_key=i)
+            policy.observe(i, frames[i])
+        chunks.append(policy.act_chunk([i in batch for i in range(4)])[1])
+    assert all(np.array_equal(chunk, chunks[0]) for chunk in chunks[1:])
+
+
 def test_evaluation_actions_are_the_chunk_the_ode_runs_from_the_recorded_noise(flow_run):
     """With almost no SDE noise the sampled chain is the ODE's: the learner's evaluation actions, rebuilt from each
     chain's initial noise and the recorded prefix, are the chunks the rollout executed (normalised)."""
