@@ -14,6 +14,8 @@ axis-angle, 6), and ``object_states``: the privileged poses the scripted experts
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import io
 import os
 from dataclasses import dataclass
@@ -69,6 +71,35 @@ def _find_task(suite: str, task_name: str):
     index = names.index(task_name)
     task = bench.get_task(index)
     return bench, index, task, os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+
+
+# the parts of a BDDL file that say what a task asks for, not what its scene holds
+TASK_ONLY_SECTIONS = ("(:language", "(:obj_of_interest", "(:goal")
+
+
+@functools.cache
+def scene_signature(bddl_file: str) -> str:
+    """What a built task's simulator depends on: its BDDL file without the instruction, the objects of interest
+    and the goal. Tasks with one signature (LIBERO-Goal's ten, LIBERO-90's ~4.5 per scene) can run in one built
+    scene, switched between them by ``LiberoTask.switch_to``."""
+    with open(bddl_file) as f:
+        text = f.read()
+    for section in TASK_ONLY_SECTIONS:
+        start = text.find(section)
+        while start >= 0:
+            depth, end = 0, start
+            for end in range(start, len(text)):
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+            text = text[:start] + text[end + 1:]
+            start = text.find(section)
+    return hashlib.sha1(" ".join(text.split()).encode()).hexdigest()
+
+
+@functools.cache
+def task_scene(suite: str, task_name: str) -> str:
+    return scene_signature(_find_task(suite, task_name)[3])
 
 
 def check_task_names(suite: str, names: list[str]) -> None:
@@ -144,6 +175,22 @@ class LiberoTask:
             self.sim.model._model.vis.quality.offsamples = 0
         self._quality_set = False
         self._raw = None
+        self.done, self.success, self.steps = True, False, 0
+
+    def switch_to(self, task_name: str) -> None:
+        """Serve another task of the same scene (``task_scene``) without building it again: its instruction,
+        goal, objects of interest and packaged init states replace this one's; the next ``reset`` starts it."""
+        bench, index, task, bddl = _find_task(self.suite, task_name)
+        if scene_signature(bddl) != scene_signature(self.bddl_file):
+            raise RiptError(f"{self.suite} task {task_name!r} is not in the scene of {self.task_name!r}")
+        from libero.libero.envs.bddl_utils import get_problem_info, robosuite_parse_problem
+
+        problem = robosuite_parse_problem(bddl)
+        scene = self.env.env  # the robosuite env: its success check reads the parsed goal at every step
+        scene.parsed_problem, scene.obj_of_interest, scene.bddl_file_name = problem, problem["obj_of_interest"], bddl
+        self.env.language_instruction = get_problem_info(bddl)["language_instruction"]
+        self.task_name, self.bddl_file, self.instruction = task_name, bddl, task.language
+        self.init_states = bench.get_task_init_states(index)
         self.done, self.success, self.steps = True, False, 0
 
     @property

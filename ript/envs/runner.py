@@ -7,8 +7,9 @@ memory). A worker that answers with idle slots starts its next episodes at once,
 being built holds up no other worker. The workers form ``pipeline_stages`` groups; a group's running envs are
 planned in one batch of fixed size once none of its workers is still advancing, so that one group's decision
 runs while the others simulate (the policy pays for a whole batch per call, full or not; with the simulators
-rendering on the policy's GPU, one group, lock-step, is faster). A slot keeps its simulator tasks built and
-takes the next episode of its own task while one is left. Each episode samples from its own noise stream, so neither the
+rendering on the policy's GPU, one group, lock-step, is faster). A slot keeps its simulator tasks built (one
+built scene serves every task of that scene, ``Suite.scene_of``) and takes the next episode of a task it has built
+while one is left. Each episode samples from its own noise stream, so neither the
 schedule nor the batch nor the slot an episode lands in changes it. A worker that dies
 or hangs is replaced; its episodes are run again from their seeds (``on_worker_failure="rerun"``,
 evaluation) or dropped (``"drop"``, RL), and the results count both.
@@ -94,7 +95,7 @@ class EnvRunner:
             else int(options.episodes_at_once)
         self.num_workers = default_num_workers(options.num_workers, at_once, self.envs_per_worker)
         self.workers: WorkerSet | None = None
-        self.slot_tasks: list[list[str]] = []  # set with the workers
+        self.slot_scenes: list[list[str]] = []  # set with the workers
         self.stages_logged = False  # what "auto" chose is said once per runner
 
     def specs(self) -> list[EpisodeSpec]:
@@ -110,8 +111,8 @@ class EnvRunner:
                                      self.envs_per_worker, frames_per_env, o.pool)
             log.info("env runner: %d workers x %d envs, each env keeping up to %d built tasks",
                      self.num_workers, self.envs_per_worker, self.workers.task_limit)
-            # the tasks each env slot has built, as its worker last reported (kept across runs, as the workers are)
-            self.slot_tasks = [[] for _ in range(self.num_workers * self.envs_per_worker)]
+            # the scenes each env slot has built, as its worker last reported (kept across runs, as the workers are)
+            self.slot_scenes = [[] for _ in range(self.num_workers * self.envs_per_worker)]
         return self.workers
 
     @property
@@ -132,7 +133,7 @@ class EnvRunner:
         ``sink`` with ``steps``: its observations before each action and the actions."""
         workers = self._ensure_workers(policy.frame_stack)
         with driver_threads(len(workers.pool), self.options.driver_threads):
-            schedule = Schedule(policy, workers, self.slot_tasks, self.specs() if specs is None else list(specs),
+            schedule = Schedule(policy, workers, self.slot_scenes, self.specs() if specs is None else list(specs),
                                 video_dir, stop, [f"{c}_rgb" for c in self.options.render["cameras"]],
                                 self.options.on_worker_failure == "rerun", sink, self.workers_per_stage(policy),
                                 self.options.decisions == "as_ready")
@@ -172,6 +173,7 @@ class Schedule:
                  sink: Callable[[dict], None] | None = None, workers_per_stage: int | None = None,
                  as_ready: bool = False):
         self.policy, self.pool, self.shared, self.per = policy, workers.pool, workers.frames, workers.envs_per_worker
+        self.scene_of = workers.scene_of
         self.built, self.video_dir, self.stop, self.video_keys = built, video_dir, stop, video_keys
         self.rerun_failed, self.keep = rerun_failed, policy.frame_stack
         self.n_workers = len(self.pool)
@@ -258,22 +260,23 @@ class Schedule:
         self.in_flight[w] = self.pool.send(w, name, ([(s % self.per, *item) for s, item in sorted(items.items())],))
 
     def assign(self, w: int) -> None:
-        """Worker w's idle slots take waiting episodes: each the next one of a task it has built if one is left
-        (building a task takes seconds)."""
+        """Worker w's idle slots take waiting episodes: each the next one of a task whose scene it has built if one
+        is left (building a task takes seconds)."""
         assigned: dict[int, tuple] = {}
         for s in self.slots(w):
             if self.running[s] is None and self.queue.has_next():
-                self.running[s] = self.queue.take(lambda spec, built=self.built[s]: spec.task_name in built)
+                self.running[s] = self.queue.take(lambda spec, built=self.built[s]: self.scene_of(spec.task_name)
+                                                  in built)
                 assigned[s] = (self.running[s],)
                 self.steps[s], self.rewards[s], self.frames[s] = 0, [], []
         self.send(w, "begin", assigned)
 
     def begun(self, w: int, answers: list) -> None:
-        for j, obs, seconds, tasks in answers:
+        for j, obs, seconds, scenes in answers:
             self.build_s += seconds
             s, obs = w * self.per + j, self.shared[w].get(obs)
             spec = self.running[s]
-            self.built[s] = tasks  # as the worker's env keeps them (the suite's limit applies there)
+            self.built[s] = scenes  # as the worker's env keeps them (the suite's limit applies there)
             self.policy.reset_env(s, spec.task_name, spec.key)
             self.policy.observe(s, obs)
             if spec.record:

@@ -40,6 +40,14 @@ class Suite:
     def instructions(self, names: list[str]) -> dict[str, str]:
         raise NotImplementedError
 
+    def scene_of(self, task_name: str) -> str:
+        """The key of the built scene a task runs in: tasks of one scene share a built task (``switch_task``),
+        so an env slot that has one built starts the others without building. By default each task is its own."""
+        return task_name
+
+    def switch_task(self, task: Any, task_name: str) -> None:
+        """Make a built task serve ``task_name``, a task of its scene (``scene_of``)."""
+        raise RiptError(f"suite {self.name}: task {task_name!r} shares no built scene with another task")
 
 
 class MetaWorldSuite(Suite):
@@ -83,6 +91,14 @@ class LiberoSuite(Suite):
         from ript.envs.libero import LiberoTask
 
         return {n: LiberoTask.describe(self.name, n)["instruction"] for n in names}
+
+    def scene_of(self, task_name: str) -> str:
+        from ript.envs.libero import task_scene
+
+        return task_scene(self.name, task_name)
+
+    def switch_task(self, task: Any, task_name: str) -> None:
+        task.switch_to(task_name)
 
 
 

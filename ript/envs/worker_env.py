@@ -122,7 +122,8 @@ class TaskEnv:
     def __init__(self, suite: str, render: dict, max_episode_steps: int, shared_gl: Any = None,
                  task_limit: int = 1):
         self.render_cfg, self.max_steps, self.shared_gl = render, max_episode_steps, shared_gl
-        self.tasks: dict[str, Any] = {}  # in order of last use
+        self.tasks: dict[str, Any] = {}  # by scene (Suite.scene_of), in order of last use
+        self.serving: dict[str, str] = {}  # scene -> the task its built env was last set to
         self.current = None
         self.suite_entry = get_suite(suite)
         self.cache_limit = task_limit  # built tasks kept, the least recently used closed first
@@ -131,12 +132,18 @@ class TaskEnv:
         """Start the episode; returns its first observation and the seconds spent building its task (0 when
         the slot had it built)."""
         t0 = time.perf_counter()
-        task = self.tasks.pop(spec.task_name, None)
+        scene = self.suite_entry.scene_of(spec.task_name)
+        task = self.tasks.pop(scene, None)
         if task is None:
             while len(self.tasks) >= self.cache_limit:
-                self.tasks.pop(next(iter(self.tasks))).close()  # least recently used
+                oldest = next(iter(self.tasks))  # least recently used
+                self.tasks.pop(oldest).close()
+                del self.serving[oldest]
             task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps, self.shared_gl)
-        self.tasks[spec.task_name] = self.current = task
+        elif self.serving[scene] != spec.task_name:
+            self.suite_entry.switch_task(task, spec.task_name)  # another task of the scene: no build
+        self.tasks[scene] = self.current = task
+        self.serving[scene] = spec.task_name
         self.steps = 0
         built_s = time.perf_counter() - t0
         return self.current.reset(spec.seed, render=True), built_s
@@ -162,6 +169,7 @@ class TaskEnv:
         for task in self.tasks.values():
             task.close()
         self.tasks.clear()
+        self.serving.clear()
 
 
 class WorkerEnvs:
@@ -179,7 +187,7 @@ class WorkerEnvs:
 
     def begin(self, starts: list[tuple[int, EpisodeSpec]]) -> list[tuple[int, dict, float, list[str]]]:
         """Start an episode in each listed slot: [(slot, spec)] -> [(slot, first observation, build seconds,
-        the tasks the slot now keeps built)]."""
+        the scenes the slot now keeps built)]."""
         out = []
         for j, spec in starts:
             obs, built_s = self.envs[j].begin(spec)
@@ -252,6 +260,7 @@ class WorkerSet:
                              int(render["image_size"]))
         pool_class = WORKER_POOLS.get(pool.backend)
         self.envs_per_worker = envs_per_worker
+        self.scene_of = get_suite(suite).scene_of  # what the slots report as built (WorkerEnvs.begin)
         self.task_limit = slot_task_limit(pool.tasks_per_slot, get_suite(suite).task_mib,
                                           num_workers * envs_per_worker, available_memory_bytes(),
                                           ranks_on_this_host())

@@ -78,7 +78,8 @@ def test_a_scene_taken_back_from_a_slots_cache_renders_and_steps_as_a_fresh_one(
         episode(cached, first, 5)
         episode(cached, other, 1)
         again = episode(cached, first, 3)
-        assert list(cached.tasks) == [other, first]  # both kept, the one used last at the end
+        scene = cached.suite_entry.scene_of
+        assert list(cached.tasks) == [scene(other), scene(first)]  # both kept, the one used last at the end
         for got, want in zip(again, episode(fresh, first, 3), strict=True):
             assert set(got) == set(want)
             for key in want:
@@ -86,6 +87,61 @@ def test_a_scene_taken_back_from_a_slots_cache_renders_and_steps_as_a_fresh_one(
     finally:
         cached.close()
         fresh.close()
+
+
+def test_tasks_of_one_scene_share_a_built_scene_and_run_as_in_a_fresh_one():
+    """LIBERO-Goal's ten tasks share one scene: a slot that ran one runs another without building it, with the
+    other's goal, instruction and objects of interest, and observations equal to a fresh build's (a stove left lit
+    by the task before included)."""
+    from ript.envs.libero import suite_tasks
+    from ript.envs.suites import get_suite
+    from ript.envs.worker_env import EpisodeSpec, TaskEnv
+
+    goal, objects = get_suite("libero_goal"), get_suite(SUITE)
+    assert len({goal.scene_of(t) for t in suite_tasks("libero_goal")}) == 1
+    assert len({objects.scene_of(t) for t in suite_tasks(SUITE)}) == len(suite_tasks(SUITE))
+    stove, drawer = "turn_on_the_stove", "open_the_middle_drawer_of_the_cabinet"
+    render = {"cameras": ["agentview", "eye_in_hand"], "image_size": 32, "quality": "low"}
+    chunk = np.tile(np.array([0.3, 0.0, -0.2, 0, 0, 0, -1], dtype=np.float32), (4, 1))
+
+    def light_the_stove(task):
+        model, data = task.sim.model, task.sim.data
+        data.qpos[model.jnt_qposadr[model.joint_name2id("flat_stove_1_button")]] = 1.0
+        task.sim.forward()
+        return task.env.check_success()
+
+    def episode(env, task, seed):
+        start = env.begin(EpisodeSpec(task, seed, 0))[0]
+        return start, env.advance_chunk(chunk, 1, False)[0][-1][1]
+
+    switched, fresh = (TaskEnv("libero_goal", render, 300, None, task_limit=1) for _ in range(2))
+    try:
+        episode(switched, stove, 10**9 + 2)
+        built = switched.current
+        assert light_the_stove(built)  # the stove task's goal, its burner now drawn lit
+        switched.current.step(np.zeros(7))
+        got, want = episode(switched, drawer, 10**9 + 4), episode(fresh, drawer, 10**9 + 4)
+        assert switched.current is built and len(switched.tasks) == 1  # switched, not built again
+        for a, b in zip(got, want, strict=True):
+            for key in b:
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        assert (built.instruction, built.objects_of_interest) == (fresh.current.instruction,
+                                                                   fresh.current.objects_of_interest)
+        assert not light_the_stove(built)  # the drawer's goal now
+        episode(switched, stove, 10**9 + 2)
+        assert switched.current is built and light_the_stove(built)
+    finally:
+        switched.close()
+        fresh.close()
+
+
+def test_a_task_of_another_scene_is_refused_and_leaves_the_task_as_it_was(soup_task):
+    from ript.envs.libero import suite_tasks
+
+    other = suite_tasks(SUITE)[1]
+    with pytest.raises(RiptError, match=f"libero_object task '{other}' is not in the scene of '{TASK}'"):
+        soup_task.switch_to(other)
+    assert soup_task.task_name == TASK and soup_task.objects_of_interest == ["alphabet_soup_1", "basket_1"]
 
 
 def test_unknown_libero_names_are_one_line_errors():

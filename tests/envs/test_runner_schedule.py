@@ -25,7 +25,7 @@ def run(workers: int, per_worker: int, specs: list[EpisodeSpec], tasks_per_slot:
     try:
         results = runner.run(policy, specs=specs)
         if built is not None:
-            built.extend(runner.slot_tasks)
+            built.extend(runner.slot_scenes)  # MetaWorld: each task its own scene
         return results
     finally:
         runner.close()
