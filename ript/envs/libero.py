@@ -77,7 +77,6 @@ def _find_task(suite: str, task_name: str):
 TASK_ONLY_SECTIONS = ("(:language", "(:obj_of_interest", "(:goal")
 
 
-@functools.cache
 def scene_signature(bddl_file: str) -> str:
     """What a built task's simulator depends on: its BDDL file without the instruction, the objects of interest
     and the goal. Tasks with one signature (LIBERO-Goal's ten, LIBERO-90's ~4.5 per scene) can run in one built
@@ -180,11 +179,11 @@ class LiberoTask:
     def switch_to(self, task_name: str) -> None:
         """Serve another task of the same scene (``task_scene``) without building it again: its instruction,
         goal, objects of interest and packaged init states replace this one's; the next ``reset`` starts it."""
-        bench, index, task, bddl = _find_task(self.suite, task_name)
-        if scene_signature(bddl) != scene_signature(self.bddl_file):
+        if task_scene(self.suite, task_name) != task_scene(self.suite, self.task_name):
             raise RiptError(f"{self.suite} task {task_name!r} is not in the scene of {self.task_name!r}")
         from libero.libero.envs.bddl_utils import get_problem_info, robosuite_parse_problem
 
+        bench, index, task, bddl = _find_task(self.suite, task_name)
         problem = robosuite_parse_problem(bddl)
         scene = self.env.env  # the robosuite env: its success check reads the parsed goal at every step
         scene.parsed_problem, scene.obj_of_interest, scene.bddl_file_name = problem, problem["obj_of_interest"], bddl

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ript.envs.libero import LIBERO_INIT_STATES, SUITE_HORIZONS
+from ript.envs.libero import LIBERO_INIT_STATES, SUITE_HORIZONS, task_scene
 from ript.errors import RiptError
 
 
@@ -33,8 +33,9 @@ class Suite:
         raise NotImplementedError
 
     def make_task(self, task_name: str, render: dict, max_episode_steps: int, shared_gl: Any = None) -> Any:
-        """A task's env; ``shared_gl``: a ``ript.envs.rendering.SharedGLContext`` its renderer may draw in (its
-        owner, e.g. an env worker, frees it after the task closes; a suite that renders otherwise ignores it)."""
+        """A task's env, its ``task_name`` the task it runs (``switch_task`` may change it); ``shared_gl``: a
+        ``ript.envs.rendering.SharedGLContext`` its renderer may draw in (its owner, e.g. an env worker, frees it
+        after the task closes; a suite that renders otherwise ignores it)."""
         raise NotImplementedError
 
     def instructions(self, names: list[str]) -> dict[str, str]:
@@ -93,8 +94,6 @@ class LiberoSuite(Suite):
         return {n: LiberoTask.describe(self.name, n)["instruction"] for n in names}
 
     def scene_of(self, task_name: str) -> str:
-        from ript.envs.libero import task_scene
-
         return task_scene(self.name, task_name)
 
     def switch_task(self, task: Any, task_name: str) -> None:

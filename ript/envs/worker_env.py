@@ -123,7 +123,6 @@ class TaskEnv:
                  task_limit: int = 1):
         self.render_cfg, self.max_steps, self.shared_gl = render, max_episode_steps, shared_gl
         self.tasks: dict[str, Any] = {}  # by scene (Suite.scene_of), in order of last use
-        self.serving: dict[str, str] = {}  # scene -> the task its built env was last set to
         self.current = None
         self.suite_entry = get_suite(suite)
         self.cache_limit = task_limit  # built tasks kept, the least recently used closed first
@@ -136,14 +135,11 @@ class TaskEnv:
         task = self.tasks.pop(scene, None)
         if task is None:
             while len(self.tasks) >= self.cache_limit:
-                oldest = next(iter(self.tasks))  # least recently used
-                self.tasks.pop(oldest).close()
-                del self.serving[oldest]
+                self.tasks.pop(next(iter(self.tasks))).close()  # least recently used
             task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps, self.shared_gl)
-        elif self.serving[scene] != spec.task_name:
+        elif task.task_name != spec.task_name:
             self.suite_entry.switch_task(task, spec.task_name)  # another task of the scene: no build
         self.tasks[scene] = self.current = task
-        self.serving[scene] = spec.task_name
         self.steps = 0
         built_s = time.perf_counter() - t0
         return self.current.reset(spec.seed, render=True), built_s
@@ -169,7 +165,6 @@ class TaskEnv:
         for task in self.tasks.values():
             task.close()
         self.tasks.clear()
-        self.serving.clear()
 
 
 class WorkerEnvs:

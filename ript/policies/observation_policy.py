@@ -48,7 +48,7 @@ class ObservationPolicy(ChunkingPolicy):
         """(host observations, device inputs) of these rows' frame stacks and tasks. The host arrays may be the
         frame stacks themselves: plan() waits for the device before the next observation overwrites them."""
         # the fixed layout reads its block's frames in env order: a slice of the arrays, no gather
-        host_obs = self.stacks.batch(self._block_rows(rows[0]) if self.fixed_layout else rows)
+        host_obs = self.stacks.batch(self._block_rows(rows[0]))
         return host_obs, {"obs": {k: v.to(self.device, non_blocking=True) for k, v in host_obs.items()},
                           "task_ids": torch.tensor([self.task_ids[i] for i in rows], device=self.device)}
 
@@ -66,14 +66,11 @@ class ObservationPolicy(ChunkingPolicy):
         return rows + [first] * (self.block - len(rows))
 
     def _layout(self, envs: list[int]) -> tuple[list[int], list[int]]:
-        """(the env each batch row reads, the rows holding ``envs``' results). With ``fixed_layout``, the envs of
-        one block (``reset``'s) are planned together and env i always sits in row i % block of a block-sized
-        batch (the other rows read their env's last frames, whatever they are, and ``envs[0]``'s task and
-        noise): a row's result then does not depend on which envs were planned with it, which the batch's shape
-        and an env's row otherwise move in the last bits (RL's ratio uses the recorded log-probs as they are;
-        resume must match)."""
-        if not self.fixed_layout:
-            return envs, list(range(len(envs)))
+        """(the env each batch row reads, the rows holding ``envs``' results). The envs of one block (``reset``'s)
+        are planned together and env i always sits in row i % block of a block-sized batch (the other rows read
+        their env's last frames, whatever they are, and ``envs[0]``'s task and noise): a row's result then does
+        not depend on which envs were planned with it, which the batch's shape and an env's row otherwise move in
+        the last bits (RL's ratio uses the recorded log-probs as they are; resume and evaluation must match)."""
         rows = self._block_rows(envs[0])
         if any(i not in rows for i in envs):
             raise ValueError(f"envs {envs} span more than one block of {self.block}")
