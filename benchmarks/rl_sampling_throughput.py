@@ -15,8 +15,8 @@ import argparse
 import json
 import os
 import time
-from pathlib import Path
 
+from benchmarks.results_file import write_or_print
 from ript.config import compose
 from ript.envs.seeds import rank_seed
 from ript.policies.families import family_for
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=1, help="iterations run first and not counted")
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out")
     ap.add_argument("overrides", nargs="*", help="ript rl settings")
     args = ap.parse_args()
     cfg = compose("rl", [f"checkpoint={args.checkpoint}", *args.overrides])
@@ -75,7 +75,7 @@ def main() -> None:
               "wall_seconds": time.perf_counter() - t}
     print(json.dumps({k: v for k, v in result.items() if k != "iterations"}, indent=1))
     if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_or_print(result, args.out)  # written whole or not at all
 
 
 if __name__ == "__main__":
