@@ -1,73 +1,93 @@
-"""How long an env worker takes to build a MetaWorld task (the env, its renderer, the first reset with its frame)
-while ``--processes`` workers build at once, as RL's env workers do when their slots meet new tasks: each task in
-a GL context of its own, against all of a process's tasks in one shared context (``SharedGLContext``).
+"""How long an env worker takes to build a task (the env, its renderer, the first reset with its frame) while
+``--processes`` workers build at once, as RL's env workers do when their slots meet new tasks.
 
-    python -m benchmarks.task_build_speed [--processes 16] [--tasks 6] [--image-size 128] [--out build.json]
+MetaWorld: each task in a GL context of its own (``own``) against all of a process's tasks in one shared context
+(``shared``, ``SharedGLContext``). LIBERO: every build compiling its scene (``compile``) against the env workers'
+shared folder of compiled scenes (``compiled``, ``ript.envs.compiled_scenes``), fresh for the measurement as for a
+run, so that the first build of each scene compiles it.
+
+    python -m benchmarks.task_build_speed [--suite metaworld] [--processes 16] [--tasks 6] [--out build.json]
+    python -m benchmarks.task_build_speed --suite libero_10 --tasks 10 --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import statistics
 import time
-from pathlib import Path
 
-from ript.envs.metaworld import benchmark_tasks
+from benchmarks.results_file import write_or_print
 
-MODES = ("own", "shared")
+MODES = {"metaworld": ("own", "shared"), "libero": ("compile", "compiled")}
 
 
-def build_all(names: list[str], render: dict, shared: bool) -> list[float]:
+def build_all(suite_name: str, names: list[str], render: dict, mode: str, compiled) -> list[float]:
     """Seconds each task of ``names`` took to build and reset, in order, in this process."""
     from ript.envs.rendering import SharedGLContext
     from ript.envs.suites import get_suite
 
-    suite, gl = get_suite("metaworld"), SharedGLContext() if shared else None
-    seconds, tasks = [], []
+    suite, gl = get_suite(suite_name), SharedGLContext() if mode == "shared" else None
+    # MetaWorld's tasks stay built, several in one GL context; a LIBERO scene holds ~1 GiB, and an env slot keeps
+    # one: the next build replaces it
+    keep = mode in MODES["metaworld"]
+    seconds, kept = [], []
     for name in names:
         t0 = time.perf_counter()
-        task = suite.make_task(name, render, 200, gl)
-        task.reset(0, render=True)
+        task = suite.make_task(name, render, 200, gl, compiled if mode == "compiled" else None)
+        task.reset(10**9, render=True)
         seconds.append(time.perf_counter() - t0)
-        tasks.append(task)
-    for task in tasks:
+        kept.append(task) if keep else task.close()
+    for task in kept:
         task.close()
     if gl is not None:
         gl.close()
     return seconds
 
 
-def measure(processes: int, names: list[str], render: dict, shared: bool) -> dict:
-    """Every process builds every task (each starting at another one), all at once."""
-    orders = [names[i % len(names):] + names[:i % len(names)] for i in range(processes)]
+def measure(suite: str, processes: int, names: list[str], rounds: int, render: dict, mode: str) -> dict:
+    """Every process builds every task ``rounds`` times (each starting at another task), all at once."""
+    from ript.envs.compiled_scenes import CompiledScenes
+
+    compiled = CompiledScenes.create() if mode == "compiled" else None
+    orders = [(names[i % len(names):] + names[:i % len(names)]) * rounds for i in range(processes)]
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(processes) as pool:
-        times = pool.starmap(build_all, [(order, render, shared) for order in orders])
+    try:
+        with mp.get_context("spawn").Pool(processes) as pool:
+            times = pool.starmap(build_all, [(suite, order, render, mode, compiled) for order in orders])
+    finally:
+        if compiled is not None:
+            compiled.remove()
     wall = time.perf_counter() - t0
     later = [t for per_process in times for t in per_process[1:]]  # a process's first build also starts EGL
-    return {"median_build_s": statistics.median(later), "first_build_s": statistics.median(t[0] for t in times),
-            "wall_s": wall, "builds": processes * len(names)}
+    return {"median_build_s": statistics.median(later), "mean_build_s": statistics.fmean(later),
+            "first_build_s": statistics.median(t[0] for t in times), "wall_s": wall,
+            "builds": processes * len(names) * rounds}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--suite", default="metaworld", help="metaworld or a LIBERO suite (libero_10, ...)")
     ap.add_argument("--processes", type=int, default=16)
-    ap.add_argument("--tasks", type=int, default=6, help="the first N tasks of ML45's train split")
+    ap.add_argument("--tasks", type=int, default=6, help="the suite's first N tasks (MetaWorld: ML45's train split)")
+    ap.add_argument("--rounds", type=int, default=1, help="times each process builds every task")
     ap.add_argument("--image-size", type=int, default=128)
-    ap.add_argument("--cameras", default="corner,gripperPOV")
-    ap.add_argument("--out", default="runs/task_build_speed.json")
+    ap.add_argument("--cameras", default=None, help="default: the suite's two cameras")
+    ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    names = benchmark_tasks("ML45", "train")[:a.tasks]
-    render = {"cameras": a.cameras.split(","), "image_size": a.image_size, "quality": "low"}
-    result = {"processes": a.processes, "tasks": names, "render": render, "rows": {}}
-    for mode in MODES:
-        result["rows"][mode] = measure(a.processes, names, render, mode == "shared")
-        print(mode, json.dumps(result["rows"][mode]), flush=True)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    from ript.envs.libero import is_libero_suite, suite_tasks
+    from ript.envs.metaworld import benchmark_tasks
+
+    family = "libero" if is_libero_suite(a.suite) else "metaworld"
+    names = (suite_tasks(a.suite) if family == "libero" else benchmark_tasks("ML45", "train"))[:a.tasks]
+    cameras = a.cameras or ("agentview,eye_in_hand" if family == "libero" else "corner,gripperPOV")
+    render = {"cameras": cameras.split(","), "image_size": a.image_size, "quality": "low"}
+    result = {"suite": a.suite, "processes": a.processes, "tasks": names, "rounds": a.rounds, "render": render,
+              "rows": {}}
+    for mode in MODES[family]:
+        result["rows"][mode] = measure(a.suite, a.processes, names, a.rounds, render, mode)
+        print(mode, result["rows"][mode], flush=True)
+    write_or_print(result, a.out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ript.envs import gl  # noqa: F401  (before MuJoCo is imported: its GL backend)
+from ript.envs.compiled_scenes import CompiledScenes
 from ript.errors import RiptError
 
 # The official per-suite horizons (LIBERO's evaluation scripts).
@@ -153,7 +154,8 @@ class LiberoTask:
         _, _, task, bddl = _find_task(suite, task_name)
         return {"instruction": task.language, "bddl_file": bddl, "problem_name": _problem_name(bddl) or ""}
 
-    def __init__(self, suite: str, task_name: str, render: LiberoRender | None, max_episode_steps: int | None = None):
+    def __init__(self, suite: str, task_name: str, render: LiberoRender | None, max_episode_steps: int | None = None,
+                 compiled: CompiledScenes | None = None):
         bench, index, task, self.bddl_file = _find_task(suite, task_name)
         from libero.libero.envs.env_wrapper import ControlEnv
 
@@ -166,9 +168,11 @@ class LiberoTask:
         # and one GL context for the whole life of the task instead of rebuilding them every episode. A task
         # that never renders (a scripted expert's check) makes no GL context: uploading a scene's ~1M mesh
         # vertices to one takes ~1.3 s on a CPU.
-        self.env = ControlEnv(bddl_file_name=self.bddl_file, camera_heights=size, camera_widths=size,
-                              use_camera_obs=False, hard_reset=False, has_renderer=False,
-                              has_offscreen_renderer=render is not None, horizon=self.max_episode_steps + 10)
+        # the scene's compiled model comes from ``compiled`` when given (compiled_scenes.py: most of a build)
+        with contextlib.nullcontext() if compiled is None else compiled.serving_robosuite():
+            self.env = ControlEnv(bddl_file_name=self.bddl_file, camera_heights=size, camera_widths=size,
+                                  use_camera_obs=False, hard_reset=False, has_renderer=False,
+                                  has_offscreen_renderer=render is not None, horizon=self.max_episode_steps + 10)
         if render is not None and render.quality == "low":
             # the offscreen buffer's multisampling is fixed when the GL context is made, at the first reset
             self.sim.model._model.vis.quality.offsamples = 0

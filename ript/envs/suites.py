@@ -27,15 +27,19 @@ class Suite:
     control_hz: int                   # env steps per simulated second (a dataset's fps)
     shaped_reward: bool               # the env's step reward is shaped (dense RL rewards), not only success
     expert: str                       # the scripted-expert family of its demos (ript.registry.EXPERTS)
+    compiles_scenes: bool = False     # a build compiles a costly scene: env workers keep compiled ones on disk
 
     def task_names(self, task_cfg) -> list[str]:
         """``task.task_names`` if given (checked), else the suite's (or benchmark split's) task list."""
         raise NotImplementedError
 
-    def make_task(self, task_name: str, render: dict, max_episode_steps: int, shared_gl: Any = None) -> Any:
+    def make_task(self, task_name: str, render: dict, max_episode_steps: int, shared_gl: Any = None,
+                  compiled: Any = None) -> Any:
         """A task's env, its ``task_name`` the task it runs (``switch_task`` may change it); ``shared_gl``: a
         ``ript.envs.rendering.SharedGLContext`` its renderer may draw in (its owner, e.g. an env worker, frees it
-        after the task closes; a suite that renders otherwise ignores it)."""
+        after the task closes; a suite that renders otherwise ignores it); ``compiled``: a
+        ``ript.envs.compiled_scenes.CompiledScenes`` its scene may be loaded from instead of compiled (a suite
+        whose builds compile nothing costly ignores it)."""
         raise NotImplementedError
 
     def instructions(self, names: list[str]) -> dict[str, str]:
@@ -60,9 +64,11 @@ class MetaWorldSuite(Suite):
         check_task_names(names)
         return names
 
-    def make_task(self, task_name: str, render: dict, max_episode_steps: int, shared_gl: Any = None) -> Any:
+    def make_task(self, task_name: str, render: dict, max_episode_steps: int, shared_gl: Any = None,
+                  compiled: Any = None) -> Any:
         from ript.envs.metaworld import MetaWorldTask, RenderSettings
 
+        # its scenes compile in a fraction of a build's ~0.3 s: compiled is not used
         return MetaWorldTask(task_name, RenderSettings.from_dict(render), max_episode_steps, shared_gl)
 
     def instructions(self, names: list[str]) -> dict[str, str]:
@@ -82,11 +88,12 @@ class LiberoSuite(Suite):
             return names
         return libero.suite_tasks(self.name)
 
-    def make_task(self, task_name: str, render: dict, max_episode_steps: int, shared_gl: Any = None) -> Any:
+    def make_task(self, task_name: str, render: dict, max_episode_steps: int, shared_gl: Any = None,
+                  compiled: Any = None) -> Any:
         from ript.envs.libero import LiberoRender, LiberoTask
 
         # robosuite renders through contexts of its own: shared_gl is not used
-        return LiberoTask(self.name, task_name, LiberoRender.from_dict(render), max_episode_steps)
+        return LiberoTask(self.name, task_name, LiberoRender.from_dict(render), max_episode_steps, compiled)
 
     def instructions(self, names: list[str]) -> dict[str, str]:
         from ript.envs.libero import LiberoTask
@@ -111,7 +118,7 @@ SUITES: dict[str, Suite] = {
                                 control_hz=80, shaped_reward=True, expert="metaworld"),
     **{name: LiberoSuite(name, horizon=horizon, standard_episodes=LIBERO_INIT_STATES, task_mib=800,
                          envs_per_worker=1, initial_conditions=LIBERO_INIT_STATES, control_hz=20,
-                         shaped_reward=False, expert="libero")
+                         shaped_reward=False, expert="libero", compiles_scenes=True)
        for name, horizon in SUITE_HORIZONS.items()},
 }
 

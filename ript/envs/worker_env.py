@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ript.envs import ray_workers, workers  # noqa: F401  (register the worker backends; Ray is imported on use)
+from ript.envs.compiled_scenes import CompiledScenes
 from ript.envs.suites import get_suite
 from ript.registry import WORKER_POOLS
 from ript.utils.processes import available_memory_bytes, ranks_on_this_host
@@ -120,8 +121,9 @@ class TaskEnv:
     """One env slot of a worker: builds simulator tasks on demand and keeps them for reuse."""
 
     def __init__(self, suite: str, render: dict, max_episode_steps: int, shared_gl: Any = None,
-                 task_limit: int = 1):
+                 task_limit: int = 1, compiled: CompiledScenes | None = None):
         self.render_cfg, self.max_steps, self.shared_gl = render, max_episode_steps, shared_gl
+        self.compiled = compiled  # the run's compiled scenes (Suite.make_task)
         self.tasks: dict[str, Any] = {}  # by scene (Suite.scene_of), in order of last use
         self.current = None
         self.suite_entry = get_suite(suite)
@@ -136,7 +138,8 @@ class TaskEnv:
         if task is None:
             while len(self.tasks) >= self.cache_limit:
                 self.tasks.pop(next(iter(self.tasks))).close()  # least recently used
-            task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps, self.shared_gl)
+            task = self.suite_entry.make_task(spec.task_name, self.render_cfg, self.max_steps, self.shared_gl,
+                                              self.compiled)
         elif task.task_name != spec.task_name:
             self.suite_entry.switch_task(task, spec.task_name)  # another task of the scene: no build
         self.tasks[scene] = self.current = task
@@ -172,11 +175,11 @@ class WorkerEnvs:
     back inside the answers)."""
 
     def __init__(self, suite: str, render: dict, max_episode_steps: int, layout: FrameLayout,
-                 frames_name: str | None, task_limit: int = 1):
+                 frames_name: str | None, task_limit: int = 1, compiled: CompiledScenes | None = None):
         from ript.envs.rendering import SharedGLContext  # imports MuJoCo: in the worker, after its GL backend is set
 
         self.shared_gl = SharedGLContext()  # every task the worker builds renders in one context (rendering.py)
-        self.envs = [TaskEnv(suite, render, max_episode_steps, self.shared_gl, task_limit)
+        self.envs = [TaskEnv(suite, render, max_episode_steps, self.shared_gl, task_limit, compiled)
                      for _ in range(layout.envs)]
         self.frames = InlineFrames() if frames_name is None else SharedFrames(layout, frames_name)
 
@@ -261,22 +264,28 @@ class WorkerSet:
                                           ranks_on_this_host())
         self.frames = [SharedFrames(layout) if pool_class.shares_memory else InlineFrames()
                        for _ in range(num_workers)]
-        fns = [functools.partial(WorkerEnvs, suite, render, max_episode_steps, layout, f.name, self.task_limit)
-               for f in self.frames]
+        # workers on this host share one folder of compiled scenes (workers elsewhere compile their own)
+        self.compiled = (CompiledScenes.create() if pool_class.shares_memory and get_suite(suite).compiles_scenes
+                         else None)
+        fns = [functools.partial(WorkerEnvs, suite, render, max_episode_steps, layout, f.name, self.task_limit,
+                                 self.compiled) for f in self.frames]
         try:
             self.pool = pool_class(fns, pool.timeout_s, pool.max_restarts, pool.address,
                                    None if pool.render_gpus is None else list(pool.render_gpus))
         except BaseException:
-            self._free_frames()
+            self._free_host_resources()
             raise
 
-    def _free_frames(self) -> None:
+    def _free_host_resources(self) -> None:
         for f in self.frames:
             f.close()
         self.frames = []
+        if self.compiled is not None:
+            self.compiled.remove()
+            self.compiled = None
 
     def close(self) -> None:
         try:
             self.pool.close()
         finally:
-            self._free_frames()
+            self._free_host_resources()

@@ -135,6 +135,60 @@ def test_tasks_of_one_scene_share_a_built_scene_and_run_as_in_a_fresh_one():
         fresh.close()
 
 
+def test_a_scene_loaded_from_the_compiled_scenes_runs_as_a_compiled_one(tmp_path, caplog, monkeypatch):
+    """Env slots sharing a folder of compiled scenes: the first build compiles and saves its scene (a build
+    that starts while another worker compiles it compiles too, without saving), the next loads it, and all run as a
+    build that compiled it (bit for bit); a damaged file is compiled again and replaced, a folder that cannot be
+    written only stops the saving, and robosuite compiles as before outside."""
+    from robosuite.utils.binding_utils import MjSim
+
+    from ript.envs.compiled_scenes import CompiledScenes
+    from ript.envs.worker_env import EpisodeSpec, TaskEnv
+
+    render = {"cameras": ["agentview", "eye_in_hand"], "image_size": 32, "quality": "low"}
+    chunk = np.tile(np.array([0.3, 0.0, -0.2, 0, 0, 0, -1], dtype=np.float32), (4, 1))
+    original = MjSim.__dict__["from_xml_string"]
+
+    def episode(compiled):
+        env = TaskEnv(SUITE, render, 300, None, 1, compiled)
+        try:
+            start = env.begin(EpisodeSpec(TASK, 10**9 + 3, 0))[0]
+            return [start, *(obs for _, obs in env.advance_chunk(chunk, 4, False)[0])]
+        finally:
+            env.close()
+
+    def assert_same(got, want):
+        for a, b in zip(got, want, strict=True):
+            for key in b:
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+    compiled = CompiledScenes(tmp_path / "scenes")
+    (tmp_path / "scenes").mkdir()
+    want = episode(None)
+    assert_same(episode(compiled), want)  # compiled, then saved
+    saved = sorted((tmp_path / "scenes").iterdir())
+    assert [p.suffix for p in saved] == [".claimed", ".mjb"]
+    claim, saved = saved[0], saved[1:]
+    busy = tmp_path / "busy"  # another worker has claimed the scene and is compiling it: this one compiles too
+    busy.mkdir()
+    (busy / claim.name).touch()
+    assert_same(episode(CompiledScenes(busy)), want)
+    assert [p.name for p in busy.iterdir()] == [claim.name]  # and leaves the saving to it
+    stamp = saved[0].stat().st_mtime_ns
+    assert_same(episode(compiled), want)  # loaded
+    assert saved[0].stat().st_mtime_ns == stamp  # read, not written again
+    saved[0].write_bytes(saved[0].read_bytes()[:1000])  # a damaged file
+    monkeypatch.chdir(tmp_path)  # where MuJoCo logs its warning about it (MUJOCO_LOG.TXT)
+    assert_same(episode(compiled), want)
+    assert "could not be read" in caplog.text and saved[0].stat().st_size > 1000  # compiled and replaced
+    unwritable = CompiledScenes(saved[0])  # a file where the folder should be
+    assert_same(episode(unwritable), want)
+    assert unwritable.write_failed and "are not kept" in caplog.text
+    assert MjSim.__dict__["from_xml_string"] is original
+    compiled.remove()
+    assert not (tmp_path / "scenes").exists()
+
+
 def test_a_task_of_another_scene_is_refused_and_leaves_the_task_as_it_was(soup_task):
     from ript.envs.libero import suite_tasks
 
