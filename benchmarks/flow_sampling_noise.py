@@ -4,10 +4,13 @@ the ODE's (as evaluation runs it), for each noise setting, on the same episodes.
     python -m benchmarks.flow_sampling_noise --checkpoint <flow run> [--episodes 10] [--out <file.json>]
         [--variants "ode" "sde0.5 policy.noise_level=0.5" ...] [--overrides key=value ...]
 
-Each variant is the checkpoint through ``ript eval`` with its overrides (every variant but ``ode`` samples:
-``sampling.greedy=false``), on the same seeds, so the per-episode outcomes pair up: the results count the
-episodes the ODE solved and the variant failed, and the reverse. A lost success here is a rollout RL starts
-from a worse policy than the one it is judged by.
+Each variant is the checkpoint through ``ript eval`` with its overrides (every variant whose tag does not start
+with ``ode`` samples: ``sampling.greedy=false``), on the same seeds, so the per-episode outcomes pair up: the
+results count the episodes the ODE solved and the variant failed, and the reverse. A lost success here is a
+rollout RL starts from a worse policy than the one it is judged by. ODE variants compare the ODE's own settings,
+e.g. the denoise-step count:
+
+    python -m benchmarks.flow_sampling_noise --checkpoint <flow run> --variants ode "ode_k1 policy.denoise_steps=1"
 """
 
 from __future__ import annotations
@@ -38,12 +41,13 @@ def outcomes(results: dict) -> dict[tuple[str, int], bool]:
 
 def one_variant(checkpoint: str, variant: str, episodes: int, overrides: list[str], out_dir: Path) -> dict:
     tag, *settings = variant.split()
-    sampled = [] if tag == "ode" else ["sampling.greedy=false"]
+    sampled = [] if tag.startswith("ode") else ["sampling.greedy=false"]
     cfg = compose("eval", [f"checkpoint={checkpoint}", "policy=flow", f"episodes_per_task={episodes}",
                            f"out_dir={out_dir / tag}", "n_videos=0", *sampled, *settings, *overrides])
     results = evaluate.run(cfg)
     return {"variant": tag, "overrides": settings + sampled, "success_rate": results["success_rate"],
-            "per_task": results["per_task"], "outcomes": outcomes(results)}
+            "per_task": results["per_task"], "env_steps_per_second": results["env_steps_per_second"],
+            "policy_share": results["policy_share"], "outcomes": outcomes(results)}
 
 
 def paired(row: dict, ode: dict) -> dict:
@@ -59,7 +63,8 @@ def main() -> None:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--episodes", type=int, default=10, help="per task")
     ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS),
-                    help="'tag override...'; the tag ode runs the ODE and is the reference")
+                    help="'tag override...'; the tag ode runs the ODE and is the reference, other tags starting "
+                         "with ode run the ODE with their overrides")
     ap.add_argument("--overrides", nargs="*", default=[], help="more `ript eval` settings for every variant")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

@@ -5,6 +5,7 @@ a tiny pipeline (stage 0, stage 1, one RL iteration) runs on those demonstration
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import h5py
@@ -135,7 +136,7 @@ def test_tasks_of_one_scene_share_a_built_scene_and_run_as_in_a_fresh_one():
         fresh.close()
 
 
-def test_a_scene_loaded_from_the_compiled_scenes_runs_as_a_compiled_one(tmp_path, caplog, monkeypatch):
+def test_a_scene_loaded_from_the_compiled_scenes_runs_as_a_compiled_one(tmp_path, caplog, monkeypatch, request):
     """Env slots sharing a folder of compiled scenes: the first build compiles and saves its scene (a build
     that starts while another worker compiles it compiles too, without saving), the next loads it, and all run as a
     build that compiled it (bit for bit); a damaged file is compiled again and replaced, a folder that cannot be
@@ -162,6 +163,9 @@ def test_a_scene_loaded_from_the_compiled_scenes_runs_as_a_compiled_one(tmp_path
             for key in b:
                 np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
+    # the warnings go to ript's logger, which a CLI run earlier in this process may have stopped propagating
+    logging.getLogger("ript").addHandler(caplog.handler)
+    request.addfinalizer(lambda: logging.getLogger("ript").removeHandler(caplog.handler))
     compiled = CompiledScenes(tmp_path / "scenes")
     (tmp_path / "scenes").mkdir()
     want = episode(None)
