@@ -1,7 +1,7 @@
 """Compiled MuJoCo scenes kept on disk, so that a scene is compiled once per run on a host, not once per build.
 
 robosuite compiles a scene's whole MJCF text in its env constructor (``MjSim.from_xml_string``). For a LIBERO
-scene that is 1.4-3.2 s of a 5 s build on a CPU core (its meshes and ~185 MiB of textures decoded and processed),
+scene that is 1.4-3.2 s of a 3-5 s build on a CPU core (its meshes and ~185 MiB of textures decoded and processed),
 and RL's env slots build a scene whenever a slot meets a task of another one. MuJoCo's binary model format
 (``.mjb``) holds the compiled model exactly; loading it skips the compiler. The cache is keyed by the text
 itself and MuJoCo's version, so a changed scene or library never loads a stale model, and each file is written
@@ -37,7 +37,7 @@ class CompiledScenes:
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def path_for(self, xml: str):
+    def path_for(self, xml: str) -> Path:
         import mujoco
 
         key = hashlib.sha1(f"{mujoco.__version__}\n{xml}".encode()).hexdigest()
