@@ -68,7 +68,7 @@ class MetaWorldSuite(Suite):
                   compiled: Any = None) -> Any:
         from ript.envs.metaworld import MetaWorldTask, RenderSettings
 
-        # its scenes compile in a fraction of a build's ~0.3 s: compiled is not used
+        # a whole MetaWorld build takes ~0.3 s (docs/speed.md): compiled is not used
         return MetaWorldTask(task_name, RenderSettings.from_dict(render), max_episode_steps, shared_gl)
 
     def instructions(self, names: list[str]) -> dict[str, str]:
