@@ -37,7 +37,10 @@ def build_all(suite_name: str, names: list[str], render: dict, mode: str, compil
         task = suite.make_task(name, render, 200, gl, compiled if mode == "compiled" else None)
         task.reset(10**9, render=True)
         seconds.append(time.perf_counter() - t0)
-        kept.append(task) if keep else task.close()
+        if keep:
+            kept.append(task)
+        else:
+            task.close()
     for task in kept:
         task.close()
     if gl is not None:
