@@ -62,6 +62,7 @@ class WorkerLimits(Section):
     pipeline_stages: Literal["auto"] | Count = "auto"  # groups of workers planned in turn (runner.py)
     decisions: Literal["lockstep", "as_ready"] = "lockstep"  # when a group's waiting workers are planned (runner.py)
     tasks_per_slot: Literal["auto"] | Count = "auto"  # built tasks an env slot keeps (auto: by the host's memory)
+    host_sets: Count | None = None  # sets of env workers sharing the host's memory (null: this job's ranks there)
     render_gpus: list[Size] | None = None  # the host's GPUs the simulators render on (null: chosen, envs/gl.py)
 
 

@@ -215,21 +215,22 @@ class PoolSettings:
     ``max_restarts`` times a run; ``backend`` processes (this host) or ray (``address``: a cluster's nodes);
     ``render_gpus``: the host's GPUs the processes render on (None: chosen, ``ript.envs.gl.worker_render_gpus``);
     ``tasks_per_slot``: the built tasks each env slot keeps ("auto": as many as a share of the host's memory
-    holds, ``slot_task_limit``)."""
+    holds, ``slot_task_limit``), which ``host_sets`` sets of env workers share (None: the torchrun ranks here)."""
     timeout_s: float = 600.0
     max_restarts: int = 3
     backend: str = "processes"
     address: str | None = None
     render_gpus: tuple[int, ...] | None = None
     tasks_per_slot: int | str = "auto"
+    host_sets: int | None = None
 
     @classmethod
     def from_config(cls, workers_cfg) -> PoolSettings:
         gpus = workers_cfg.get("render_gpus")
-        per_slot = workers_cfg.get("tasks_per_slot", "auto")
+        per_slot, sets = workers_cfg.get("tasks_per_slot", "auto"), workers_cfg.get("host_sets")
         return cls(float(workers_cfg.timeout_s), int(workers_cfg.max_restarts), str(workers_cfg.backend),
                    workers_cfg.get("ray_address"), None if gpus is None else tuple(int(g) for g in gpus),
-                   per_slot if per_slot == "auto" else int(per_slot))
+                   per_slot if per_slot == "auto" else int(per_slot), None if sets is None else int(sets))
 
 
 # the share of the host's available memory the env slots' built tasks may fill; the rest is the driving process's
@@ -261,7 +262,7 @@ class WorkerSet:
         self.scene_of = get_suite(suite).scene_of  # what the slots report as built (WorkerEnvs.begin)
         self.task_limit = slot_task_limit(pool.tasks_per_slot, get_suite(suite).task_mib,
                                           num_workers * envs_per_worker, available_memory_bytes(),
-                                          ranks_on_this_host())
+                                          pool.host_sets or ranks_on_this_host())
         self.frames = [SharedFrames(layout) if pool_class.shares_memory else InlineFrames()
                        for _ in range(num_workers)]
         # workers on this host share one folder of compiled scenes (workers elsewhere compile their own)

@@ -32,6 +32,7 @@ from ript.rl.rollout import rollout_environment
 from ript.utils import distributed as ddist
 from ript.utils.containers import to_dict
 from ript.utils.logging import log, setup_console_logging
+from ript.utils.processes import ranks_on_this_host
 from ript.utils.weight_sync import Endpoint, WeightChannel, channel_backend
 
 
@@ -46,10 +47,13 @@ def synced_modules(learner) -> torch.nn.Module:
 def actor_config(cfg, trainer_gpus: tuple[int, ...]) -> dict:
     """The job's config as its rollout actor reads it. A trainer on a GPU lends it to its actor's simulators: the
     trainer waits while they render, and another rank's actor computing on a GPU they rendered on would plan
-    several times slower (``ript.envs.gl.renders_apart``)."""
+    several times slower (``ript.envs.gl.renders_apart``). Its env workers share the host's memory with the other
+    ranks' as the ranks' own would (an actor is no torchrun process: it would count itself the host's only one)."""
     settings = to_dict(cfg)
     if trainer_gpus and cfg.workers.get("render_gpus") is None:
         settings["workers"]["render_gpus"] = list(trainer_gpus)
+    if cfg.workers.get("host_sets") is None:
+        settings["workers"]["host_sets"] = ranks_on_this_host()
     return settings
 
 

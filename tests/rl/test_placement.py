@@ -13,10 +13,11 @@ import sys
 import pytest
 import ray
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from ript.config import compose, override
-from ript.envs.worker_env import EpisodeSpec
+from ript.envs.worker_env import EpisodeSpec, PoolSettings
 from ript.errors import RiptError
 from ript.policies.families import family_for
 from ript.rl.placement import placement_kind
@@ -162,7 +163,7 @@ def test_the_two_phase_loop_with_disaggregated_rollouts_or_an_unknown_placement_
     assert not (tmp_path / "rl").exists()
 
 
-def test_hybrid_placement_splits_the_gpus_by_role_and_refuses_what_cannot_work(stage1_run):
+def test_hybrid_placement_splits_the_gpus_by_role_and_refuses_what_cannot_work(stage1_run, monkeypatch):
     """``placement.mode=hybrid``: every rank's simulators render on ``placement.env_gpus`` and its rollout actor
     acts on another GPU, the two pipelined; settings that cannot work, and an actor Ray put where the simulators
     render, are one line. (The placement itself needs GPUs: measured in docs/distributed.md.)"""
@@ -185,6 +186,11 @@ def test_hybrid_placement_splits_the_gpus_by_role_and_refuses_what_cannot_work(s
     settings = Hybrid.actor_settings(cfg("placement.env_gpus=[0,2]"), (1,))
     assert settings["workers"]["render_gpus"] == [0, 2] and settings["workers"]["pipeline_stages"] == 2
     assert Disaggregated.actor_settings(cfg(), (1,))["workers"]["render_gpus"] == [1]  # the trainer's GPU
+    # an actor's env workers share the host's memory with the other ranks' actors, as the ranks' own would
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    actor_workers = Hybrid.actor_settings(cfg("placement.env_gpus=[0]"), (1,))["workers"]
+    assert actor_workers["host_sets"] == 2 and PoolSettings.from_config(OmegaConf.create(actor_workers)).host_sets == 2
+    assert Disaggregated.actor_settings(cfg("workers.host_sets=3"), (1,))["workers"]["host_sets"] == 3
     hybrid = cfg("placement.env_gpus=[0]")
     assert "GPU 0, where the simulators render (placement.env_gpus=[0])" in Hybrid.misplaced(hybrid, 0, (1,), 0.5, 1)
     assert Hybrid.misplaced(hybrid, 1, (1,), 0.5, 1) is None  # beside its trainer, as the mode means
