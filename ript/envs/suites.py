@@ -28,6 +28,11 @@ class Suite:
     shaped_reward: bool               # the env's step reward is shaped (dense RL rewards), not only success
     expert: str                       # the scripted-expert family of its demos (ript.registry.EXPERTS)
     compiles_scenes: bool = False     # a build compiles a costly scene: env workers keep compiled ones on disk
+    gpu_task_mib: int | None = None   # task_mib where it renders on a GPU, its buffers there (None: task_mib)
+
+    def built_task_mib(self, renders_on_gpu: bool) -> int:
+        """The host memory one built task holds, rendering on a GPU or in software."""
+        return (self.gpu_task_mib or self.task_mib) if renders_on_gpu else self.task_mib
 
     def task_names(self, task_cfg) -> list[str]:
         """``task.task_names`` if given (checked), else the suite's (or benchmark split's) task list."""
@@ -109,11 +114,12 @@ class LiberoSuite(Suite):
 
 
 # MetaWorld: 4 envs per worker ran rollouts fastest on the 16-core H100 host (8,200 env steps/s against 7,100
-# with 2 and 5,600-6,700 with 1); a built task holds ~140 MiB on a CPU host (85 on a GPU host). LIBERO: 50
+# with 2 and 5,600-6,700 with 1); a built task holds 125-157 MiB rendering in software (measured on a 2-core CPU
+# host) and ~85 MiB rendering on an H100. LIBERO: 50
 # packaged init states per task define the standard protocol and RL's initial conditions; a scene holds ~0.7 GiB
 # once reset, so one env per worker.
 SUITES: dict[str, Suite] = {
-    "metaworld": MetaWorldSuite("metaworld", horizon=500, standard_episodes=20, task_mib=150,
+    "metaworld": MetaWorldSuite("metaworld", horizon=500, standard_episodes=20, task_mib=150, gpu_task_mib=90,
                                 envs_per_worker=4, initial_conditions=None,
                                 control_hz=80, shaped_reward=True, expert="metaworld"),
     **{name: LiberoSuite(name, horizon=horizon, standard_episodes=LIBERO_INIT_STATES, task_mib=800,

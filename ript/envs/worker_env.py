@@ -22,6 +22,7 @@ import numpy as np
 
 from ript.envs import ray_workers, workers  # noqa: F401  (register the worker backends; Ray is imported on use)
 from ript.envs.compiled_scenes import CompiledScenes
+from ript.envs.gl import host_render_gpus
 from ript.envs.suites import get_suite
 from ript.registry import WORKER_POOLS
 from ript.utils.processes import available_memory_bytes, ranks_on_this_host
@@ -260,7 +261,8 @@ class WorkerSet:
         pool_class = WORKER_POOLS.get(pool.backend)
         self.envs_per_worker = envs_per_worker
         self.scene_of = get_suite(suite).scene_of  # what the slots report as built (WorkerEnvs.begin)
-        self.task_limit = slot_task_limit(pool.tasks_per_slot, get_suite(suite).task_mib,
+        renders_on_gpu = bool(pool.render_gpus or host_render_gpus())
+        self.task_limit = slot_task_limit(pool.tasks_per_slot, get_suite(suite).built_task_mib(renders_on_gpu),
                                           num_workers * envs_per_worker, available_memory_bytes(),
                                           pool.host_sets or ranks_on_this_host())
         self.frames = [SharedFrames(layout) if pool_class.shares_memory else InlineFrames()

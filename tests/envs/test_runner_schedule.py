@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ript.envs.runner import EnvRunner, RunnerOptions
+from ript.envs.suites import get_suite
 from ript.envs.worker_env import EpisodeSpec, PoolSettings, slot_task_limit
 from tests.helpers.policies import NoisyHold
 
@@ -68,3 +69,9 @@ def test_the_automatic_bound_shares_half_the_memory_over_every_slot_of_the_host(
     assert slot_task_limit("auto", 800, 16, 110 * gib, processes=2) == 2  # two torchrun ranks, 16 slots each
     assert slot_task_limit("auto", 150, 64, 4 * gib) == 1              # never below one
     assert slot_task_limit(3, 800, 16, 1) == 3                        # a number is kept as given
+    # two torchrun ranks of 64 MetaWorld slots on a host of 244 GiB available: rendering on the GPUs, each slot
+    # keeps the ten tasks of a ten-task protocol; in software, whose buffers are in host memory, six
+    metaworld = get_suite("metaworld")
+    assert slot_task_limit("auto", metaworld.built_task_mib(True), 64, 244 * gib, processes=2) == 10
+    assert slot_task_limit("auto", metaworld.built_task_mib(False), 64, 244 * gib, processes=2) == 6
+    assert get_suite("libero_10").built_task_mib(True) == get_suite("libero_10").built_task_mib(False)
