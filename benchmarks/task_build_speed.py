@@ -2,9 +2,10 @@
 ``--processes`` workers build at once, as RL's env workers do when their slots meet new tasks.
 
 MetaWorld: each task in a GL context of its own (``own``) against all of a process's tasks in one shared context
-(``shared``, ``SharedGLContext``). LIBERO: every build compiling its scene (``compile``) against the env workers'
-shared folder of compiled scenes (``compiled``, ``ript.envs.compiled_scenes``), fresh for the measurement as for a
-run, so that the first build of each scene compiles it.
+(``shared``, ``SharedGLContext``), and the host memory each task kept built adds. LIBERO: every build compiling
+its scene (``compile``) against the env workers' shared folder of compiled scenes (``compiled``,
+``ript.envs.compiled_scenes``), fresh for the measurement as for a run, so that the first build of each scene
+compiles it.
 
     python -m benchmarks.task_build_speed [--suite metaworld] [--processes 16] [--tasks 6] [--out build.json]
     python -m benchmarks.task_build_speed --suite libero_10 --tasks 10 --rounds 2
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import time
 
@@ -22,8 +24,15 @@ from benchmarks.results_file import write_or_print
 MODES = {"metaworld": ("own", "shared"), "libero": ("compile", "compiled")}
 
 
-def build_all(suite_name: str, names: list[str], render: dict, mode: str, compiled) -> list[float]:
-    """Seconds each task of ``names`` took to build and reset, in order, in this process."""
+def resident_mib() -> float:
+    """This process's resident host memory (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def build_all(suite_name: str, names: list[str], render: dict, mode: str, compiled) -> tuple[list[float], list[float]]:
+    """Seconds each task of ``names`` took to build and reset, in order, in this process; and where built tasks
+    are kept, the host memory each new one added (the first also starts the renderer, so it is left out)."""
     from ript.envs.rendering import SharedGLContext
     from ript.envs.suites import get_suite
 
@@ -31,21 +40,23 @@ def build_all(suite_name: str, names: list[str], render: dict, mode: str, compil
     # MetaWorld's tasks stay built, several in one GL context; a LIBERO scene holds ~1 GiB, and an env slot keeps
     # one: the next build replaces it
     keep = mode in MODES["metaworld"]
-    seconds, kept = [], []
-    for name in names:
-        t0 = time.perf_counter()
+    seconds, kept, added_mib = [], [], []
+    for i, name in enumerate(names):
+        t0, before = time.perf_counter(), resident_mib()
         task = suite.make_task(name, render, 200, gl, compiled if mode == "compiled" else None)
         task.reset(10**9, render=True)
         seconds.append(time.perf_counter() - t0)
         if keep:
             kept.append(task)
+            if 0 < i < len(set(names)):
+                added_mib.append(resident_mib() - before)
         else:
             task.close()
     for task in kept:
         task.close()
     if gl is not None:
         gl.close()
-    return seconds
+    return seconds, added_mib
 
 
 def measure(suite: str, processes: int, names: list[str], rounds: int, render: dict, mode: str) -> dict:
@@ -57,15 +68,17 @@ def measure(suite: str, processes: int, names: list[str], rounds: int, render: d
     t0 = time.perf_counter()
     try:
         with mp.get_context("spawn").Pool(processes) as pool:
-            times = pool.starmap(build_all, [(suite, order, render, mode, compiled) for order in orders])
+            built = pool.starmap(build_all, [(suite, order, render, mode, compiled) for order in orders])
     finally:
         if compiled is not None:
             compiled.remove()
     wall = time.perf_counter() - t0
+    times, added = [b[0] for b in built], [mib for b in built for mib in b[1]]
     later = [t for per_process in times for t in per_process[1:]]  # a process's first build also starts EGL
     return {"median_build_s": statistics.median(later), "mean_build_s": statistics.fmean(later),
             "first_build_s": statistics.median(t[0] for t in times), "wall_s": wall,
-            "builds": processes * len(names) * rounds}
+            "builds": processes * len(names) * rounds,
+            **({"host_mib_per_kept_task": statistics.median(added)} if added else {})}
 
 
 def main() -> None:

@@ -114,8 +114,8 @@ class LiberoSuite(Suite):
 
 
 # MetaWorld: 4 envs per worker ran rollouts fastest on the 16-core H100 host (8,200 env steps/s against 7,100
-# with 2 and 5,600-6,700 with 1); a built task holds 125-157 MiB rendering in software (measured on a 2-core CPU
-# host) and ~85 MiB rendering on an H100. LIBERO: 50
+# with 2 and 5,600-6,700 with 1); a built task kept holds 138-153 MiB of host memory rendering in software (a
+# 2-core CPU host) and 71-76 MiB rendering on an H200 (benchmarks/task_build_speed.py). LIBERO: 50
 # packaged init states per task define the standard protocol and RL's initial conditions; a scene holds ~0.7 GiB
 # once reset, so one env per worker.
 SUITES: dict[str, Suite] = {
