@@ -136,6 +136,7 @@ class FlowPolicyModel(ObservationConditioned):
     # RL's update rebuilds the expert's cache from recorded prefix features (a few tokens per decision) instead
     # of re-encoding the observations, when the prefix does not train
     rescores_from_features = True
+    layer_methods = ("prefix_keys_values",)  # a layer's method run besides its forward (rl.fsdp gathers around it)
 
     @property
     def prefix_width(self) -> int:

@@ -20,7 +20,6 @@ LOG_PROB_LEVELS = ("element", "chunk")
 class FlowLearner:
     """``expert_only`` (πRL's setting): only the action expert and its noise head train, and the update reads the
     recorded prefix; otherwise the prefix and observation encoders train too, recomputed from the observations."""
-    sharded_methods = ("encode", "cache_from", "expert", "noise_std")
     compiles_update = False
     evaluation_shift_measured = True  # evaluation integrates the ODE
     regresses_chunks = True  # the flow-matching loss toward the executed chunk
@@ -31,6 +30,10 @@ class FlowLearner:
         if log_prob_level not in LOG_PROB_LEVELS:
             raise RiptError(f"policy.log_prob_level={log_prob_level!r}; choose one of {', '.join(LOG_PROB_LEVELS)}")
         self.model, self.denoising, self.horizon, self.level = model, denoising, action_horizon, log_prob_level
+        # what scoring runs on the model and the model on its layers, besides forward (rl.fsdp gathers around them)
+        self.sharded_methods = ("encode", "expert", "noise_std", *(("cache_from",) if model.rescores_from_features
+                                                                     else ()))
+        self.sharded_layer_methods = model.layer_methods
         model.requires_grad_(False)
         for p in (model.expert_parameters() if expert_only else model.parameters()):
             p.requires_grad_(True)

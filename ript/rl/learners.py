@@ -40,6 +40,8 @@ class Learner(Protocol):
     critic: torch.nn.Module | None  # the value head (advantage=gae), saved as critic.safetensors
     sharded_methods: tuple[str, ...]  # the model's methods besides forward that scoring calls (rl.fsdp gathers
                                       # the model's own weights around each)
+    sharded_layer_methods: tuple[str, ...]  # its layers' methods besides forward that the model calls (the same,
+                                            # for each layer's weights)
     compiles_update: bool  # scoring runs through torch.compile (rl.compile_ahead can compile it ahead)
     evaluation_shift_measured: bool  # ``evaluation_actions`` gives what evaluation executes (not RL's samples)
     regresses_chunks: bool  # ``score`` can give ``chunk_errors`` (a flow policy's flow-matching loss)
@@ -81,6 +83,7 @@ class ChunkLearner:
     on what was cached at sampling time: the contexts when only the prior trains, else the observations
     (so the gradient reaches the observation encoders)."""
     sharded_methods = ("context", "logits")
+    sharded_layer_methods = ()
     evaluation_shift_measured = False  # evaluation samples tokens as RL does, or decodes greedy ones one by one
     regresses_chunks = False
 
@@ -161,6 +164,7 @@ class TrainableWeights(torch.nn.Module):
 
 class OFTLearner:
     sharded_methods = ()  # scoring runs the model's forward
+    sharded_layer_methods = ()
     compiles_update = False
     evaluation_shift_measured = True  # evaluation executes the Laplace means
     regresses_chunks = False
@@ -282,5 +286,5 @@ def shard_learner(learner) -> None:
 
     names = {id(p): n for n, p in learner.model.named_parameters()}
     before = learner.params
-    shard_model(learner.model, learner.sharded_methods)
+    shard_model(learner.model, learner.sharded_methods, learner.sharded_layer_methods)
     learner.params = same_parameters(learner.model, before, names)

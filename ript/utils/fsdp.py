@@ -28,15 +28,20 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return units
 
 
-def shard_model(model: torch.nn.Module, methods: tuple[str, ...] = ()) -> list[torch.nn.Parameter]:
+def shard_model(model: torch.nn.Module, methods: tuple[str, ...] = (),
+                layer_methods: tuple[str, ...] = ()) -> list[torch.nn.Parameter]:
     """Shard ``model`` over the default process group: each stack member, then the rest at the root. Sharding
     replaces the parameters; returns the new ones in ``model.parameters()`` order. The root's weights are gathered
-    around its ``forward`` and around each of ``methods`` (the others a caller runs on it directly)."""
+    around its ``forward`` and around each of ``methods`` (the others a caller runs on it directly); a layer's
+    around its ``forward`` and each of ``layer_methods`` it has (those the model runs its layers by)."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     model.to(memory_format=torch.contiguous_format)  # FSDP shards only contiguous weights (not channels_last convs)
     for unit in shard_units(model):
         fully_shard(unit)
+        # the stacks of one model are of several kinds (a vision tower's layers beside a language model's)
+        for name in (name for name in layer_methods if callable(getattr(unit, name, None))):
+            register_fsdp_forward_method(unit, name)
     fully_shard(model)
     for name in methods:
         register_fsdp_forward_method(model, name)

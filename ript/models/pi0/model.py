@@ -43,26 +43,31 @@ def time_embedding(tau: torch.Tensor, width: int, min_period: float = 4e-3, max_
     return torch.cat([angle.sin(), angle.cos()], dim=-1).float()
 
 
-def layer_attention(layer: GemmaDecoderLayer, h: torch.Tensor, cos_sin, mask: torch.Tensor,
-                    past: tuple[torch.Tensor, torch.Tensor] | None = None):
-    """One Gemma decoder layer whose queries see ``past`` keys/values (the prefix's) before their own:
-    (new hidden states, this stream's keys and values after RoPE)."""
-    attn = layer.self_attn
-    b, t, _ = h.shape
-    x = layer.input_layernorm(h)
-    q, k, v = (proj(x).view(b, t, -1, attn.head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj,
-                                                                                   attn.v_proj))
-    q, k = rotate(q, k, *cos_sin)
-    keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
-    out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True)
-    h = h + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-    h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return h, (k, v)
+class JointDecoderLayer(GemmaDecoderLayer):
+    """A Gemma decoder layer (its weights and their names unchanged) run by ``attend``, not ``forward``."""
+
+    def attend(self, h: torch.Tensor, cos_sin, mask: torch.Tensor,
+               past: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """The layer with its queries seeing ``past`` keys/values (the prefix's) before their own: (new hidden
+        states, this stream's keys and values after RoPE)."""
+        attn = self.self_attn
+        b, t, _ = h.shape
+        x = self.input_layernorm(h)
+        q, k, v = (proj(x).view(b, t, -1, attn.head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj,
+                                                                                       attn.v_proj))
+        q, k = rotate(q, k, *cos_sin)
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask,
+                                             enable_gqa=True)
+        h = h + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, (k, v)
 
 
 class Pi0Model(nn.Module):
     stage = "official"
     rescores_from_features = False  # the expert's cache is every prefix layer's keys and values: re-encode
+    layer_methods = ("attend",)  # what runs its layers (rl.fsdp gathers each layer's weights around it)
 
     def __init__(self, paligemma_variant: str = "gemma_2b", action_expert_variant: str = "gemma_300m",
                  vision_variant: str = "so400m", action_dim: int = 32, action_horizon: int = 50,
@@ -81,9 +86,9 @@ class Pi0Model(nn.Module):
         self.projector = nn.Linear(width, pw)
         self.embed_tokens = nn.Embedding(vocab_size, pw)
         depth = prefix_cfg.num_hidden_layers
-        self.prefix_layers = nn.ModuleList(GemmaDecoderLayer(prefix_cfg, i) for i in range(depth))
+        self.prefix_layers = nn.ModuleList(JointDecoderLayer(prefix_cfg, i) for i in range(depth))
         self.prefix_norm = GemmaRMSNorm(pw, eps=1e-6)
-        self.expert_layers = nn.ModuleList(GemmaDecoderLayer(expert_cfg, i) for i in range(depth))
+        self.expert_layers = nn.ModuleList(JointDecoderLayer(expert_cfg, i) for i in range(depth))
         self.expert_norm = GemmaRMSNorm(ew, eps=1e-6)
         self.rotary = GemmaRotaryEmbedding(prefix_cfg)
         self.state_proj = nn.Linear(action_dim, ew)
@@ -117,7 +122,7 @@ class Pi0Model(nn.Module):
         mask = pad[:, None, None, :]  # bidirectional over the prefix's valid tokens
         kv = []
         for layer in self.prefix_layers:
-            h, layer_kv = layer_attention(layer, h, cos_sin, mask)
+            h, layer_kv = layer.attend(h, cos_sin, mask)
             kv.append(layer_kv)
         return Prefix(self.prefix_norm(h), {"kv": kv, "pad": pad, "offset": pad.sum(1), "state": state})
 
@@ -138,7 +143,7 @@ class Pi0Model(nn.Module):
         own[0, 1:] = False
         mask = torch.cat([cache["pad"][:, None, :].expand(-1, s, -1), own[None].expand(len(h), -1, -1)], dim=2)
         for layer, past in zip(self.expert_layers, cache["kv"], strict=True):
-            h, _ = layer_attention(layer, h, cos_sin, mask[:, None], past)
+            h, _ = layer.attend(h, cos_sin, mask[:, None], past)
         hidden = self.expert_norm(h)[:, 1:]
         return self.action_out_proj(hidden).float(), hidden
 
