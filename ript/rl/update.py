@@ -176,6 +176,15 @@ def update_batch(learner, kept: list[list[dict]], estimator, cfg, device: str, i
     return data, targets
 
 
+def zero_in_place(opt: torch.optim.Optimizer) -> None:
+    """The optimizer's gradients zeroed in place, one parameter group at a time: a sharded model's (DTensors) and a
+    critic's (plain tensors) cannot be zeroed in one fused call, as ``zero_grad(set_to_none=False)`` makes on a GPU."""
+    for group in opt.param_groups:
+        grads = [p.grad for p in group["params"] if p.grad is not None]
+        if grads:
+            torch._foreach_zero_(grads)
+
+
 def make_optimizer(learner, cfg, device: str):
     """AdamW over the policy's parameters and, apart, the critic's (own learning rate, no weight decay), and a
     schedule per group: the policy warms up after ``rl.critic.warmup_iterations`` critic-only iterations."""
@@ -235,7 +244,7 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
     stop = EarlyStop(rl, shift, info)
     for order in orders:
         for parts in micro_batch_plan(order, int(rl.minibatches), micro, most):
-            opt.zero_grad(set_to_none=False)
+            zero_in_place(opt)
             minibatch_kl = 0.0
             for part, weight in parts:  # token means weighted to the minibatch's
                 loss, s = micro_batch_loss(learner, data, part.to(device), cfg, device, clip_c, reference)
