@@ -16,7 +16,6 @@ trains every weight (the PaliGemma prefix too), not only the action expert.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.results_file import write_or_print
 from ript.config import compose
 from ript.models.flow_denoise import Denoising
 from ript.models.pi0.model import Pi0Model
@@ -158,9 +158,7 @@ def main() -> None:
                model.parameters() if args.full else model.expert_parameters())) / 1e6, 1),
            "build_s": round(builds[0], 1), "torch": torch.__version__, "iterations": rows}
     if info.is_main:
-        print(json.dumps(out, indent=2))
-        if args.out:
-            args.out.write_text(json.dumps(out, indent=2))
+        write_or_print(out, args.out)
     ddist.barrier(info)
 
 
