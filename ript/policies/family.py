@@ -33,7 +33,6 @@ class Loaded:
 
 class PolicyFamily(Protocol):
     configs: tuple[str, ...]  # the ``policy`` config group entries whose keys the family reads
-    shards_in_rl: bool        # rl.fsdp: its learner trains sharded and writes its checkpoints from gathered weights
 
     def load(self, cfg, device: str, seed: int, rl: bool) -> Loaded: ...
 

@@ -61,7 +61,6 @@ def decoding(cfg, ckpt: dict) -> tuple[dict, bool]:
 @POLICIES.register("flow")
 class FlowFamily:
     configs = ("flow",)
-    shards_in_rl = False  # its sharded scoring (the denoising chain's methods) is not checked yet
 
     def load(self, cfg, device: str, seed: int, rl: bool) -> Loaded:
         if not cfg.checkpoint:

@@ -36,7 +36,6 @@ def load_pi0(cfg, device: str):
 class Pi0Family(VLAFamily):
     configs = ("pi0",)
     eval_dir, eval_title = "runs/pi0_eval", "pi0"
-    shards_in_rl = False  # the flow learner's sharded scoring is not checked yet
 
     def load(self, cfg, device: str, seed: int, rl: bool) -> Loaded:
         if cfg.get("task") is None:

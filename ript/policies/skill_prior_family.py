@@ -25,7 +25,6 @@ STAGES = ("stage1", "finetune", "rl")  # checkpoints holding a skill prior
 @POLICIES.register("skill_prior")
 class SkillPriorFamily:
     configs = ("skill_prior",)
-    shards_in_rl = True
 
     def load(self, cfg, device: str, seed: int, rl: bool) -> Loaded:
         if not cfg.checkpoint:

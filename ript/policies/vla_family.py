@@ -89,7 +89,6 @@ def load_tokenizer(folder: Path):
 class VLAFamily(ABC):
     """What OpenVLA-OFT and OpenVLA (and π0) share; each subclass builds its own policy and learner."""
     eval_dir, eval_title = DEFAULT_EVAL_DIR, "OpenVLA-OFT"  # an evaluation's results folder without out_dir
-    shards_in_rl = True
 
     def load(self, cfg, device: str, seed: int, rl: bool) -> Loaded:
         if OmegaConf.select(cfg, "task") is None:

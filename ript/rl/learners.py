@@ -255,7 +255,7 @@ class OpenVLALearner(OFTLearner):
         return None
 
 
-def check_fsdp(cfg, family) -> None:
+def check_fsdp(cfg) -> None:
     """The settings ``rl.fsdp`` works under, checked before anything loads: a sharded model runs its forwards
     on every rank in step, so nothing may run it on one rank alone."""
     if not cfg.rl.get("fsdp"):
@@ -273,8 +273,6 @@ def check_fsdp(cfg, family) -> None:
         why = "rl.overlap and rl.kl_coef keep whole copies of the weights; leave them off"
     elif cfg.environment.get("refresh_every"):
         why = "environment.refresh_every rolls out with the trainer's own model; leave it off"
-    elif not family.shards_in_rl:
-        why = f"policy={cfg.policy.name} is not checked to train sharded yet; train it unsharded"
     if why:
         raise RiptError(f"rl.fsdp=true: {why}")
 

@@ -28,7 +28,7 @@ def run(cfg) -> str:
     family = family_for(cfg)
     device, info = init_rank(cfg)  # first: the model is built on this rank's device
     check_overlap(cfg)
-    check_fsdp(cfg, family)
+    check_fsdp(cfg)
     kind = placement_kind(cfg)  # an unknown placement is one line before the model loads
     loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
     placement = kind(cfg=cfg, info=info, loaded=loaded, device=device)  # where the rank's rollouts run

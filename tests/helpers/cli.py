@@ -100,6 +100,13 @@ def world_model_overrides(data_dir: Path, run_dir: Path, steps: int) -> list[str
             "algo=world_model_small", "algo.chunk=2"]
 
 
+def flow_rl_overrides(flow_run, run_dir, iterations: int, *extra: str) -> list[str]:
+    return [f"checkpoint={flow_run}", "policy=flow", f"run_dir={run_dir}", f"rl.iterations={iterations}",
+            "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",
+            "rl.max_episode_steps=24", "rl.num_workers=2", "rl.max_sampling_rounds=1", "rl.epochs=2",
+            "rl.minibatches=2", "rl.lr=1e-3", "eval.every=0", "rl.reward=dense", "rl.reward_scale=0.1", *extra]
+
+
 def rl_overrides(stage1_run, run_dir, iterations):
     return [f"checkpoint={stage1_run}", f"run_dir={run_dir}", f"rl.iterations={iterations}",
             "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",

@@ -18,7 +18,7 @@ from ript.models.flow_denoise import Denoising
 from ript.policies.flow_policy import FlowPolicy
 from ript.rl.flow_learner import FlowLearner
 from ript.stages import rl
-from tests.helpers.cli import assert_one_line_error, ript_here
+from tests.helpers.cli import assert_one_line_error, flow_rl_overrides, ript_here
 
 CRITIC = OmegaConf.create({"hidden": 16, "detach_input": True})
 
@@ -66,13 +66,6 @@ def test_recorded_log_probs_and_values_equal_the_recomputed_ones(flow_run, metho
     assert stochastic.tolist() == ([3] * 6 if method == "flow_noise" else [1] * 6)  # hybrid: one step per chunk
     if first is not None:  # the stochastic step is one of the first `first`
         assert not data["stochastic"][:, first:].any()
-
-
-def flow_rl_overrides(flow_run, run_dir, iterations: int, *extra: str) -> list[str]:
-    return [f"checkpoint={flow_run}", "policy=flow", f"run_dir={run_dir}", f"rl.iterations={iterations}",
-            "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",
-            "rl.max_episode_steps=24", "rl.num_workers=2", "rl.max_sampling_rounds=1", "rl.epochs=2",
-            "rl.minibatches=2", "rl.lr=1e-3", "eval.every=0", "rl.reward=dense", "rl.reward_scale=0.1", *extra]
 
 
 @pytest.mark.parametrize("extra", [

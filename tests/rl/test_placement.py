@@ -23,7 +23,7 @@ from ript.policies.families import family_for
 from ript.rl.placement import placement_kind
 from ript.stages import rl
 from ript.utils.distributed import DistInfo
-from tests.helpers.cli import rl_overrides
+from tests.helpers.cli import flow_rl_overrides, rl_overrides
 from tests.helpers.ray_cluster import two_node_cluster
 
 
@@ -225,3 +225,27 @@ def test_a_dead_rollout_actor_ends_the_run_with_one_line(two_nodes, stage1_run):
         placement.runner.close()
 
 
+
+
+def test_a_flow_policy_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, flow_run, tmp_path):
+    """The flow policy (Flow-Noise, a critic after the expert) trained by two ranks with rollout actors, its model
+    sharded (``rl.fsdp``): the episodes and, up to the order sharding sums in, the weights and critic of the same
+    run unsharded. Scoring runs the model's ``encode``, ``expert`` and ``noise_std`` and its layers'
+    ``prefix_keys_values``, each gathered around as a forward is."""
+    plain, sharded = tmp_path / "ddp", tmp_path / "fsdp"
+    common = ["rl.groups_per_iteration=2", "rl.num_workers=1", "rl.micro_batch=4", "rl.recompute_old_log_probs=true",
+              "policy.noise_method=flow_noise", "rl.advantage=gae", *disaggregated(two_nodes, "processes")]
+    torchrun_rl([*flow_rl_overrides(flow_run, plain, 1), *common])
+    torchrun_rl([*flow_rl_overrides(flow_run, sharded, 1), *common, "rl.fsdp=true"])
+    straight, resharded = (json.loads((d / "rl_history.json").read_text()) for d in (plain, sharded))
+    for e in straight:  # the ODE's shift is measured only where the model is whole (no forward on one rank alone)
+        assert e["update"].pop("eval_action_shift") > 0
+    assert [e.pop("update") for e in resharded] == [pytest.approx(e.pop("update"), rel=1e-4) for e in straight]
+    assert straight == resharded
+    for name in ("model.safetensors", "critic.safetensors"):
+        a, b = (load_file(str(d / "checkpoints" / "last" / name)) for d in (plain, sharded))
+        assert sorted(a) == sorted(b)
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], atol=5e-5, rtol=0)
+    start, trained = (load_file(str(d / "checkpoints" / "last" / "model.safetensors")) for d in (flow_run, sharded))
+    assert not torch.equal(trained["velocity_out.weight"], start["velocity_out.weight"])  # the update moved it
