@@ -29,6 +29,7 @@ from ript.config import compose, resolve_device, task_names
 from ript.envs.runner import EnvRunner, RunnerOptions
 from ript.envs.worker_env import PoolSettings
 from ript.policies.build import make_policy
+from ript.utils.atomic import atomic_write_text
 
 SHARES = ("policy_share", "driver_idle_share", "worker_busy_share")
 
@@ -105,7 +106,7 @@ def main() -> None:
               f"{row['driver_idle_share']:.0%}, workers busy {row['worker_busy_share']:.0%}, "
               f"{row['pipeline_stages']} stage(s)")
     if a.out:
-        Path(a.out).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=2))
+        atomic_write_text(Path(a.out), json.dumps({"args": vars(a), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ript.utils.atomic import atomic_write_text
+
 DEFAULT_OVERRIDES = [
     "task=metaworld_quick",
     "task.task_names=[button-press-v3,drawer-close-v3,assembly-v3,pick-place-v3,peg-insert-side-v3,door-open-v3]",
@@ -69,7 +71,7 @@ def main() -> None:
     result = {"overrides": overrides, "runs": runs, "wall_s_mean": statistics.mean(walls)}
     print("collect wall: " + ", ".join(f"{w:.1f}" for w in walls) + f" s (mean {result['wall_s_mean']:.1f})")
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
+        atomic_write_text(Path(args.out), json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ript.utils.atomic import atomic_write_text
 from ript.utils.plots import _pyplot, _save
 
 
@@ -56,7 +57,7 @@ def main() -> None:
     table = "\n".join(lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.md").write_text(table + "\n")
-    Path(f"{args.out}.json").write_text(json.dumps({"start": None if start is None else start["success_rate"],
+    atomic_write_text(Path(f"{args.out}.json"), json.dumps({"start": None if start is None else start["success_rate"],
                                                      "runs": rows, "curves": curves}, indent=1))
     print(table)
     plt = _pyplot()

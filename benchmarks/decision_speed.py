@@ -27,6 +27,7 @@ from benchmarks.untrained_prior import demo_dataset, make_prior, prior_sampling
 from ript.config import compose, resolve_device, task_names
 from ript.envs.suites import get_suite
 from ript.policies.build import make_policy
+from ript.utils.atomic import atomic_write_text
 
 
 def policy_with(model, settings: dict, device: str, n: int, obs: dict, task: str, cuda_graph: bool = True):
@@ -150,7 +151,7 @@ def main() -> None:
                                   if k in result}), flush=True)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
-        Path(a.out, "decision_speed.json").write_text(json.dumps(result, indent=2))
+        atomic_write_text(Path(a.out, "decision_speed.json"), json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

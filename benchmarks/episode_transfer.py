@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ript.rl.episode_transfer import pack_episodes, unpack_episodes
+from ript.utils.atomic import atomic_write_text
 
 
 def recorded_round(episodes: int, decisions: int, device: str) -> dict:
@@ -76,7 +77,7 @@ def main() -> None:
     print(json.dumps(result))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=2))
+        atomic_write_text(Path(a.out), json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

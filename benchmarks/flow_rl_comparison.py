@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ript.utils.atomic import atomic_write_text
 from ript.utils.plots import compared_curves
 
 RUNS = ("flow_noise-gae", "flow_sde-gae", "flow_noise-grpo", "flow_sde-grpo")
@@ -50,7 +51,7 @@ def main() -> None:
     if args.png:
         compared_curves({label(r): h for r, h in histories.items()}, args.png, "RL from one flow checkpoint")
     if args.out:
-        args.out.write_text(json.dumps({"common_env_steps": common, "runs": rows}, indent=2))
+        atomic_write_text(Path(args.out), json.dumps({"common_env_steps": common, "runs": rows}, indent=2))
 
 
 if __name__ == "__main__":

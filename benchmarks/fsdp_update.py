@@ -28,6 +28,7 @@ from ript.policies.families import family_for
 from ript.rl.learners import OFTLearner, shard_learner
 from ript.rl.update import make_optimizer, ppo_update
 from ript.utils import distributed as ddist
+from ript.utils.atomic import atomic_write_text
 from ript.utils.fsdp import whole_state
 from tests.helpers.official_checkpoints import (
     LLAMA2_7B,
@@ -120,7 +121,7 @@ def main() -> None:
                    policy_loss=stats["policy_loss"], grad_norm=stats["grad_norm"])
         print(json.dumps(res, indent=2))
         if a.out:
-            a.out.write_text(json.dumps(res, indent=2))
+            atomic_write_text(Path(a.out), json.dumps(res, indent=2))
         if a.save_weights:
             from safetensors.torch import save_file
 

@@ -19,6 +19,7 @@ from ript.config import compose, override
 from ript.policies.families import checkpoint_model
 from ript.registry import POLICIES
 from ript.stages.evaluate import run as evaluate
+from ript.utils.atomic import atomic_write_text
 
 
 def success(checkpoint: str, out_dir: Path, episodes: int, workers: str, extra: list[str]) -> float:
@@ -52,7 +53,7 @@ def main() -> None:
               "pearson": pearson, "mean_abs_gap": float(np.abs(real - dream).mean())}
     print(json.dumps({k: result[k] for k in ("pearson", "mean_abs_gap")}))
     if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2))
+        atomic_write_text(Path(args.out), json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks.render_floor import at_once
+from ript.utils.atomic import atomic_write_text
 
 
 def _count_steps(suite: str, task_index: int, render_every: int, seconds: float, barrier) -> dict:
@@ -84,7 +85,7 @@ def main() -> None:
                   f"renders {r['render_ms_per_step']:.1f} ms per step)", flush=True)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(rows, indent=1))
+        atomic_write_text(Path(a.out), json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import torch
 
 from ript.config import compose
 from ript.models.openvla_oft.official import load_official
+from ript.utils.atomic import atomic_write_text
 from tests.helpers.official_checkpoints import LLAMA2_7B, official_config, write_official_checkpoint
 
 
@@ -88,7 +89,7 @@ def main() -> None:
     res["train_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     print(json.dumps(res, indent=2))
     if a.out:
-        a.out.write_text(json.dumps(res, indent=2))
+        atomic_write_text(Path(a.out), json.dumps(res, indent=2))
 
 
 def policy_prompt(policy) -> list[int]:

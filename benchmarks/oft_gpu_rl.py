@@ -40,6 +40,7 @@ from ript.rl.update import (
     update_batch,
 )
 from ript.utils import training
+from ript.utils.atomic import atomic_write_text
 from ript.utils.distributed import DistInfo
 from tests.helpers.official_checkpoints import (
     LLAMA2_7B,
@@ -205,7 +206,7 @@ def main() -> None:
     res["iteration_s"] = res["rollout_s"] + res["train_s"]
     print(json.dumps(res, indent=2))
     if a.out:
-        a.out.write_text(json.dumps(res, indent=2))
+        atomic_write_text(Path(a.out), json.dumps(res, indent=2))
 
 
 if __name__ == "__main__":

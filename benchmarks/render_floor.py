@@ -19,6 +19,8 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
+from ript.utils.atomic import atomic_write_text
+
 
 def _separate_frames(task) -> callable:
     """The earlier renderer: ``mujoco.Renderer``, one render and one readback per camera."""
@@ -143,7 +145,8 @@ def main() -> None:
                       f"{r['frames_per_s']:.0f} frames/s)", flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"task": args.task, "image_size": args.image_size, "rows": rows}, indent=1))
+        atomic_write_text(Path(args.out), json.dumps({"task": args.task, "image_size": args.image_size, "rows": rows},
+                                                     indent=1))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from benchmarks.train_compare import scalars
 from ript.stages.protocol import Phase
+from ript.utils.atomic import atomic_write_text
 from ript.utils.processes import run_with_time_limit
 
 RL_TIMES = ("time/rollout", "time/train", "time/train_prepare", "time/sync", "time/sync_rollout", "time/sync_update",
@@ -369,7 +370,7 @@ def main() -> None:
               "stage1_one_process": {}}
 
     def save() -> None:  # after each row: a host taken back mid-curve still leaves the rows measured so far
-        (out / "scaling.json").write_text(json.dumps(result, indent=2))
+        atomic_write_text(Path(out / "scaling.json"), json.dumps(result, indent=2))
 
     parts = set(a.parts.split(","))
     for n in counts:

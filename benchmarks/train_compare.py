@@ -10,6 +10,8 @@ import json
 import statistics
 from pathlib import Path
 
+from ript.utils.atomic import atomic_write_text
+
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -36,7 +38,7 @@ def main() -> None:
         for tag, points in val.items():
             print(f"  {tag:28s} " + "  ".join(f"{step}:{v:.4g}" for step, v in sorted(points.items())))
     if args.out:
-        Path(args.out).write_text(json.dumps(summary, indent=2))
+        atomic_write_text(Path(args.out), json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

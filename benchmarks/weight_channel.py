@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ript.utils.atomic import atomic_write_text
 from ript.utils.weight_sync import WeightChannel
 
 WIDTH = 4096
@@ -88,7 +89,7 @@ def main() -> None:
               f"{row['seconds']:7.3f} s {row['gb_per_s']:7.1f} GB/s ({row['of_link']:.2f} of the link)", flush=True)
     if a.out:
         host = "cpu" if a.cpu else torch.cuda.get_device_name(0)
-        Path(a.out).write_text(json.dumps({"host": host, "link_gbps": a.link_gbps, "rows": rows}, indent=2))
+        atomic_write_text(Path(a.out), json.dumps({"host": host, "link_gbps": a.link_gbps, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import torch
 
 from ript.evaluation.imagination import synchronize, timed_steps
 from ript.models.world_model import WorldModel
+from ript.utils.atomic import atomic_write_text
 
 LIBERO_STATE = {"ee_states": 6, "gripper_states": 2, "joint_states": 7}
 
@@ -98,7 +99,7 @@ def main() -> None:
               "training": training_rate(model, args.batch, args.unroll, args.train_steps, device)}
     print(json.dumps(result, indent=2))
     if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2))
+        atomic_write_text(Path(args.out), json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
