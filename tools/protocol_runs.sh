@@ -41,6 +41,9 @@
 #   scaling       benchmarks/scaling.py on this host's GPUs for each ';'-separated argument set of SCALING_ARGS (e.g.
 #                 "--counts 1,2,4"): $R/scaling_<n>.json
 #   weights       benchmarks/weight_channel.py between two GPUs (WEIGHTS_ARGS): $R/weight_channel.json
+#   pi0_fsdp      benchmarks/pi0_rl_iteration.py at π0's size with PI0_ARGS (default: full fine-tuning, Flow-Noise),
+#                 its update sharded over this host's GPUs under torchrun, then whole on one GPU:
+#                 $R/pi0_fsdp.json, $R/pi0_one_gpu.json
 #   actor         benchmarks/actor_rollout.py (ACTOR_ARGS, e.g. "--render-gpu 1" on two GPUs): $R/actor_rollout.json
 #   transfer      benchmarks/episode_transfer.py (TRANSFER_ARGS): $R/episode_transfer.json
 #   decision      benchmarks/decision_speed.py on ten ML45 tasks, eager parts and graphed, also compiled
@@ -249,6 +252,13 @@ for part in "$@"; do
     weights)
       phase "weight channel"
       python3 -m benchmarks.weight_channel ${WEIGHTS_ARGS:-} --out $R/weight_channel.json 2>&1 ;;
+    pi0_fsdp)
+      args=${PI0_ARGS:---full --methods flow_noise}
+      phase "π0's update sharded over $(nvidia-smi -L | wc -l) GPUs: $args"
+      torchrun --standalone --nproc_per_node "$(nvidia-smi -L | wc -l)" -m benchmarks.pi0_rl_iteration --fsdp $args \
+        --out $R/pi0_fsdp.json 2>&1 | quiet
+      phase "π0's update on one GPU: $args"
+      python3 -m benchmarks.pi0_rl_iteration $args --out $R/pi0_one_gpu.json 2>&1 | quiet ;;
     eval_cut) eval_rl_cut ${PROTO:-ml45_multitask} ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
