@@ -69,8 +69,9 @@ class Expert(Protocol):
 class EpisodeSource(Protocol):
     """What runs a suite family's scripted episodes for ``ript collect``."""
 
-    def open_task(self, task_name: str, suite: str, render: dict, max_episode_steps: int) -> Any:
-        """A task of the suite, ready for ``run_episode`` (closed by the caller)."""
+    def open_task(self, task_name: str, suite: str, render: dict, max_episode_steps: int, compiled=None) -> Any:
+        """A task of the suite, ready for ``run_episode`` (closed by the caller); ``compiled``: the collection's
+        ``ript.envs.compiled_scenes.CompiledScenes`` (a suite that compiles no scenes ignores it)."""
         ...
 
     def run_episode(self, task, layout_seed: int, noise_rng: np.random.Generator, noise: float):

@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 
 from ript.data.hdf5 import COLLECTION_ATTR, Demo, merge_demo_files, read_file_attrs, write_demo_file
+from ript.envs.compiled_scenes import CompiledScenes
 from ript.envs.gl import use_render_gpu, worker_render_gpus
 from ript.envs.seeds import demo_layout_seed, demo_noise_rng
 from ript.envs.suites import get_suite
@@ -97,8 +98,9 @@ def work_runs(jobs: list[Job], workers: int) -> Iterator[list[Job]]:
         yield run
 
 
-def _run_jobs(jobs: list[Job]) -> list[dict[str, Any]]:
-    """Run a list of jobs in order, each writing its shard, keeping a task open across consecutive jobs of it."""
+def _run_jobs(jobs: list[Job], compiled: CompiledScenes | None = None) -> list[dict[str, Any]]:
+    """Run a list of jobs in order, each writing its shard, keeping a task open across consecutive jobs of it;
+    ``compiled``: the collection's folder of compiled scenes, shared by its workers."""
     out, task, opened = [], None, None
     try:
         for job in jobs:
@@ -109,7 +111,7 @@ def _run_jobs(jobs: list[Job]) -> list[dict[str, Any]]:
                     task.close()
                     task = None  # closed: not closed again if the next task fails to open
                 task = episode_source(get_suite(job.suite).expert).open_task(job.task, job.suite, job.render,
-                                                                       job.max_episode_steps)
+                                                                       job.max_episode_steps, compiled)
                 opened = key
             out.append(_run_job(job, task, time.perf_counter() - t0))
     finally:
@@ -333,22 +335,30 @@ def _collect(run: Collection, task_names: list[str], num_workers: int | None, ep
     num_workers = max(1, min(num_workers or os.cpu_count() or 1, len(jobs)))
     spent = dict.fromkeys(("env_steps", "open_s", "episodes_s", "write_s", "merge_s"), 0.0)
     t0 = time.perf_counter()
-    for done in _run_pool(jobs, num_workers, run.data_dir, len(todo) * demos_per_task, sum(collected.values())):
-        task = done["task"]
-        attempts[task] = attempts.get(task, 0) + done["attempts"]
-        collected[task] = collected.get(task, 0) + done["demos"]
-        for k in ("env_steps", "open_s", "episodes_s", "write_s"):
-            spent[k] += done[k]
-        remaining[task] -= 1
-        if remaining[task] == 0:
-            t = time.perf_counter()
-            stats[task] = run.finish(source, task, collected.get(task, 0), attempts.get(task, 0), own[task])
-            spent["merge_s"] += time.perf_counter() - t
+    # LIBERO: the workers share the scenes they compile (a worker opens a task once per run of its jobs)
+    compiled = CompiledScenes.create() if get_suite(run.suite).compiles_scenes else None
+    try:
+        for done in _run_pool(jobs, num_workers, run.data_dir, len(todo) * demos_per_task, sum(collected.values()),
+                              compiled):
+            task = done["task"]
+            attempts[task] = attempts.get(task, 0) + done["attempts"]
+            collected[task] = collected.get(task, 0) + done["demos"]
+            for k in ("env_steps", "open_s", "episodes_s", "write_s"):
+                spent[k] += done[k]
+            remaining[task] -= 1
+            if remaining[task] == 0:
+                t = time.perf_counter()
+                stats[task] = run.finish(source, task, collected.get(task, 0), attempts.get(task, 0), own[task])
+                spent["merge_s"] += time.perf_counter() - t
+    finally:
+        if compiled is not None:
+            compiled.remove()
     _log_time_spent(spent, time.perf_counter() - t0, num_workers)
     return stats
 
 
-def _run_pool(jobs: list[Job], num_workers: int, data_dir: Path, total: int, initial: int):
+def _run_pool(jobs: list[Job], num_workers: int, data_dir: Path, total: int, initial: int,
+              compiled: CompiledScenes | None = None):
     """Run the jobs on ``num_workers`` spawned workers, yielding each job's result as its run finishes (a progress
     bar of ``total`` demos counts the finished ones as they come)."""
     from tqdm import tqdm
@@ -360,7 +370,7 @@ def _run_pool(jobs: list[Job], num_workers: int, data_dir: Path, total: int, ini
     with ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_exit_with_parent,
                              initargs=(progress, ctx.Value("i", 0), worker_render_gpus(num_workers))) as pool:
         runs = work_runs(jobs, num_workers)
-        pending = {pool.submit(_run_jobs, run) for run in itertools.islice(runs, num_workers)}
+        pending = {pool.submit(_run_jobs, run, compiled) for run in itertools.islice(runs, num_workers)}
         try:
             while pending:
                 finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
@@ -370,7 +380,7 @@ def _run_pool(jobs: list[Job], num_workers: int, data_dir: Path, total: int, ini
                     pending.discard(future)
                     run = next(runs, None)  # the freed worker's, sized by what is left now
                     if run is not None:
-                        pending.add(pool.submit(_run_jobs, run))
+                        pending.add(pool.submit(_run_jobs, run, compiled))
                     yield from future.result()  # re-raises a worker's error here
         except BrokenProcessPool:
             raise RiptError(f"collect: a worker process died (killed, or out of memory) while collecting into "

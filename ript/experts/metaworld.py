@@ -13,7 +13,8 @@ from ript.envs.metaworld import INSTRUCTIONS, MetaWorldTask, RenderSettings, exp
 from ript.registry import EXPERTS
 
 
-def open_task(task_name: str, suite: str, render: dict, max_episode_steps: int) -> MetaWorldTask:
+def open_task(task_name: str, suite: str, render: dict, max_episode_steps: int, compiled=None) -> MetaWorldTask:
+    del compiled  # MetaWorld compiles no scenes (Suite.compiles_scenes)
     # MetaWorld's experts warn on every call that their gains saturate; the env clips actions anyway.
     warnings.filterwarnings("ignore", message=r"Constant\(s\) may be too high")
     task = MetaWorldTask(task_name, RenderSettings.from_dict(render), max_episode_steps)

@@ -337,3 +337,18 @@ def test_demo_resets_never_start_with_a_falling_object():
         assert 1e-3 < np.abs(packaged[:2] - bowl[:2]).max() < 0.05
     finally:
         task.close()
+
+
+def test_collection_workers_open_their_tasks_through_the_compiled_scenes(tmp_path):
+    """``ript collect`` gives its workers one folder of compiled scenes: the first to open a scene saves it
+    there, and a worker opening the scene again loads it (a scene so loaded runs as a compiled one: above)."""
+    from ript.envs.compiled_scenes import CompiledScenes
+    from ript.experts.collect import Job, _run_jobs
+
+    render = {"cameras": ["agentview"], "image_size": 32, "quality": "low"}
+    compiled = CompiledScenes(tmp_path / "scenes")
+    (tmp_path / "scenes").mkdir()
+    job = Job(SUITE, TASK, 0, 0, 0, 0.0, True, 1, render, 300, str(tmp_path / "shard.hdf5"))  # opens, runs none
+    [done] = _run_jobs([job], compiled)
+    assert done["task"] == TASK and done["demos"] == 0
+    assert len(list((tmp_path / "scenes").glob("*.mjb"))) == 1

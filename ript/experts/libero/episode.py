@@ -16,13 +16,15 @@ from typing import Any
 import numpy as np
 
 from ript.data.hdf5 import EXPERT_ACTIONS, Demo
+from ript.envs.compiled_scenes import CompiledScenes
 from ript.envs.libero import LiberoRender, LiberoTask
 from ript.experts.libero.goals import make_expert
 from ript.registry import EXPERTS
 
 
-def open_task(task_name: str, suite: str, render: dict, max_episode_steps: int) -> LiberoTask:
-    return LiberoTask(suite, task_name, LiberoRender.from_dict(render), max_episode_steps)
+def open_task(task_name: str, suite: str, render: dict, max_episode_steps: int,
+              compiled: CompiledScenes | None = None) -> LiberoTask:
+    return LiberoTask(suite, task_name, LiberoRender.from_dict(render), max_episode_steps, compiled)
 
 
 def run_episode(task: LiberoTask, layout_seed: int, noise_rng: np.random.Generator, noise: float,
