@@ -107,6 +107,16 @@ def flow_rl_overrides(flow_run, run_dir, iterations: int, *extra: str) -> list[s
             "rl.minibatches=2", "rl.lr=1e-3", "eval.every=0", "rl.reward=dense", "rl.reward_scale=0.1", *extra]
 
 
+def pi0_rl_overrides(folder, run_dir, iterations: int, *extra: str) -> list[str]:
+    return [f"checkpoint={folder}", "policy=pi0", "task=metaworld_quick", "task.render.image_size=32",
+            "policy.image_keys=[corner_rgb]", "policy.state_keys=[robot_states]", "policy.delta_dims=0",
+            "policy.action_horizon=4", "policy.denoise_steps=2", f"run_dir={run_dir}", f"rl.iterations={iterations}",
+            "task_names=[drawer-close-v3]", "rl.groups_per_iteration=1", "rl.rollouts_per_group=2",
+            "rl.max_episode_steps=12", "rl.num_workers=1", "rl.max_sampling_rounds=1", "rl.epochs=1",
+            "rl.minibatches=1", "rl.lr=1e-3", "eval.every=0", "rl.reward=dense", "rl.reward_scale=0.1",
+            "rl.advantage=gae", *extra]
+
+
 def rl_overrides(stage1_run, run_dir, iterations):
     return [f"checkpoint={stage1_run}", f"run_dir={run_dir}", f"rl.iterations={iterations}",
             "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",

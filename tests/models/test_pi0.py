@@ -18,6 +18,7 @@ from ript.model_loader import load_model
 from ript.models.pi0.model import time_embedding
 from ript.registry import MODELS
 from ript.stages import evaluate, rl
+from tests.helpers.cli import pi0_rl_overrides
 from tests.helpers.official_checkpoints import PROMPT_WORDS, write_lerobot_pi0_checkpoint, write_pi0_checkpoint
 
 WORDS = PROMPT_WORDS + ["press", "button", "drawer", "a", "the", "and", "it", "in"]
@@ -182,16 +183,6 @@ def _joint_layer(model, pl, el, hp, hs, positions, mask):
         h = h + layer.self_attn.o_proj(o)
         new.append(h + layer.mlp(layer.post_attention_layernorm(h)))
     return new
-
-
-def pi0_rl_overrides(folder, run_dir, iterations: int, *extra: str) -> list[str]:
-    return [f"checkpoint={folder}", "policy=pi0", "task=metaworld_quick", "task.render.image_size=32",
-            "policy.image_keys=[corner_rgb]", "policy.state_keys=[robot_states]", "policy.delta_dims=0",
-            "policy.action_horizon=4", "policy.denoise_steps=2", f"run_dir={run_dir}", f"rl.iterations={iterations}",
-            "task_names=[drawer-close-v3]", "rl.groups_per_iteration=1", "rl.rollouts_per_group=2",
-            "rl.max_episode_steps=12", "rl.num_workers=1", "rl.max_sampling_rounds=1", "rl.epochs=1",
-            "rl.minibatches=1", "rl.lr=1e-3", "eval.every=0", "rl.reward=dense", "rl.reward_scale=0.1",
-            "rl.advantage=gae", *extra]
 
 
 def pi0_eval_overrides(checkpoint, out_dir) -> list[str]:
