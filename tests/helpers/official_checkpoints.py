@@ -269,6 +269,12 @@ def write_pi0_checkpoint(folder: str | Path, state_dim: int, action_dim: int, wo
     return folder
 
 
+def write_metaworld_pi0_checkpoint(folder: str | Path) -> Path:
+    """The tiny π0 folder the MetaWorld tests run: 4-dim state and actions, a vocabulary for its instructions."""
+    return write_pi0_checkpoint(folder, state_dim=4, action_dim=4,
+                                words=PROMPT_WORDS + ["press", "button", "drawer", "a", "the", "and", "it", "in"])
+
+
 def write_lerobot_pi0_checkpoint(openpi_folder: str | Path, folder: str | Path, untied_embedding: bool = False) -> Path:
     """The tiny openpi π0 folder rewritten as lerobot saves its ``pi0`` policy: openpi's weight names under
     ``model.`` (with ``untied_embedding``, the token embedding also saved under its own name, apart from the

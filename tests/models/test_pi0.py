@@ -19,14 +19,12 @@ from ript.models.pi0.model import time_embedding
 from ript.registry import MODELS
 from ript.stages import evaluate, rl
 from tests.helpers.cli import pi0_rl_overrides
-from tests.helpers.official_checkpoints import PROMPT_WORDS, write_lerobot_pi0_checkpoint, write_pi0_checkpoint
-
-WORDS = PROMPT_WORDS + ["press", "button", "drawer", "a", "the", "and", "it", "in"]
+from tests.helpers.official_checkpoints import write_lerobot_pi0_checkpoint, write_metaworld_pi0_checkpoint
 
 
 @pytest.fixture(scope="module")
 def pi0_folder(tmp_path_factory):
-    return write_pi0_checkpoint(tmp_path_factory.mktemp("pi0") / "pi0_tiny", state_dim=4, action_dim=4, words=WORDS)
+    return write_metaworld_pi0_checkpoint(tmp_path_factory.mktemp("pi0") / "pi0_tiny")
 
 
 def build(folder):

@@ -24,7 +24,7 @@ from ript.rl.placement import placement_kind
 from ript.stages import rl
 from ript.utils.distributed import DistInfo
 from tests.helpers.cli import flow_rl_overrides, pi0_rl_overrides, rl_overrides
-from tests.helpers.official_checkpoints import PROMPT_WORDS, write_pi0_checkpoint
+from tests.helpers.official_checkpoints import write_metaworld_pi0_checkpoint
 from tests.helpers.ray_cluster import two_node_cluster
 
 
@@ -228,6 +228,22 @@ def test_a_dead_rollout_actor_ends_the_run_with_one_line(two_nodes, stage1_run):
 
 
 
+def assert_sharded_run_matches(plain, sharded) -> list:
+    """A flow-matching policy's run under ``rl.fsdp`` against the same run unsharded: the same episodes, the
+    updates' statistics and the weights and critic up to the order sharding sums in. Returns the unsharded run's
+    evaluation shifts, which only a whole model measures (no forward on one rank alone)."""
+    straight, resharded = (json.loads((d / "rl_history.json").read_text()) for d in (plain, sharded))
+    shifts = [e["update"].pop("eval_action_shift", None) for e in straight]
+    assert [e.pop("update") for e in resharded] == [pytest.approx(e.pop("update"), rel=1e-4) for e in straight]
+    assert straight == resharded
+    for name in ("model.safetensors", "critic.safetensors"):
+        a, b = (load_file(str(d / "checkpoints" / "last" / name)) for d in (plain, sharded))
+        assert sorted(a) == sorted(b) and a
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], atol=5e-5, rtol=0)
+    return shifts
+
+
 def test_a_flow_policy_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, flow_run, tmp_path):
     """The flow policy (Flow-Noise, a critic after the expert) trained by two ranks with rollout actors, its model
     sharded (``rl.fsdp``): the episodes and, up to the order sharding sums in, the weights and critic of the same
@@ -238,16 +254,7 @@ def test_a_flow_policy_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, 
               "policy.noise_method=flow_noise", "rl.advantage=gae", *disaggregated(two_nodes, "processes")]
     torchrun_rl([*flow_rl_overrides(flow_run, plain, 1), *common])
     torchrun_rl([*flow_rl_overrides(flow_run, sharded, 1), *common, "rl.fsdp=true"])
-    straight, resharded = (json.loads((d / "rl_history.json").read_text()) for d in (plain, sharded))
-    for e in straight:  # the ODE's shift is measured only where the model is whole (no forward on one rank alone)
-        assert e["update"].pop("eval_action_shift") > 0
-    assert [e.pop("update") for e in resharded] == [pytest.approx(e.pop("update"), rel=1e-4) for e in straight]
-    assert straight == resharded
-    for name in ("model.safetensors", "critic.safetensors"):
-        a, b = (load_file(str(d / "checkpoints" / "last" / name)) for d in (plain, sharded))
-        assert sorted(a) == sorted(b)
-        for k in a:
-            torch.testing.assert_close(b[k], a[k], atol=5e-5, rtol=0)
+    assert all(shift > 0 for shift in assert_sharded_run_matches(plain, sharded))
     start, trained = (load_file(str(d / "checkpoints" / "last" / "model.safetensors")) for d in (flow_run, sharded))
     assert not torch.equal(trained["velocity_out.weight"], start["velocity_out.weight"])  # the update moved it
 
@@ -255,20 +262,10 @@ def test_a_flow_policy_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, 
 def test_pi0_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, tmp_path):
     """π0 (the tiny official folder, its action expert training) by two ranks with rollout actors, sharded: the
     episodes, and up to the order sharding sums in, the trained weights and critic of the same run unsharded."""
-    folder = write_pi0_checkpoint(tmp_path / "pi0_tiny", state_dim=4, action_dim=4,
-                                  words=PROMPT_WORDS + ["press", "button", "drawer", "a", "the", "and", "it", "in"])
+    folder = write_metaworld_pi0_checkpoint(tmp_path / "pi0_tiny")
     plain, sharded = tmp_path / "ddp", tmp_path / "fsdp"
     common = ["rl.groups_per_iteration=2", "rl.micro_batch=2", "rl.recompute_old_log_probs=true",
               *disaggregated(two_nodes, "processes")]
     torchrun_rl([*pi0_rl_overrides(folder, plain, 1), *common])
     torchrun_rl([*pi0_rl_overrides(folder, sharded, 1), *common, "rl.fsdp=true"])
-    straight, resharded = (json.loads((d / "rl_history.json").read_text()) for d in (plain, sharded))
-    for e in straight:  # measured only where the model is whole
-        e["update"].pop("eval_action_shift", None)
-    assert [e.pop("update") for e in resharded] == [pytest.approx(e.pop("update"), rel=1e-4) for e in straight]
-    assert straight == resharded
-    for name in ("model.safetensors", "critic.safetensors"):
-        a, b = (load_file(str(d / "checkpoints" / "last" / name)) for d in (plain, sharded))
-        assert sorted(a) == sorted(b) and a
-        for k in a:
-            torch.testing.assert_close(b[k], a[k], atol=5e-5, rtol=0)
+    assert_sharded_run_matches(plain, sharded)
