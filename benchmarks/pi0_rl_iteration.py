@@ -109,15 +109,15 @@ def one_iteration(model, tokenizer, method: str, args, device: str, info: ddist.
                                                                                      "peak_gib": peak}, info)}
 
 
-def random_model(size: str, device: str) -> Pi0Model:
-    """π0 with random weights, the same on every rank: bf16 on a GPU, the expert in fp32 as RL trains it."""
+def random_model(size: str, device: str, expert_fp32: bool) -> Pi0Model:
+    """π0 with random weights, the same on every rank: bf16 on a GPU (as ``ript rl policy=pi0`` holds it), with
+    ``expert_fp32`` the action expert in fp32 (its optimiser state too) beside the bf16 prefix."""
     torch.manual_seed(0)
     with torch.device(device):
         model = Pi0Model(*SIZES[size]).to(torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    model.expert_layers.float()  # RL trains the expert in fp32 (its optimiser state too); the prefix stays bf16
-    for part in (model.expert_norm, model.state_proj, model.action_in_proj, model.action_time_mlp_in,
-                 model.action_time_mlp_out, model.action_out_proj, model.noise_head):
-        part.float()
+    if expert_fp32:
+        for part in model.expert_modules():
+            part.float()
     return model
 
 
@@ -134,6 +134,8 @@ def main() -> None:
     ap.add_argument("--methods", default="flow_sde,flow_noise")
     ap.add_argument("--fsdp", action="store_true", help="under torchrun: the update sharded over the ranks")
     ap.add_argument("--full", action="store_true", help="train every weight, not only the action expert")
+    ap.add_argument("--weights", choices=("expert_fp32", "bf16"), default="expert_fp32",
+                    help="on a GPU: the action expert in fp32 beside the bf16 prefix, or every weight bf16")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--save-weights", type=Path, default=None, help="the trained weights (<name>.<method>.safetensors)")
     ap.add_argument("--out", type=Path, default=None)
@@ -148,12 +150,12 @@ def main() -> None:
     rows, builds = [], []
     for method in args.methods.split(","):  # each from the same random weights (a sharded model stays sharded)
         t0 = time.perf_counter()
-        model = random_model(args.size, device)
+        model = random_model(args.size, device, args.weights == "expert_fp32")
         builds.append(time.perf_counter() - t0)
         rows.append(one_iteration(model, tokenizer, method, args, device, info))
     params = sum(p.numel() for p in model.parameters())
     out = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu", "size": args.size,
-           "ranks": info.world_size, "fsdp": args.fsdp, "full_finetune": args.full,
+           "ranks": info.world_size, "fsdp": args.fsdp, "weights": args.weights, "full_finetune": args.full,
            "parameters_m": round(params / 1e6, 1), "trained_m": round(sum(p.numel() for p in (
                model.parameters() if args.full else model.expert_parameters())) / 1e6, 1),
            "build_s": round(builds[0], 1), "torch": torch.__version__, "iterations": rows}

@@ -12,6 +12,8 @@ import sys
 
 import torch
 
+from ript.errors import RiptError
+
 
 def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The layers sharded one by one: the members of every stack of layers (a ``ModuleList`` of two or more),
@@ -28,6 +30,32 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return units
 
 
+def dtype_units(model: torch.nn.Module, units: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """The outermost modules outside ``units`` whose weights are all of one dtype other than the rest of the root's
+    (e.g. an fp32 action expert beside a bf16 backbone): FSDP shards one dtype per unit, so each is a unit of its
+    own. A parameter of such a dtype held by a module that also holds the root's is an error naming it."""
+    inside = {id(p) for unit in units for p in unit.parameters()}
+    left = [(name, p) for name, p in model.named_parameters() if id(p) not in inside]
+    if len({p.dtype for _, p in left}) < 2:
+        return []
+    counts: dict[torch.dtype, int] = {}
+    for _, p in left:
+        counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    root_dtype = max(counts, key=counts.__getitem__)
+    chosen: list[torch.nn.Module] = []
+    for _, module in model.named_modules():
+        own = [p for p in module.parameters() if id(p) not in inside]
+        if module is model or not own or len({p.dtype for p in own}) > 1 or own[0].dtype == root_dtype:
+            continue
+        chosen.append(module)
+        inside.update(id(p) for p in own)
+    stray = next((name for name, p in left if id(p) not in inside and p.dtype != root_dtype), None)
+    if stray is not None:
+        raise RiptError(f"{stray}: {dict(left)[stray].dtype} beside {root_dtype} weights in one module; FSDP shards "
+                        "one dtype per module")
+    return chosen
+
+
 def shard_model(model: torch.nn.Module, methods: tuple[str, ...] = (),
                 layer_methods: tuple[str, ...] = ()) -> list[torch.nn.Parameter]:
     """Shard ``model`` over the default process group: each stack member, then the rest at the root. Sharding
@@ -37,7 +65,8 @@ def shard_model(model: torch.nn.Module, methods: tuple[str, ...] = (),
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     model.to(memory_format=torch.contiguous_format)  # FSDP shards only contiguous weights (not channels_last convs)
-    for unit in shard_units(model):
+    units = shard_units(model)
+    for unit in units + dtype_units(model, units):
         fully_shard(unit)
         # the stacks of one model are of several kinds (a vision tower's layers beside a language model's)
         for name in (name for name in layer_methods if callable(getattr(unit, name, None))):

@@ -1,11 +1,14 @@
-"""Sharding a model whose convolutions are in channels_last (as RL keeps them on a GPU): FSDP takes only
-contiguous weights, so the model is sharded in the standard layout and computes what it computed before."""
+"""Sharding models in the layouts RL keeps them in: convolutions in channels_last (FSDP takes only contiguous
+weights, so the model is sharded in the standard layout) and a trained fp32 part beside a bf16 backbone (FSDP
+shards one dtype per unit); each computes what it computed before."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
+from ript.errors import RiptError
 from ript.utils.fsdp import shard_model, whole
 
 
@@ -32,5 +35,56 @@ def test_a_channels_last_model_shards_and_computes_the_same(tmp_path):
         shard_model(model)
         assert torch.allclose(model(x), expected, atol=1e-6)
         assert whole(model.layers[0].weight).shape == (4, 3, 3, 3)
+    finally:
+        dist.destroy_process_group()
+
+
+class Mixed(torch.nn.Module):
+    """A bf16 embedding and stack with an fp32 head and an fp32 norm inside a bf16 block, as π0's RL benchmark holds
+    its prefix and its action expert."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(10, 8).to(torch.bfloat16)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)]).to(torch.bfloat16)
+        self.block = torch.nn.ModuleDict({"proj": torch.nn.Linear(8, 8).to(torch.bfloat16),
+                                          "norm": torch.nn.LayerNorm(8)})
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x).relu()
+        x = self.block["norm"](self.block["proj"](x).float())
+        return self.head(x).sum()
+
+
+def test_a_model_of_two_dtypes_shards_each_apart_and_computes_the_same(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        model = Mixed()
+        tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
+        expected = model(tokens)
+        expected.backward()
+        grad = model.head.weight.grad.clone()
+        model.zero_grad()
+        shard_model(model)
+        out = model(tokens)
+        out.backward()
+        assert torch.allclose(out, expected)
+        assert torch.allclose(whole(model.head.weight.grad), grad)
+        assert whole(model.embed.weight).dtype == torch.bfloat16
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_module_holding_two_dtypes_beside_the_root_is_refused_by_name(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        model = Mixed()
+        model.head.bias.data = model.head.bias.data.to(torch.bfloat16)
+        with pytest.raises(RiptError, match="head.weight: torch.float32"):
+            shard_model(model)
     finally:
         dist.destroy_process_group()

@@ -101,11 +101,13 @@ class Pi0Model(nn.Module):
         nn.init.zeros_(self.noise_head.bias)
         self.prefix_width, self.expert_width = pw, ew
 
-    def expert_parameters(self) -> list[nn.Parameter]:
+    def expert_modules(self) -> list[nn.Module]:
         """The action expert and its projections: what πRL trains."""
-        parts = [self.expert_layers, self.expert_norm, self.state_proj, self.action_in_proj, self.action_time_mlp_in,
-                 self.action_time_mlp_out, self.action_out_proj, self.noise_head]
-        return [p for part in parts for p in part.parameters()]
+        return [self.expert_layers, self.expert_norm, self.state_proj, self.action_in_proj, self.action_time_mlp_in,
+                self.action_time_mlp_out, self.action_out_proj, self.noise_head]
+
+    def expert_parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.expert_modules() for p in part.parameters()]
 
     def encode(self, images: torch.Tensor, image_masks: torch.Tensor, tokens: torch.Tensor, token_masks: torch.Tensor,
                state: torch.Tensor) -> Prefix:
