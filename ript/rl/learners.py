@@ -286,3 +286,25 @@ def shard_learner(learner) -> None:
     before = learner.params
     shard_model(learner.model, learner.sharded_methods, learner.sharded_layer_methods)
     learner.params = same_parameters(learner.model, before, names)
+
+
+def check_same_start(learner, info) -> None:
+    """Ranks that only average their gradients never bring together weights that start apart: before the first
+    update every rank's trained tensors (the critic's too) are compared with rank 0's, by their sum and sum of
+    squares; a difference is one line naming the first such tensor, on every rank."""
+    if info.world_size == 1:
+        return
+    from ript.utils import distributed as ddist
+
+    names = {id(p): n for n, p in learner.model.named_parameters()}
+    named = [(names.get(id(p), "a trained tensor"), p) for p in learner.params]
+    if learner.critic is not None:
+        named += [(f"critic.{n}", p) for n, p in learner.critic.named_parameters()]
+    with torch.no_grad():
+        prints = torch.stack([torch.stack([p.double().sum(), p.double().square().sum()]) for _, p in named]).cpu()
+    everyone = ddist.gather_objects(prints, info)
+    for rank, theirs in enumerate(everyone[1:], start=1):
+        differ = (theirs != everyone[0]).any(1).nonzero()
+        if len(differ):
+            raise RiptError(f"{named[int(differ[0, 0])][0]}: rank {rank} starts from other weights than rank 0 "
+                            f"(each rank's fresh weights must come from the run's seed, not the rank's)")

@@ -20,7 +20,7 @@ from ript.policies.base import ChunkingPolicy
 from ript.rl.advantages import build_estimator
 from ript.rl.critic import load_critic, write_learner_files
 from ript.rl.history import UPDATE_RECORD, RolloutHistory
-from ript.rl.learners import Learner, shard_learner
+from ript.rl.learners import Learner, check_same_start, shard_learner
 from ript.rl.objective import flow_matching_coef
 from ript.rl.overlap import RolloutsAhead, rollout_weights
 from ript.rl.refresh import WorldModelRefresh
@@ -151,6 +151,7 @@ class RLIterations:
         if flow_matching_coef(cfg.rl) > 0 and not learner.regresses_chunks:
             raise RiptError(f"rl.flow_matching_coef={cfg.rl.flow_matching_coef}: {type(learner).__name__} has no "
                             f"flow-matching loss (flow and π0 policies have); leave it at 0")
+        check_same_start(learner, info)
         self.sharded = bool(cfg.rl.get("fsdp"))
         if self.sharded:  # rl.fsdp: before the optimiser, whose state then lives in shards too
             shard_learner(learner)

@@ -22,6 +22,7 @@ from ript.rl.overlap import check_overlap
 from ript.rl.placement import critic_settings, placement_kind
 from ript.rl.refresh import WorldModelRefresh
 from ript.stages import world_model
+from ript.utils.seeding import shared_draws
 
 
 def run(cfg) -> str:
@@ -42,7 +43,8 @@ def run(cfg) -> str:
 
 def _train(cfg, family, loaded, info, device: str, placement, refresh: WorldModelRefresh | None) -> str:
     run_dir, resume_from = prepare_run(cfg, info)
-    learner = family.learner(loaded, cfg, device, critic_settings(cfg))
+    with shared_draws(int(cfg.seed), device):  # its fresh weights alike on every rank
+        learner = family.learner(loaded, cfg, device, critic_settings(cfg))
     placement.attach(learner)
     ckpt_config = family.rl_checkpoint(loaded, cfg)
     names = loaded.task_names

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,17 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def shared_draws(seed: int, device: str) -> Iterator[None]:
+    """Torch's draws inside come from ``seed`` on every rank, and this rank's own stream continues after as if
+    they had not been made: for weights built fresh that every rank must start from alike (LoRA, a scale head,
+    a critic), as ranks that only average gradients never bring apart starts together."""
+    devices = [torch.device(device)] if device.startswith("cuda") else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 def rng_state() -> dict:

@@ -117,6 +117,17 @@ def pi0_rl_overrides(folder, run_dir, iterations: int, *extra: str) -> list[str]
             "rl.advantage=gae", *extra]
 
 
+def oft_rl_overrides(folder, run_dir, iterations: int, *extra: str) -> list[str]:
+    """``ript rl`` of the tiny MetaWorld OpenVLA-OFT folder: LoRA with its heads, a critic and dense rewards."""
+    return [f"checkpoint={folder}", "policy=openvla_oft", "task=metaworld_ml45", "task.task_names=[reach-v3]",
+            "task.render.image_size=32", "task.render.cameras=[corner]", "policy.image_keys=[corner_rgb]",
+            "policy.proprio_keys=[robot_states]", "policy.gripper=none", "policy.center_crop=false",
+            "policy.init_scale=0.5", f"run_dir={run_dir}", f"rl.iterations={iterations}", "rl.groups_per_iteration=2",
+            "rl.rollouts_per_group=2", "rl.max_sampling_rounds=1", "rl.max_episode_steps=16", "rl.num_workers=1",
+            "rl.epochs=2", "rl.minibatches=2", "rl.micro_batch=2", "rl.advantage=gae", "rl.reward=dense",
+            "eval.every=0", *extra]
+
+
 def rl_overrides(stage1_run, run_dir, iterations):
     return [f"checkpoint={stage1_run}", f"run_dir={run_dir}", f"rl.iterations={iterations}",
             "task_names=[drawer-close-v3]", "rl.groups_per_iteration=2", "rl.rollouts_per_group=2",

@@ -269,6 +269,13 @@ def write_pi0_checkpoint(folder: str | Path, state_dim: int, action_dim: int, wo
     return folder
 
 
+def write_metaworld_oft_checkpoint(folder: str | Path) -> Path:
+    """The tiny OpenVLA-OFT folder the MetaWorld RL tests run: 4-dim proprio and actions under MetaWorld's key."""
+    cfg = official_config(TINY_TEXT, image_size=28, vision_overrides=TINY_VISION)
+    return write_official_checkpoint(folder, cfg, "metaworld", seed=0, shard_bytes=200_000, action_dim=4,
+                                     proprio_dim=4)
+
+
 def write_metaworld_pi0_checkpoint(folder: str | Path) -> Path:
     """The tiny π0 folder the MetaWorld tests run: 4-dim state and actions, a vocabulary for its instructions."""
     return write_pi0_checkpoint(folder, state_dim=4, action_dim=4,

@@ -17,6 +17,7 @@ from tests.helpers.official_checkpoints import (
     TINY_TEXT,
     TINY_VISION,
     official_config,
+    write_metaworld_oft_checkpoint,
     write_official_checkpoint,
 )
 
@@ -181,7 +182,7 @@ def test_rl_iteration_rescores_the_sampled_distribution(tmp_path, monkeypatch):
     from ript.rl.learners import OFTLearner
     from ript.stages import oft
 
-    ckpt = write_tiny(tmp_path / "mw", unnorm_key="metaworld", action_dim=4, proprio_dim=4)
+    ckpt = write_metaworld_oft_checkpoint(tmp_path / "mw")
     overrides = [f"checkpoint={ckpt}", "task=metaworld_ml45", "task.task_names=[reach-v3]", "task.render.image_size=32",
                  "task.render.cameras=[corner]", "policy.image_keys=[corner_rgb]", "policy.proprio_keys=[robot_states]",
                  "policy.gripper=none", "policy.center_crop=false", "rl.groups_per_iteration=2",
@@ -280,7 +281,7 @@ def test_oft_critic_values_and_bootstraps_are_recorded_as_recomputed(tmp_path):
     from ript.rl.update import make_optimizer, ppo_update, update_batch
     from ript.utils.distributed import DistInfo
 
-    ckpt = write_tiny(tmp_path / "mw", unnorm_key="metaworld", action_dim=4, proprio_dim=4)
+    ckpt = write_metaworld_oft_checkpoint(tmp_path / "mw")
     cfg = compose("oft", [f"checkpoint={ckpt}", "task=metaworld_ml45", "task.task_names=[reach-v3]",
                           "task.render.image_size=32", "task.render.cameras=[corner]", "policy.image_keys=[corner_rgb]",
                           "policy.proprio_keys=[robot_states]", "policy.gripper=none", "policy.center_crop=false",

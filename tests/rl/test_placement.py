@@ -23,8 +23,8 @@ from ript.policies.families import family_for
 from ript.rl.placement import placement_kind
 from ript.stages import rl
 from ript.utils.distributed import DistInfo
-from tests.helpers.cli import flow_rl_overrides, pi0_rl_overrides, rl_overrides
-from tests.helpers.official_checkpoints import write_metaworld_pi0_checkpoint
+from tests.helpers.cli import flow_rl_overrides, oft_rl_overrides, pi0_rl_overrides, rl_overrides
+from tests.helpers.official_checkpoints import write_metaworld_oft_checkpoint, write_metaworld_pi0_checkpoint
 from tests.helpers.ray_cluster import two_node_cluster
 
 
@@ -229,7 +229,7 @@ def test_a_dead_rollout_actor_ends_the_run_with_one_line(two_nodes, stage1_run):
 
 
 def assert_sharded_run_matches(plain, sharded) -> list:
-    """A flow-matching policy's run under ``rl.fsdp`` against the same run unsharded: the same episodes, the
+    """A policy's run under ``rl.fsdp`` against the same run unsharded: the same episodes, the
     updates' statistics and the weights and critic up to the order sharding sums in. Returns the unsharded run's
     evaluation shifts, which only a whole model measures (no forward on one rank alone)."""
     straight, resharded = (json.loads((d / "rl_history.json").read_text()) for d in (plain, sharded))
@@ -268,4 +268,16 @@ def test_pi0_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, tmp_path):
               *disaggregated(two_nodes, "processes")]
     torchrun_rl([*pi0_rl_overrides(folder, plain, 1), *common])
     torchrun_rl([*pi0_rl_overrides(folder, sharded, 1), *common, "rl.fsdp=true"])
+    assert_sharded_run_matches(plain, sharded)
+
+
+def test_openvla_oft_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, tmp_path):
+    """OpenVLA-OFT (the tiny official folder; LoRA, its scale head and a critic, built fresh on each rank from the
+    run's seed) by two ranks with rollout actors, sharded: the episodes, the updates and the adapter, heads and
+    critic of the same run unsharded."""
+    folder = write_metaworld_oft_checkpoint(tmp_path / "oft_tiny")
+    plain, sharded = tmp_path / "ddp", tmp_path / "fsdp"
+    common = ["rl.compile=false", "rl.recompute_old_log_probs=true", *disaggregated(two_nodes, "processes")]
+    torchrun_rl([*oft_rl_overrides(folder, plain, 1), *common])
+    torchrun_rl([*oft_rl_overrides(folder, sharded, 1), *common, "rl.fsdp=true"])
     assert_sharded_run_matches(plain, sharded)
