@@ -290,8 +290,9 @@ def shard_learner(learner) -> None:
 
 def check_same_start(learner, info) -> None:
     """Ranks that only average their gradients never bring together weights that start apart: before the first
-    update every rank's trained tensors (the critic's too) are compared with rank 0's, by their sum and sum of
-    squares; a difference is one line naming the first such tensor, on every rank."""
+    update every rank's trained tensors (the critic's too) are compared with rank 0's, by their sum and norm
+    (computed without a float64 copy of a large embedding); a difference is one line naming the first such
+    tensor, on every rank."""
     if info.world_size == 1:
         return
     from ript.utils import distributed as ddist
@@ -301,7 +302,8 @@ def check_same_start(learner, info) -> None:
     if learner.critic is not None:
         named += [(f"critic.{n}", p) for n, p in learner.critic.named_parameters()]
     with torch.no_grad():
-        prints = torch.stack([torch.stack([p.double().sum(), p.double().square().sum()]) for _, p in named]).cpu()
+        prints = torch.tensor([[p.sum(dtype=torch.float64).item(), torch.linalg.vector_norm(p).item()]
+                               for _, p in named], dtype=torch.float64)
     everyone = ddist.gather_objects(prints, info)
     for rank, theirs in enumerate(everyone[1:], start=1):
         differ = (theirs != everyone[0]).any(1).nonzero()

@@ -23,7 +23,7 @@ def seed_everything(seed: int) -> None:
 def shared_draws(seed: int, device: str) -> Iterator[None]:
     """Torch's draws inside come from ``seed`` on every rank, and this rank's own stream continues after as if
     they had not been made: for weights built fresh that every rank must start from alike (LoRA, a scale head,
-    a critic), as ranks that only average gradients never bring apart starts together."""
+    a critic), since ranks that only average their gradients never bring different starts together."""
     devices = [torch.device(device)] if device.startswith("cuda") else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
