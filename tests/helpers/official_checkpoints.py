@@ -269,11 +269,15 @@ def write_pi0_checkpoint(folder: str | Path, state_dim: int, action_dim: int, wo
     return folder
 
 
+def write_tiny_oft_checkpoint(folder: str | Path, unnorm_key: str = "libero_object_no_noops", **kw) -> Path:
+    """A tiny OpenVLA-OFT folder in the official layout (its weights in several shards)."""
+    cfg = official_config(TINY_TEXT, image_size=28, vision_overrides=TINY_VISION)
+    return write_official_checkpoint(folder, cfg, unnorm_key, seed=0, shard_bytes=200_000, **kw)
+
+
 def write_metaworld_oft_checkpoint(folder: str | Path) -> Path:
     """The tiny OpenVLA-OFT folder the MetaWorld RL tests run: 4-dim proprio and actions under MetaWorld's key."""
-    cfg = official_config(TINY_TEXT, image_size=28, vision_overrides=TINY_VISION)
-    return write_official_checkpoint(folder, cfg, "metaworld", seed=0, shard_bytes=200_000, action_dim=4,
-                                     proprio_dim=4)
+    return write_tiny_oft_checkpoint(folder, "metaworld", action_dim=4, proprio_dim=4)
 
 
 def write_metaworld_pi0_checkpoint(folder: str | Path) -> Path:

@@ -13,13 +13,7 @@ from ript.config import compose
 from ript.errors import RiptError
 from ript.models.openvla_oft.official import load_official
 from ript.policies.oft_policy import assemble_text
-from tests.helpers.official_checkpoints import (
-    TINY_TEXT,
-    TINY_VISION,
-    official_config,
-    write_metaworld_oft_checkpoint,
-    write_official_checkpoint,
-)
+from tests.helpers.official_checkpoints import write_metaworld_oft_checkpoint, write_tiny_oft_checkpoint
 
 
 def build(cfg, device: str, seed: int, sample: bool):
@@ -30,14 +24,9 @@ def build(cfg, device: str, seed: int, sample: bool):
     return loaded.model, loaded.policy, loaded.metadata, loaded.task_names
 
 
-def write_tiny(folder: Path, unnorm_key: str = "libero_object_no_noops", **kw) -> Path:
-    cfg = official_config(TINY_TEXT, image_size=28, vision_overrides=TINY_VISION)
-    return write_official_checkpoint(folder, cfg, unnorm_key, seed=0, shard_bytes=200_000, **kw)
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    return write_tiny(tmp_path_factory.mktemp("oft") / "ckpt")
+    return write_tiny_oft_checkpoint(tmp_path_factory.mktemp("oft") / "ckpt")
 
 
 def reference_vit(w: dict, prefix: str, pixels: torch.Tensor, heads: int, depth: int,
@@ -100,7 +89,7 @@ def test_padding_attention_modes_and_prefix_cache(tiny):
 
 
 def test_loader_errors_name_file_and_key(tmp_path, tiny):
-    bad = write_tiny(tmp_path / "bad")
+    bad = write_tiny_oft_checkpoint(tmp_path / "bad")
     cfg = json.loads((bad / "config.json").read_text())
     cfg["text_config"]["intermediate_size"] = 96
     (bad / "config.json").write_text(json.dumps(cfg))
@@ -110,7 +99,7 @@ def test_loader_errors_name_file_and_key(tmp_path, tiny):
         head.unlink()
     with pytest.raises(RiptError, match="action_head"):
         load_official(bad)
-    broken = write_tiny(tmp_path / "broken")
+    broken = write_tiny_oft_checkpoint(tmp_path / "broken")
     shard = sorted(broken.glob("model-*.safetensors"))[0]
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(RiptError, match=shard.name):

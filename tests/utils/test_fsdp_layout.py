@@ -12,6 +12,14 @@ from ript.errors import RiptError
 from ript.utils.fsdp import shard_model, whole
 
 
+@pytest.fixture
+def one_rank(tmp_path):
+    """A process group of this process alone: what FSDP shards over."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 class Convs(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -25,18 +33,14 @@ class Convs(torch.nn.Module):
         return self.head(x.mean((2, 3)))
 
 
-def test_a_channels_last_model_shards_and_computes_the_same(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        model = Convs().to(memory_format=torch.channels_last)
-        assert not model.layers[0].weight.is_contiguous()
-        x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
-        expected = model(x)
-        shard_model(model)
-        assert torch.allclose(model(x), expected, atol=1e-6)
-        assert whole(model.layers[0].weight).shape == (4, 3, 3, 3)
-    finally:
-        dist.destroy_process_group()
+def test_a_channels_last_model_shards_and_computes_the_same(one_rank):
+    model = Convs().to(memory_format=torch.channels_last)
+    assert not model.layers[0].weight.is_contiguous()
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    expected = model(x)
+    shard_model(model)
+    assert torch.allclose(model(x), expected, atol=1e-6)
+    assert whole(model.layers[0].weight).shape == (4, 3, 3, 3)
 
 
 class Mixed(torch.nn.Module):
@@ -60,31 +64,23 @@ class Mixed(torch.nn.Module):
         return self.head(x).sum()
 
 
-def test_a_model_of_two_dtypes_shards_each_apart_and_computes_the_same(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        model = Mixed()
-        tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
-        expected = model(tokens)
-        expected.backward()
-        grad = model.head.weight.grad.clone()
-        model.zero_grad()
+def test_a_model_of_two_dtypes_shards_each_apart_and_computes_the_same(one_rank):
+    model = Mixed()
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    expected = model(tokens)
+    expected.backward()
+    grad = model.head.weight.grad.clone()
+    model.zero_grad()
+    shard_model(model)
+    out = model(tokens)
+    out.backward()
+    assert torch.allclose(out, expected)
+    assert torch.allclose(whole(model.head.weight.grad), grad)
+    assert whole(model.embed.weight).dtype == torch.bfloat16
+
+
+def test_a_module_holding_two_dtypes_beside_the_root_is_refused_by_name(one_rank):
+    model = Mixed()
+    model.head.bias.data = model.head.bias.data.to(torch.bfloat16)
+    with pytest.raises(RiptError, match="head.weight: torch.float32"):
         shard_model(model)
-        out = model(tokens)
-        out.backward()
-        assert torch.allclose(out, expected)
-        assert torch.allclose(whole(model.head.weight.grad), grad)
-        assert whole(model.embed.weight).dtype == torch.bfloat16
-    finally:
-        dist.destroy_process_group()
-
-
-def test_a_module_holding_two_dtypes_beside_the_root_is_refused_by_name(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        model = Mixed()
-        model.head.bias.data = model.head.bias.data.to(torch.bfloat16)
-        with pytest.raises(RiptError, match="head.weight: torch.float32"):
-            shard_model(model)
-    finally:
-        dist.destroy_process_group()
