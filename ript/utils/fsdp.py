@@ -30,35 +30,37 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return units
 
 
-def dtype_units(model: torch.nn.Module, units: list[torch.nn.Module]) -> list[torch.nn.Module]:
-    """The outermost modules outside ``units`` whose weights are all of one dtype other than the rest of the root's
-    (e.g. an fp32 action expert beside a bf16 backbone): FSDP shards one dtype per unit, so each is a unit of its
-    own. A parameter of such a dtype held by a module that also holds the root's is an error naming it."""
+def part_units(model: torch.nn.Module, units: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """The modules outside ``units``, other than the root, that hold weights of their own (an embedding, a
+    projection, a norm): each is a unit of its own, gathered around its own ``forward`` and, for its backward, by
+    hooks on its own outputs. Weights the root held would be gathered around a method the root runs several
+    times a step (π0's ``expert``, once per denoise step) and freed once the gradient reached any one call's
+    inputs, whatever the backward of the others still needed; and a module holding both its own weights and
+    units may never run its ``forward`` (a language model whose layers the policy runs itself). A module whose
+    own weights are of two dtypes (FSDP shards one dtype per unit) is an error naming one."""
     inside = {id(p) for unit in units for p in unit.parameters()}
-    left = [(name, p) for name, p in model.named_parameters() if id(p) not in inside]
-    if len({p.dtype for _, p in left}) < 2:
-        return []
-    counts: dict[torch.dtype, int] = {}
-    for _, p in left:
-        counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
-    root_dtype = max(counts, key=counts.__getitem__)
+    holders: dict[int, int] = {}  # a weight two modules hold (tied) stays with the root, their common unit
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            holders[id(p)] = holders.get(id(p), 0) + 1
     chosen: list[torch.nn.Module] = []
-    for _, module in model.named_modules():
-        own = [p for p in module.parameters() if id(p) not in inside]
-        if module is model or not own or len({p.dtype for p in own}) > 1 or own[0].dtype == root_dtype:
+    for name, module in model.named_modules():
+        own = [(f"{name}.{n}", p) for n, p in module.named_parameters(recurse=False) if id(p) not in inside]
+        if module is model or not own or any(holders[id(p)] > 1 for _, p in own):
             continue
+        dtypes = {p.dtype for _, p in own}
+        if len(dtypes) > 1:
+            stray, p = min(own, key=lambda item: item[1].numel())
+            raise RiptError(f"{stray}: {p.dtype} beside {(dtypes - {p.dtype}).pop()} weights in one module; FSDP "
+                            "shards one dtype per module")
         chosen.append(module)
-        inside.update(id(p) for p in own)
-    stray = next((name for name, p in left if id(p) not in inside and p.dtype != root_dtype), None)
-    if stray is not None:
-        raise RiptError(f"{stray}: {dict(left)[stray].dtype} beside {root_dtype} weights in one module; FSDP shards "
-                        "one dtype per module")
-    return chosen
+    return chosen[::-1]  # a module holding weights of its own inside another such is sharded before it
 
 
 def shard_model(model: torch.nn.Module, methods: tuple[str, ...] = (),
                 layer_methods: tuple[str, ...] = ()) -> list[torch.nn.Parameter]:
-    """Shard ``model`` over the default process group: each stack member, then the rest at the root. Sharding
+    """Shard ``model`` over the default process group: each stack member, each part outside the stacks, then the
+    root (its own weights). Sharding
     replaces the parameters; returns the new ones in ``model.parameters()`` order. The root's weights are gathered
     around its ``forward`` and around each of ``methods`` (the others a caller runs on it directly); a layer's
     around its ``forward`` and each of ``layer_methods`` it has (those the model runs its layers by)."""
@@ -66,7 +68,7 @@ def shard_model(model: torch.nn.Module, methods: tuple[str, ...] = (),
 
     model.to(memory_format=torch.contiguous_format)  # FSDP shards only contiguous weights (not channels_last convs)
     units = shard_units(model)
-    for unit in units + dtype_units(model, units):
+    for unit in units + part_units(model, units):
         fully_shard(unit)
         # the stacks of one model are of several kinds (a vision tower's layers beside a language model's)
         for name in (name for name in layer_methods if callable(getattr(unit, name, None))):

@@ -1,12 +1,14 @@
 """Sharding models in the layouts RL keeps them in: convolutions in channels_last (FSDP takes only contiguous
-weights, so the model is sharded in the standard layout) and a trained fp32 part beside a bf16 backbone (FSDP
-shards one dtype per unit); each computes what it computed before."""
+weights, so the model is sharded in the standard layout), a trained fp32 part beside a bf16 backbone (FSDP
+shards one dtype per unit) and methods run several times a step (a flow expert's denoise steps), whose parts are
+units of their own; each computes what it computed before."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from ript.errors import RiptError
 from ript.utils.fsdp import shard_model, whole
@@ -82,5 +84,48 @@ def test_a_model_of_two_dtypes_shards_each_apart_and_computes_the_same(one_rank)
 def test_a_module_holding_two_dtypes_beside_the_root_is_refused_by_name(one_rank):
     model = Mixed()
     model.head.bias.data = model.head.bias.data.to(torch.bfloat16)
-    with pytest.raises(RiptError, match="head.weight: torch.float32"):
+    with pytest.raises(RiptError, match="head.bias: torch.bfloat16 beside torch.float32"):
         shard_model(model)
+
+
+class Denoiser(torch.nn.Module):
+    """A prefix encoded once and an expert run on it several times a step, by methods other than ``forward``, as
+    π0's ``encode`` and ``expert``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.projector = torch.nn.Linear(6, 8)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)])
+        self.parts = torch.nn.ModuleDict({"time": torch.nn.Linear(1, 8), "out": torch.nn.Linear(8, 3)})
+        self.scale = torch.nn.Parameter(torch.ones(8))
+
+    def encode(self, x):
+        h = self.projector(x) * self.scale
+        return [h := layer(h).tanh() for layer in self.layers]
+
+    def expert(self, a, tau, cache):
+        return self.parts["out"](cache[-1] + cache[0] * self.parts["time"](tau)) + a
+
+    def run(self, x):
+        cache, a = self.encode(x), torch.zeros(len(x), 3)
+        for tau in (1.0, 0.5, 0.25):
+            a = a - 0.5 * self.expert(a, torch.full((len(x), 1), tau), cache)
+        return a.square().sum()
+
+
+def test_methods_run_several_times_a_step_shard_by_parts_and_compute_the_same(one_rank):
+    model = Denoiser()
+    x = torch.randn(4, 6)
+    expected = model.run(x)
+    expected.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    shard_model(model, methods=("encode", "expert"))
+    parts = (model.projector, model.layers[0], model.parts["time"], model.parts["out"])
+    assert all(isinstance(part, FSDPModule) for part in parts) and not isinstance(model.parts, FSDPModule)
+    out = model.run(x)
+    out.backward()
+    assert torch.allclose(out, expected)
+    for name, p in model.named_parameters():
+        assert torch.allclose(whole(p.grad), grads[name], atol=1e-6), name
