@@ -129,3 +129,38 @@ def test_methods_run_several_times_a_step_shard_by_parts_and_compute_the_same(on
     assert torch.allclose(out, expected)
     for name, p in model.named_parameters():
         assert torch.allclose(whole(p.grad), grads[name], atol=1e-6), name
+
+
+class Tied(torch.nn.Module):
+    """An embedding whose weight the output head reads too (a language model's tied embeddings)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(10, 8)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)])
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x).relu()
+        return self.head(self.norm(x)).logsumexp(-1).sum()
+
+
+def test_a_weight_two_modules_hold_stays_with_the_root_and_computes_the_same(one_rank):
+    model = Tied()
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    expected = model(tokens)
+    expected.backward()
+    grad = model.embed.weight.grad.clone()
+    model.zero_grad()
+    shard_model(model)
+    assert isinstance(model.norm, FSDPModule)
+    assert not isinstance(model.embed, FSDPModule) and not isinstance(model.head, FSDPModule)
+    out = model(tokens)
+    out.backward()
+    assert torch.allclose(out, expected)
+    assert torch.allclose(whole(model.embed.weight.grad), grad, atol=1e-6)
