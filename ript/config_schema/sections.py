@@ -263,6 +263,7 @@ class RL(Section):
     gamma: Fraction
     gae_lambda: Fraction
     normalize_advantages: bool
+    loss_aggregation: Literal["decisions", "episodes"] = "decisions"  # what weighs the same in PPO's mean
     clip_low: Annotated[float, Field(gt=0, lt=1)]
     clip_high: Rate
     clip_ratio_c: Annotated[float, Field(gt=1, allow_inf_nan=False)] | None  # dual clip needs c > 1

@@ -29,11 +29,12 @@ def token_log_probs(model: SkillPrior, context: torch.Tensor, tokens: torch.Tens
 
 
 def ppo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-             clip_low: float, clip_high: float, clip_ratio_c: float | None = None
-             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Token-mean clipped surrogate. log-probs (N, T); advantages (N,), shared by a decision's tokens. With
-    ``clip_ratio_c`` (dual clip), a negative advantage's loss is at most ``clip_ratio_c * |A|``, so one very
-    unlikely sampled token cannot dominate the batch."""
+             clip_low: float, clip_high: float, clip_ratio_c: float | None = None,
+             weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Token-mean clipped surrogate. log-probs (N, T); advantages (N,), shared by a decision's tokens; ``weights``
+    (N,), each decision's weight in the mean (``decision_weights``; none: all 1). With ``clip_ratio_c`` (dual
+    clip), a negative advantage's loss is at most ``clip_ratio_c * |A|``, so one very unlikely sampled token cannot
+    dominate the batch."""
     log_ratio = new_log_probs - old_log_probs
     ratio = log_ratio.exp()
     adv = advantages.unsqueeze(-1).expand_as(ratio)
@@ -43,7 +44,7 @@ def ppo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantage
         floor = clip_ratio_c * adv
         dual_clipped = (adv < 0) & (surrogate < floor)
         surrogate = torch.where(adv < 0, torch.maximum(surrogate, floor), surrogate)
-    loss = -surrogate.mean()
+    loss = -(surrogate if weights is None else surrogate * weights.unsqueeze(-1)).mean()
     with torch.no_grad():
         finite = torch.isfinite(log_ratio)
         stats = {
@@ -55,6 +56,15 @@ def ppo_loss(new_log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantage
             "ratio_max": ratio.max(),
         }
     return loss, stats
+
+
+def decision_weights(episode_lengths: list[int]) -> torch.Tensor:
+    """Each decision's weight when every episode weighs the same (``rl.loss_aggregation=episodes``): 1 / its
+    episode's length, scaled so that the weights average 1 over the decisions (the mean's scale is the decision
+    mean's, and so is the learning rate's meaning). (sum of lengths,)"""
+    lengths = torch.tensor(episode_lengths, dtype=torch.long)
+    per_decision = torch.repeat_interleave(1.0 / lengths.clamp(min=1).float(), lengths)
+    return per_decision * (len(per_decision) / per_decision.sum())
 
 
 def reference_kl(new_log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from ript.rl.advantages import normalize_over_ranks
 from ript.rl.critic import explained_variance, value_loss
-from ript.rl.objective import flow_matching_coef, ppo_loss, reference_kl
+from ript.rl.objective import decision_weights, flow_matching_coef, ppo_loss, reference_kl
 from ript.rl.rollout import flatten_groups
 from ript.utils import distributed as ddist
 from ript.utils import training
@@ -160,7 +160,8 @@ def reference_state(learner, cfg) -> dict[str, torch.Tensor] | None:
 def update_batch(learner, kept: list[list[dict]], estimator, cfg, device: str, info) -> tuple[dict | None, object]:
     """(what PPO trains on, the estimator's targets) for an iteration's kept groups: the decisions collated by
     the learner, their advantages (normalised over ranks with ``rl.normalize_advantages``: every rank calls
-    this, one with nothing kept too) and, with a critic, the recorded values and the returns."""
+    this, one with nothing kept too), with ``rl.loss_aggregation=episodes`` their weights in PPO's mean and, with
+    a critic, the recorded values and the returns."""
     flat = flatten_groups(kept, estimator, str(cfg.rl.reward), float(cfg.rl.reward_scale))
     targets = None if flat is None else flat[1]
     advantages = None if targets is None else targets.advantages
@@ -170,6 +171,8 @@ def update_batch(learner, kept: list[list[dict]], estimator, cfg, device: str, i
         return None, None
     data = learner.collate(flat[0], device)
     data["advantages"] = advantages.to(device)
+    if cfg.rl.get("loss_aggregation", "decisions") == "episodes":
+        data["decision_weights"] = decision_weights([len(e["decisions"]) for g in kept for e in g]).to(device)
     if estimator.uses_critic:
         data["old_values"] = torch.stack([d["value"] for d in flat[0]]).float().to(device)
         data["returns"] = targets.returns.to(device)
@@ -283,8 +286,9 @@ def micro_batch_loss(learner, data: dict, idx: torch.Tensor, cfg, device: str, c
     rl = cfg.rl
     with training.autocast(device, cfg.amp):
         scored = learner.score(data, idx)
+    weights = data["decision_weights"][idx] if "decision_weights" in data else None
     loss, s = ppo_loss(scored.log_probs.float(), data["old_log_probs"][idx], data["advantages"][idx],
-                       float(rl.clip_low), float(rl.clip_high), clip_c)
+                       float(rl.clip_low), float(rl.clip_high), clip_c, weights)
     s["policy_loss"], s["entropy"] = loss.detach(), scored.entropy.float().mean().detach()
     loss = loss - float(rl.entropy_coef) * scored.entropy.float().mean()
     if reference is not None:

@@ -71,8 +71,8 @@ def test_recorded_log_probs_and_values_equal_the_recomputed_ones(flow_run, metho
 @pytest.mark.parametrize("extra", [
     ("policy.noise_method=flow_noise", "rl.advantage=gae", "policy.critic_position=expert", "rl.entropy_coef=0.01"),
     ("policy.noise_method=flow_sde", "rl.advantage=gae", "policy.critic_position=vlm", "policy.denoise_steps=2",
-     "rl.flow_matching_coef=1.0"),
-], ids=["flow_noise-gae-expert", "flow_sde-gae-vlm-flow_matching"])
+     "rl.flow_matching_coef=1.0", "rl.loss_aggregation=episodes"),
+], ids=["flow_noise-gae-expert", "flow_sde-gae-vlm-flow_matching-episodes"])
 def test_an_rl_iteration_with_each_noise_method_resumes_exactly(flow_run, tmp_path, extra):
     full, part = tmp_path / "full", tmp_path / "part"
     rl.run(compose("rl", flow_rl_overrides(flow_run, full, 2, *extra)))

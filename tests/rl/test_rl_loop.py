@@ -21,7 +21,7 @@ from ript.model_loader import load_model
 from ript.policies.build import make_policy, sampling_settings
 from ript.rl.advantages import grpo, rloo
 from ript.rl.learners import ChunkLearner
-from ript.rl.objective import ppo_loss, token_log_probs
+from ript.rl.objective import decision_weights, ppo_loss, token_log_probs
 from ript.rl.rollout import GroupSampling, InformativePrefix, collect_groups, group_episodes
 from ript.rl.sampler import InitialConditionSampler
 from ript.rl.update import ppo_update, rescore
@@ -47,6 +47,21 @@ def test_ppo_loss_clips_both_sides():
     # positive advantage: ratio capped at 1.1; negative advantage: ratio floored at 0.8
     assert abs(loss.item() - (-(1.1 * 1.0 + 0.8 * -1.0) / 2)) < 1e-6
     assert stats["clip_fraction"] == 1.0
+
+
+def test_episode_aggregation_weighs_every_episode_the_same():
+    """``rl.loss_aggregation=episodes``: a success in 2 decisions and a failure run to the time limit in 6 weigh
+    the same in PPO's mean, and the weights average 1, as the decision mean's do."""
+    weights = decision_weights([2, 6])
+    assert torch.allclose(weights, torch.tensor([2.0, 2.0] + [2 / 3] * 6))
+    assert torch.allclose(weights[:2].sum(), weights[2:].sum()) and abs(weights.mean().item() - 1) < 1e-6
+    old, new = torch.zeros(8, 2), torch.randn(8, 2) * 0.01
+    advantages = torch.tensor([1.0, 1.0] + [-1.0] * 6)
+    weighted, _ = ppo_loss(new, old, advantages, 0.2, 0.2, weights=weights)
+    per_decision = -(torch.minimum(new.exp() * advantages[:, None],
+                                   new.exp().clamp(0.8, 1.2) * advantages[:, None])).mean(1)
+    assert torch.allclose(weighted, (per_decision * weights).mean())
+    assert torch.allclose(ppo_loss(new, old, advantages, 0.2, 0.2)[0], per_decision.mean())
 
 
 def test_sampler_skips_mastered_and_round_trips_its_state():
