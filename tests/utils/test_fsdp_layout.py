@@ -22,6 +22,20 @@ def one_rank(tmp_path):
     dist.destroy_process_group()
 
 
+def shards_and_computes_the_same(model: torch.nn.Module, run, methods: tuple[str, ...] = ()) -> None:
+    """``run(model)`` (a scalar) and every weight's gradient are what they were before ``model`` was sharded."""
+    expected = run(model)
+    expected.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    shard_model(model, methods=methods)
+    out = run(model)
+    out.backward()
+    assert torch.allclose(out, expected)
+    for name, p in model.named_parameters():
+        assert torch.allclose(whole(p.grad).float(), grads[name].float(), atol=1e-6), name
+
+
 class Convs(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -68,16 +82,7 @@ class Mixed(torch.nn.Module):
 
 def test_a_model_of_two_dtypes_shards_each_apart_and_computes_the_same(one_rank):
     model = Mixed()
-    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    expected = model(tokens)
-    expected.backward()
-    grad = model.head.weight.grad.clone()
-    model.zero_grad()
-    shard_model(model)
-    out = model(tokens)
-    out.backward()
-    assert torch.allclose(out, expected)
-    assert torch.allclose(whole(model.head.weight.grad), grad)
+    shards_and_computes_the_same(model, lambda m: m(torch.tensor([[1, 2, 3], [4, 5, 6]])))
     assert whole(model.embed.weight).dtype == torch.bfloat16
 
 
@@ -115,20 +120,10 @@ class Denoiser(torch.nn.Module):
 
 
 def test_methods_run_several_times_a_step_shard_by_parts_and_compute_the_same(one_rank):
-    model = Denoiser()
-    x = torch.randn(4, 6)
-    expected = model.run(x)
-    expected.backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-    model.zero_grad()
-    shard_model(model, methods=("encode", "expert"))
+    model, x = Denoiser(), torch.randn(4, 6)
+    shards_and_computes_the_same(model, lambda m: m.run(x), methods=("encode", "expert"))
     parts = (model.projector, model.layers[0], model.parts["time"], model.parts["out"])
     assert all(isinstance(part, FSDPModule) for part in parts) and not isinstance(model.parts, FSDPModule)
-    out = model.run(x)
-    out.backward()
-    assert torch.allclose(out, expected)
-    for name, p in model.named_parameters():
-        assert torch.allclose(whole(p.grad), grads[name], atol=1e-6), name
 
 
 class Tied(torch.nn.Module):
@@ -152,15 +147,6 @@ class Tied(torch.nn.Module):
 
 def test_a_weight_two_modules_hold_stays_with_the_root_and_computes_the_same(one_rank):
     model = Tied()
-    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    expected = model(tokens)
-    expected.backward()
-    grad = model.embed.weight.grad.clone()
-    model.zero_grad()
-    shard_model(model)
+    shards_and_computes_the_same(model, lambda m: m(torch.tensor([[1, 2, 3], [4, 5, 6]])))
     assert isinstance(model.norm, FSDPModule)
     assert not isinstance(model.embed, FSDPModule) and not isinstance(model.head, FSDPModule)
-    out = model(tokens)
-    out.backward()
-    assert torch.allclose(out, expected)
-    assert torch.allclose(whole(model.embed.weight.grad), grad, atol=1e-6)
