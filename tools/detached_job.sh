@@ -63,6 +63,11 @@ case "${1:-}" in
       [ -f "$BACK/results/state/MD5SUMS" ] || return 0
       [ ${#chosen[@]} -gt 0 ] || choose_pieces
       local piece; for piece in "${chosen[@]}"; do cp "$results/state/$piece" "$BACK/results/state/"; done
+      # small files that appeared since the pieces were chosen (an evaluation's results) come back first: the
+      # pieces past the limit are left for the next poll, not recorded as sent
+      while [ ${#chosen[@]} -gt 0 ] && [ "$(find "$BACK" -type f | wc -l)" -gt "${MAX_FILES:-8}" ]; do
+        rm -f "$BACK/results/state/${chosen[-1]}"; unset 'chosen[-1]'
+      done
       return 0
     }
     while [ "$SECONDS" -lt "$limit" ] && ! grep -q CHAIN_EXIT "$LOG"; do
