@@ -48,13 +48,20 @@ def part_units(model: torch.nn.Module, units: list[torch.nn.Module]) -> list[tor
         own = [(f"{name}.{n}", p) for n, p in module.named_parameters(recurse=False) if id(p) not in inside]
         if module is model or not own or any(holders[id(p)] > 1 for _, p in own):
             continue
-        dtypes = {p.dtype for _, p in own}
-        if len(dtypes) > 1:
-            stray, p = min(own, key=lambda item: item[1].numel())
-            raise RiptError(f"{stray}: {p.dtype} beside {(dtypes - {p.dtype}).pop()} weights in one module; FSDP "
-                            "shards one dtype per module")
+        one_dtype(own)
         chosen.append(module)
+        inside.update(id(p) for _, p in own)
+    one_dtype([(name, p) for name, p in model.named_parameters() if id(p) not in inside])  # the root's
     return chosen[::-1]  # a module holding weights of its own inside another such is sharded before it
+
+
+def one_dtype(weights: list[tuple[str, torch.nn.Parameter]]) -> None:
+    """The weights of one unit are of one dtype, else an error naming the smallest of another."""
+    dtypes = {p.dtype for _, p in weights}
+    if len(dtypes) > 1:
+        stray, p = min(weights, key=lambda item: item[1].numel())
+        raise RiptError(f"{stray}: {p.dtype} beside {(dtypes - {p.dtype}).pop()} weights in one module; FSDP "
+                        "shards one dtype per module")
 
 
 def shard_model(model: torch.nn.Module, methods: tuple[str, ...] = (),

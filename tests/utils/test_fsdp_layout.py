@@ -150,3 +150,11 @@ def test_a_weight_two_modules_hold_stays_with_the_root_and_computes_the_same(one
     shards_and_computes_the_same(model, lambda m: m(torch.tensor([[1, 2, 3], [4, 5, 6]])))
     assert isinstance(model.norm, FSDPModule)
     assert not isinstance(model.embed, FSDPModule) and not isinstance(model.head, FSDPModule)
+
+
+def test_weights_of_two_dtypes_left_to_the_root_are_refused_by_name(one_rank):
+    model = Tied()
+    model.embed.weight.data = model.embed.weight.data.to(torch.bfloat16)  # tied: the root holds it
+    model.scale = torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(RiptError, match="scale: torch.float32 beside torch.bfloat16"):
+        shard_model(model)
