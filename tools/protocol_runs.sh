@@ -107,11 +107,15 @@ eval_again() {
   cp runs/protocols/$p/eval_$tag/results.json $R/${p}_eval_$tag.json; }
 # RL stopped by its time limit (rl.stop_after_minutes) ends protocol $1 before eval_rl: evaluate what it got,
 # in eval_rl_cut<iteration> (a later cut of the same run, resumed, is another folder)
+# (RL_CUT_EVAL's overrides; by default the eval_rl phase's own from FLOW_EXTRA, PROTOCOL_EXTRA and RL_EXTRA, so
+# that the cut run is evaluated as the protocol would have)
 eval_rl_cut() {
-  local last
+  local last extra
+  extra=${RL_CUT_EVAL-$(for o in ${FLOW_EXTRA:-} ${PROTOCOL_EXTRA:-} ${RL_EXTRA:-}; do
+                          [[ $o =~ ^\+*phases\.eval_rl\.(.+)$ ]] && printf '++%s ' "${BASH_REMATCH[1]}"; done)}
   if [ -d runs/protocols/$1/rl ] && [ ! -f runs/protocols/$1/eval_rl/results.json ]; then
     last=$(basename "$(readlink runs/protocols/$1/rl/checkpoints/last)")
-    eval_again $1 rl rl_cut$((10#$last)) ${RL_CUT_EVAL:-}; fi; }
+    eval_again $1 rl rl_cut$((10#$last)) $extra; fi; }
 # the action horizon of protocol $1's best imitation evaluation: eval (the checkpoint's own) or an eval_h<N> of the
 # `sampling` part (EVAL_SAMPLING="h4 sampling.action_horizon=4;...")
 best_horizon() {
