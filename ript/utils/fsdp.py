@@ -67,10 +67,10 @@ def one_dtype(weights: list[tuple[str, torch.nn.Parameter]]) -> None:
 def shard_model(model: torch.nn.Module, methods: tuple[str, ...] = (),
                 layer_methods: tuple[str, ...] = ()) -> list[torch.nn.Parameter]:
     """Shard ``model`` over the default process group: each stack member, each part outside the stacks, then the
-    root (its own weights). Sharding
-    replaces the parameters; returns the new ones in ``model.parameters()`` order. The root's weights are gathered
-    around its ``forward`` and around each of ``methods`` (the others a caller runs on it directly); a layer's
-    around its ``forward`` and each of ``layer_methods`` it has (those the model runs its layers by)."""
+    root (its own weights). Sharding replaces the parameters; returns the new ones in ``model.parameters()``
+    order. The root's weights are gathered around its ``forward`` and around each of ``methods`` (the others a
+    caller runs on it directly); a layer's around its ``forward`` and each of ``layer_methods`` it has (those the
+    model runs its layers by)."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     model.to(memory_format=torch.contiguous_format)  # FSDP shards only contiguous weights (not channels_last convs)
