@@ -12,6 +12,7 @@
 #                 $R/profile_<tag>.json
 #   ae            stage 0 alone on AE_TASKS of LIBERO-Object for each of AE_STEPS; checkpoints kept in pieces
 #   ml45          ML45 multitask through its protocol (S1_STEPS, PROTOCOL_EXTRA)
+#   ml45_hard10   the same protocol on ten harder ML45 tasks (S1_STEPS, PROTOCOL_EXTRA)
 #   ml45_fewshot  ML45 few-shot through its protocol, from the ml45 part's stage 1 (FEWSHOT_EXTRA)
 #   fewshot_variants  ML45 few-shot again for each variant of FEWSHOT_VARIANTS ("tag override...;tag ..."), each in
 #                 runs/protocols/ml45_fewshot_<tag> on the same demos (collection skips finished files) and base
@@ -196,10 +197,10 @@ for part in "$@"; do
           | split -b 15M - $R/ae/s0_$steps.tar.part
       done
       ls -la $R/ae ;;
-    ml45)
-      phase "ml45_multitask"
-      python3 -m ript.cli protocol ml45_multitask $workers $(no_bars ml45_multitask) phases.stage1.train.steps=${S1_STEPS:-16000} ${PROTOCOL_EXTRA:-} 2>&1 | quiet
-      keep ml45_multitask ;;
+    ml45|ml45_hard10)
+      p=$([ $part = ml45 ] && echo ml45_multitask || echo $part); phase "$p"
+      python3 -m ript.cli protocol $p $workers $(no_bars $p) ${S1_STEPS:+phases.stage1.train.steps=$S1_STEPS} ${PROTOCOL_EXTRA:-} 2>&1 | quiet
+      keep $p ;;
     ml45_fewshot)
       phase "ml45_fewshot"
       python3 -m ript.cli protocol ml45_fewshot $workers $(no_bars ml45_fewshot) ${FEWSHOT_EXTRA:-} 2>&1 | quiet
