@@ -108,8 +108,9 @@ def _warm(cfg_dict: dict[str, Any], device: str) -> None:
     die_with_parent()
     if device.startswith("cuda"):
         # a spawned process starts on cuda:0: under torchrun, rank 1's second process must capture its graphs and
-        # render on rank 1's GPU (init_rank does this for the ranks themselves)
-        torch.cuda.set_device(device)
+        # render on rank 1's GPU (init_rank does this for the ranks themselves); plain "cuda" is the current one
+        index = torch.device(device).index
+        torch.cuda.set_device(0 if index is None else index)
     cfg = OmegaConf.create(cfg_dict)
     info = DistInfo(local_world_size=ranks_on_this_host())  # its driver threads: this rank's share of the cores
     family = family_for(cfg)
