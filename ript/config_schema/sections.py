@@ -272,6 +272,8 @@ class RL(Section):
     target_kl: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # epochs end past this approx KL
     target_eval_shift: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # ... or this shift
     flow_matching_coef: Scale = 0.0  # advantage-weighted flow matching toward the executed chunks
+    demo_coef: Scale = 0.0  # flow matching on the checkpoint's demos at every optimiser step
+    demo_batch: Count = 64
     critic: Critic
     epochs: Count
     minibatches: Count

@@ -189,7 +189,16 @@ class ChunkDataset:
             "num_demos": self.num_demos,
             "num_samples": len(self),
             "data": self.fingerprint,
+            "reading": self.reading(),
         }
+
+    def reading(self) -> dict:
+        """What reads this split again from the same files (RL's demo term rebuilds it: ``ript.rl.demo_anchor``)."""
+        spec = self.spec
+        return {"obs_keys": dict(spec.obs_keys), "chunk_size": spec.chunk_size, "frame_stack": spec.frame_stack,
+                "action_dim": spec.action_dim, "demos_per_task": spec.demos_per_task,
+                "val_fraction": spec.val_fraction, "seed": spec.seed, "flip_keys": list(spec.flip_keys),
+                "action_key": spec.action_key}
 
 
 def check_resume_data(resume_from: Path | None, train_set: ChunkDataset, allowed_changes) -> None:

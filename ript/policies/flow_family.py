@@ -98,7 +98,7 @@ class FlowFamily:
         p = cfg.policy
         learner = FlowLearner(model, denoising(p, loaded.source["settings"]), int(loaded.source["settings"]
                               ["action_horizon"]), bool(p.train_expert_only), str(p.log_prob_level), critic_cfg,
-                              str(p.critic_position), regression=flow_matching_coef(cfg.rl) > 0)
+                              str(p.critic_position), regression=flow_matching_coef(cfg.rl) > 0, demos=True)
         if learner.critic is not None and (Path(base["checkpoint_dir"]) / CRITIC_FILE).is_file():
             load_critic(learner.critic, base["checkpoint_dir"])  # an RL checkpoint's critic carries on
         return learner

@@ -26,7 +26,7 @@ class FlowLearner:
 
     def __init__(self, model, denoising: Denoising, action_horizon: int, expert_only: bool, log_prob_level: str,
                  critic_cfg=None, critic_position: str = "expert", trainable_only: bool = False,
-                 regression: bool = False):
+                 regression: bool = False, demos: bool = False):
         if log_prob_level not in LOG_PROB_LEVELS:
             raise RiptError(f"policy.log_prob_level={log_prob_level!r}; choose one of {', '.join(LOG_PROB_LEVELS)}")
         self.model, self.denoising, self.horizon, self.level = model, denoising, action_horizon, log_prob_level
@@ -42,6 +42,7 @@ class FlowLearner:
         self.weights = TrainableWeights(model) if trainable_only else model
         self.expert_only = expert_only
         self.regression = regression  # score gives chunk_errors too, from the prefix it has computed
+        self.imitates_demos = demos  # the model is one trained here on demos, with their loss (not π0's folder)
         # the update encodes the recorded observations again when the prefix trains, or when the expert's cache
         # cannot be rebuilt from a few recorded features (π0's is every layer's keys and values)
         self.encodes = not expert_only or not model.rescores_from_features

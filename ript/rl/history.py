@@ -28,7 +28,7 @@ def recorded_env_steps(run_dir: Path) -> int:
 
 
 # what each entry keeps of its iteration's update (ript/rl/update.py's statistics), where measured
-UPDATE_RECORD = ("approx_kl", "clip_fraction", "eval_action_shift", "optimizer_steps")
+UPDATE_RECORD = ("approx_kl", "clip_fraction", "eval_action_shift", "optimizer_steps", "demo_loss")
 
 
 class RolloutHistory:

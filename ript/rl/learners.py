@@ -45,6 +45,7 @@ class Learner(Protocol):
     compiles_update: bool  # scoring runs through torch.compile (rl.compile_ahead can compile it ahead)
     evaluation_shift_measured: bool  # ``evaluation_actions`` gives what evaluation executes (not RL's samples)
     regresses_chunks: bool  # ``score`` can give ``chunk_errors`` (a flow policy's flow-matching loss)
+    imitates_demos: bool  # the model has the flow-matching loss of its own imitation stage (rl.demo_coef)
 
     def attach(self, policy: ChunkingPolicy) -> None: ...  # the policy records what collate reads; the critic's too
     def collate(self, decisions: list[dict], device: str) -> dict: ...
@@ -86,6 +87,7 @@ class ChunkLearner:
     sharded_layer_methods = ()
     evaluation_shift_measured = False  # evaluation samples tokens as RL does, or decodes greedy ones one by one
     regresses_chunks = False
+    imitates_demos = False
 
     def __init__(self, model, settings: dict, prior_only: bool, critic_cfg=None, static_batch: int | None = None,
                  compile_scoring: bool = False):
@@ -168,6 +170,7 @@ class OFTLearner:
     compiles_update = False
     evaluation_shift_measured = True  # evaluation executes the Laplace means
     regresses_chunks = False
+    imitates_demos = False
     def __init__(self, model, grad_checkpointing: bool, train_action_head: bool, critic_cfg=None,
                  full_finetune: bool = False):
         model.requires_grad_(full_finetune)  # full fine-tuning: every weight trains (with FSDP across GPUs at 7B)

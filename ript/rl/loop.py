@@ -19,6 +19,7 @@ from ript.model_loader import check_and_load
 from ript.policies.base import ChunkingPolicy
 from ript.rl.advantages import build_estimator
 from ript.rl.critic import load_critic, write_learner_files
+from ript.rl.demo_anchor import demo_anchor
 from ript.rl.history import UPDATE_RECORD, RolloutHistory
 from ript.rl.learners import Learner, check_same_start, shard_learner
 from ript.rl.objective import flow_matching_coef
@@ -109,7 +110,7 @@ def train_loop(run: RLRun) -> str:
                 with timer("train_prepare"):  # collating (observations to the device), advantages
                     data, targets = update_batch(rl.learner, batch["kept"], rl.estimator, rl.cfg, rl.device, rl.info)
                 stats = ppo_update(rl.learner, rl.opt, rl.sched, data, rl.cfg, rl.info, it, rl.device,
-                                   rl.reference, rl.sharded)
+                                   rl.reference, rl.sharded, rl.anchor)
             if compiling_ahead:
                 run.compile_ahead.report()
             done = time.perf_counter()
@@ -151,8 +152,9 @@ class RLIterations:
         if flow_matching_coef(cfg.rl) > 0 and not learner.regresses_chunks:
             raise RiptError(f"rl.flow_matching_coef={cfg.rl.flow_matching_coef}: {type(learner).__name__} has no "
                             f"flow-matching loss (flow and π0 policies have); leave it at 0")
-        check_same_start(learner, info)
         self.sharded = bool(cfg.rl.get("fsdp"))
+        self.anchor = demo_anchor(learner, run.metadata, cfg, run.device, self.sharded)
+        check_same_start(learner, info)
         if self.sharded:  # rl.fsdp: before the optimiser, whose state then lives in shards too
             shard_learner(learner)
         self.opt, self.sched = make_optimizer(learner, cfg, run.device)

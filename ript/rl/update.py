@@ -205,9 +205,10 @@ def make_optimizer(learner, cfg, device: str):
 
 
 def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str,
-               reference: dict[str, torch.Tensor] | None = None, sharded: bool = False) -> dict:
+               reference: dict[str, torch.Tensor] | None = None, sharded: bool = False, anchor=None) -> dict:
     """PPO's epochs over an iteration's decisions; with ``reference`` (``reference_state``), a KL penalty to it
-    weighted by ``rl.kl_coef``; ``sharded``: the learner's model is sharded with FSDP (``shard_learner``)."""
+    weighted by ``rl.kl_coef``; ``sharded``: the learner's model is sharded with FSDP (``shard_learner``);
+    ``anchor`` (``DemoAnchor``): its demo loss added at every optimiser step."""
     rl = cfg.rl
     critic = learner.critic
     critic_params = [] if critic is None else list(critic.parameters())
@@ -216,6 +217,8 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
         stats["kl_to_reference"] = 0.0
     if flow_matching_coef(rl) > 0:
         stats["flow_matching_loss"] = 0.0
+    if anchor is not None:
+        stats["demo_loss"] = 0.0
     if critic is not None:
         stats.update(dict.fromkeys(CRITIC_STATS + ("critic_grad_norm",), 0.0))
         stats["explained_variance"] = float("nan") if data is None else \
@@ -256,6 +259,10 @@ def ppo_update(learner, opt, sched, data, cfg, info, iteration: int, device: str
                 for key, v in s.items():  # on the device: no host synchronisation per micro-batch
                     stats[key] = torch.maximum(torch.as_tensor(stats[key], device=v.device), v.detach()) \
                         if key == "ratio_max" else stats[key] + v.detach() * weight
+            if anchor is not None:  # drawn for this step alone: a resumed run draws the same
+                demo = anchor.loss(iteration, n_updates)
+                (anchor.coef * demo).backward()
+                stats["demo_loss"] = stats["demo_loss"] + demo.detach()
             t = time.perf_counter()
             ddist.average_gradients(averaged, info)
             sync += time.perf_counter() - t

@@ -71,8 +71,8 @@ def test_recorded_log_probs_and_values_equal_the_recomputed_ones(flow_run, metho
 @pytest.mark.parametrize("extra", [
     ("policy.noise_method=flow_noise", "rl.advantage=gae", "policy.critic_position=expert", "rl.entropy_coef=0.01"),
     ("policy.noise_method=flow_sde", "rl.advantage=gae", "policy.critic_position=vlm", "policy.denoise_steps=2",
-     "rl.flow_matching_coef=1.0", "rl.loss_aggregation=episodes"),
-], ids=["flow_noise-gae-expert", "flow_sde-gae-vlm-flow_matching-episodes"])
+     "rl.flow_matching_coef=1.0", "rl.loss_aggregation=episodes", "rl.demo_coef=1.0", "rl.demo_batch=8"),
+], ids=["flow_noise-gae-expert", "flow_sde-gae-vlm-flow_matching-episodes-demos"])
 def test_an_rl_iteration_with_each_noise_method_resumes_exactly(flow_run, tmp_path, extra):
     full, part = tmp_path / "full", tmp_path / "part"
     rl.run(compose("rl", flow_rl_overrides(flow_run, full, 2, *extra)))
@@ -93,6 +93,8 @@ def test_an_rl_iteration_with_each_noise_method_resumes_exactly(flow_run, tmp_pa
     assert history == json.loads((part / "rl_history.json").read_text())
     # each update moved the ODE chunk evaluation executes, measured beside the sampled actions' approx KL
     assert all(e["update"]["eval_action_shift"] > 0 and e["update"]["approx_kl"] >= 0 for e in history)
+    # the demo term, where on, was added at every optimiser step
+    assert all((e["update"].get("demo_loss", 0) > 0) == ("rl.demo_coef=1.0" in extra) for e in history)
 
 
 def test_an_evaluated_chunk_is_the_same_whichever_envs_share_its_batch(flow_run, tiny_data):
@@ -217,3 +219,50 @@ def test_rl_that_scores_only_the_first_steps_is_warned_about(capsys):
         warn_unscored_steps(settings)
         said.append("never scores the steps after the first" in capsys.readouterr().err)
     assert said == [True, False, False, False]  # only a one-step chain drawn from fewer than all K steps
+
+
+def test_the_demo_term_draws_the_checkpoints_own_demos_per_step_and_its_loss_falls(flow_run, tmp_path):
+    """RL's demo term (rl.demo_coef) rebuilds the flow run's training split from the checkpoint's metadata, draws
+    a batch per (iteration, optimiser step) (so a resumed run draws the same), and training on it lowers it."""
+    from ript.rl.demo_anchor import DemoAnchor
+
+    model, ckpt = load_model(flow_run)
+    cfg = compose("rl", flow_rl_overrides(flow_run, tmp_path / "r", 1, "rl.demo_coef=1.0", "rl.demo_batch=16"))
+    anchor = DemoAnchor(model, ckpt["metadata"], cfg, "cpu")
+    recorded = ckpt["metadata"]
+    assert anchor.data.num_demos == recorded["num_demos"] and len(anchor.data) == recorded["num_samples"]
+    model.eval()
+    with torch.no_grad():
+        first, again, other = anchor.loss(3, 0), anchor.loss(3, 0), anchor.loss(3, 1)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    learner = FlowLearner(model, Denoising(steps=4), 4, True, "element", demos=True)
+    opt = torch.optim.Adam(learner.params, lr=1e-3)
+    before = float(sum(anchor.loss(9, s) for s in range(4)).detach())
+    for step in range(40):
+        opt.zero_grad()
+        anchor.loss(0, step).backward()
+        opt.step()
+    with torch.no_grad():
+        assert float(sum(anchor.loss(9, s) for s in range(4))) < 0.8 * before
+
+
+def test_the_demo_term_is_refused_without_the_demos_or_their_reading(flow_run, tmp_path):
+    from ript.errors import RiptError
+    from ript.rl.demo_anchor import DemoAnchor
+
+    model, ckpt = load_model(flow_run)
+    cfg = compose("rl", flow_rl_overrides(flow_run, tmp_path / "r", 1, "rl.demo_coef=1.0"))
+    unread = {k: v for k, v in ckpt["metadata"].items() if k != "reading"}
+    with pytest.raises(RiptError, match="does not record how its demos"):
+        DemoAnchor(model, unread, cfg, "cpu")
+    gone = {**ckpt["metadata"], "files": [*ckpt["metadata"]["files"], str(tmp_path / "gone.hdf5")]}
+    with pytest.raises(RiptError, match="gone.hdf5"):
+        DemoAnchor(model, gone, cfg, "cpu")
+    learner = FlowLearner(model, Denoising(steps=4), 4, True, "element")  # π0's folder: no demos of its own
+    from ript.rl.demo_anchor import demo_anchor
+    with pytest.raises(RiptError, match="not trained here on demos"):
+        demo_anchor(learner, ckpt["metadata"], cfg, "cpu", sharded=False)
+    assert demo_anchor(learner, ckpt["metadata"], compose("rl", flow_rl_overrides(flow_run, tmp_path / "r", 1)),
+                       "cpu", sharded=False) is None
+    assert_one_line_error(ript_here("rl", f"checkpoint={flow_run}", "policy=flow", "rl.demo_coef=-1",
+                                    f"run_dir={tmp_path / 'r2'}"), "demo_coef")
