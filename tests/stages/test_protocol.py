@@ -220,3 +220,14 @@ def test_a_phase_finished_before_a_setting_existed_is_skipped_only_at_the_value_
     # a run that recorded the setting is compared as it was recorded
     recorded = {"overrides": ["algo=quest", "algo.lr=0.001", "algo.image_aug_color=0.3"]}
     assert protocol.finished_differently(same, recorded) == "without algo.image_aug_color=0.0"
+
+
+def test_the_ten_task_ml45_protocol_shares_the_multitask_phases_and_sizes_stage1_for_its_tasks():
+    multi, ten = (compose("protocol", [f"protocol={name}"]) for name in ("ml45_multitask", "ml45_hard10"))
+    assert (multi.name, multi.task.name, len(multi.task.task_names or [])) == ("ml45_multitask", "metaworld_ml45", 0)
+    assert (ten.name, ten.task.name, len(ten.task.task_names), ten.task.demos_per_task) == \
+        ("ml45_hard10", "metaworld_ml45_hard10", 10, 100)
+    assert (multi.phases.stage1.train.steps, ten.phases.stage1.train.steps) == (16000, 6000)
+    for phase in ("collect", "stage0", "eval", "rl", "eval_rl"):
+        assert ten.phases[phase] == multi.phases[phase], phase
+    assert ten.phases.stage1.data == multi.phases.stage1.data
