@@ -193,12 +193,21 @@ class ChunkDataset:
         }
 
     def reading(self) -> dict:
-        """What reads this split again from the same files (RL's demo term rebuilds it: ``ript.rl.demo_anchor``)."""
+        """What reads this split again from the same files (``reread_spec``; RL's demo term rebuilds it)."""
         spec = self.spec
-        return {"obs_keys": dict(spec.obs_keys), "chunk_size": spec.chunk_size, "frame_stack": spec.frame_stack,
-                "action_dim": spec.action_dim, "demos_per_task": spec.demos_per_task,
-                "val_fraction": spec.val_fraction, "seed": spec.seed, "flip_keys": list(spec.flip_keys),
-                "action_key": spec.action_key}
+        return {key: list(getattr(spec, key)) if key == "flip_keys" else getattr(spec, key) for key in READING}
+
+
+# the DatasetSpec fields a checkpoint's ``metadata.reading`` records, beside its ``files``
+READING = ("obs_keys", "chunk_size", "frame_stack", "action_dim", "demos_per_task", "val_fraction", "seed",
+           "flip_keys", "action_key")
+
+
+def reread_spec(metadata: dict) -> DatasetSpec:
+    """The spec that read a checkpoint's training split (its metadata's ``files`` and ``reading``)."""
+    reading = metadata["reading"]
+    return DatasetSpec(files=[Path(f) for f in metadata["files"]],
+                       **{key: tuple(reading[key]) if key == "flip_keys" else reading[key] for key in READING})
 
 
 def check_resume_data(resume_from: Path | None, train_set: ChunkDataset, allowed_changes) -> None:

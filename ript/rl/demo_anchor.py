@@ -5,17 +5,11 @@ back toward what imitation taught, at every flow time, where the ratio of one sc
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from ript.data.dataset import ChunkDataset, DatasetSpec
+from ript.data.dataset import ChunkDataset, reread_spec
 from ript.errors import RiptError
 from ript.utils import training
-
-# the keys of a checkpoint's ``metadata.reading`` that rebuild its training split (ChunkDataset.metadata)
-READING_KEYS = ("obs_keys", "chunk_size", "frame_stack", "action_dim", "demos_per_task", "val_fraction", "seed",
-                "flip_keys", "action_key")
 
 
 def demo_coef(rl_cfg) -> float:
@@ -29,17 +23,10 @@ class DemoAnchor:
     did; gives their flow-matching loss under the update's autocast."""
 
     def __init__(self, model, metadata: dict, cfg, device: str):
-        reading = metadata.get("reading")
-        if reading is None:
+        if "reading" not in metadata:
             raise RiptError(f"rl.demo_coef={cfg.rl.demo_coef}: the checkpoint's metadata does not record how its demos "
                             f"were read (a checkpoint written before it); leave rl.demo_coef at 0")
-        missing = [Path(f) for f in metadata["files"] if not Path(f).is_file()]
-        if missing:
-            raise RiptError(f"rl.demo_coef={cfg.rl.demo_coef}: {missing[0]}, one of the demo files the checkpoint "
-                            f"learnt from, is missing")
-        given = {**{k: reading[k] for k in READING_KEYS}, "flip_keys": tuple(reading["flip_keys"])}
-        spec = DatasetSpec(files=[Path(f) for f in metadata["files"]], **given)
-        self.data = ChunkDataset(spec, "train")
+        self.data = ChunkDataset(reread_spec(metadata), "train")  # a missing or damaged file is refused by name
         if device.startswith("cuda"):
             self.data.serve_to(device)  # a batch per optimiser step, copied from host memory
         # the model's own task indices (RL may run a subset of its tasks; the demos cover all it learnt)
@@ -56,12 +43,11 @@ class DemoAnchor:
         idx = torch.randint(len(self.data), (self.batch,), generator=g)
         noise = torch.randn((self.batch, model.chunk_size, model.action_dim), generator=g)
         tau = model.draw_times(self.batch, "cpu", g)
-        batch = self.data.get_batch(idx)
+        batch = self.data.get_batch(idx)  # on the device already (``serve_to``)
         dev = self.device
-        obs = {k: v.to(dev, non_blocking=True) for k, v in batch["obs"].items()}
         with training.autocast(dev, self.cfg.amp):
-            out = model.loss(obs, self.task_ids[idx].to(dev), batch["actions"].to(dev), noise.to(dev), tau.to(dev),
-                             batch["action_mask"].to(dev))
+            out = model.loss(batch["obs"], self.task_ids[idx].to(dev), batch["actions"], noise.to(dev), tau.to(dev),
+                             batch["action_mask"])
         return out["loss"].float()
 
 
