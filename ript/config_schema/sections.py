@@ -129,6 +129,7 @@ class Train(Section):
     save_every: Count
     keep_last: Size | None  # 0 or null: keep every checkpoint
     stop_after_minutes: Scale | None  # 0: stop after the first step
+    ema_decay: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = None
 
     @field_validator("deterministic")
     @classmethod

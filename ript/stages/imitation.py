@@ -190,9 +190,10 @@ class ImitationTraining:
         cfg, t, model, info = self.cfg, self.train_cfg, self.model, self.info
         steps = int(t.steps)
         opt, sched = training.make_optimizer(model.parameters(), t, steps, self.device)
-        optimiser_step = training.GuardedStep(model, opt, sched, float(t.grad_clip), info)
+        average = training.WeightAverage.from_config(model, t)  # what checkpoints hold and evaluations run
+        optimiser_step = training.GuardedStep(model, opt, sched, float(t.grad_clip), info, average)
         generator = torch.Generator(device=self.train_set.device).manual_seed(int(cfg.seed))
-        run = TrainingRun(settings, info, opt, sched)
+        run = TrainingRun(settings, info, opt, sched, average=average)
         streams = run.resume(lambda ckpt: check_and_load(model, load_weights(ckpt), str(ckpt)))
         if streams is not None:
             restore_generator(generator, streams["data_rng"], settings.resume_from, "data_rng")
@@ -212,7 +213,8 @@ class ImitationTraining:
                     self.log_training(out, grad_norm, sched.get_last_lr()[0], speed.read(), done, run, bar)
                 if self.val_set is not None and due(t.val_every, done, steps):
                     optimiser_step.check()
-                    self.log_validation(done, run)
+                    with training.averaged(average):
+                        self.log_validation(done, run)
                 stop = run.out_of_time()
                 evaluating = due(cfg.eval.every, done, steps)
                 if due(t.save_every, done, steps) or stop or evaluating:  # an evaluated step may become the best
@@ -220,7 +222,8 @@ class ImitationTraining:
                     run.save(done, model, ckpt_config, {"data_rng": generator.get_state()})
                 if evaluating:
                     if evaluate is not None:
-                        evaluate(model, done, run)
+                        with training.averaged(average):
+                            evaluate(model, done, run)
                     ddist.barrier(info)
                 if stop:
                     run.stopped(done)

@@ -95,9 +95,10 @@ def train(model: ActionAutoencoder, train_set, val_set, train_cfg, settings: Run
     batch_size, steps = int(train_cfg.batch_size), int(train_cfg.steps)
     share = ddist.batch_share(batch_size, info)
     opt, sched = training.make_optimizer(model.parameters(), train_cfg, steps, device)
-    optimiser_step = training.GuardedStep(model, opt, sched, float(train_cfg.grad_clip), info)
+    average = training.WeightAverage.from_config(model, train_cfg)  # what checkpoints hold
+    optimiser_step = training.GuardedStep(model, opt, sched, float(train_cfg.grad_clip), info, average)
     generator = torch.Generator(device=train_set.device).manual_seed(seed)
-    run = TrainingRun(settings, info, opt, sched)
+    run = TrainingRun(settings, info, opt, sched, average=average)
     streams = run.resume(lambda ckpt: check_and_load(model, load_weights(ckpt), str(ckpt)))
     if streams is not None:
         restore_generator(generator, streams["data_rng"], settings.resume_from, "data_rng")
@@ -125,7 +126,8 @@ def train(model: ActionAutoencoder, train_set, val_set, train_cfg, settings: Run
                 bar.set_postfix(l1=f"{metrics['train/l1']:.4f}", ppl=f"{metrics['train/perplexity']:.0f}")
             if val_set is not None and due(train_cfg.val_every, done, steps):
                 optimiser_step.check()
-                metrics = validate(model, val_set, batch_size, device, train_cfg.amp, info)
+                with training.averaged(average):
+                    metrics = validate(model, val_set, batch_size, device, train_cfg.amp, info)
                 logger.log(metrics, done)
                 log.info("stage0 step %d: val l1 %.4f, codebook usage %.1f%%", done, metrics["val/l1"],
                          100 * metrics["val/codebook_usage"])

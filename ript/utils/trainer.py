@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
+
 from ript.errors import RiptError
 from ript.utils import distributed as ddist
 from ript.utils.checkpoint import (
@@ -32,10 +34,14 @@ from ript.utils.checkpoint import (
     save_checkpoint,
     training_state,
 )
+from ript.utils.checkpoint import (
+    load_weights as read_weights,
+)
 from ript.utils.compile_cache import CompileCache
 from ript.utils.fsdp import WholeState
 from ript.utils.locking import release
 from ript.utils.logging import MetricLogger, log
+from ript.utils.training import WeightAverage, averaged
 
 
 def due(every: int, done: int, total: int) -> bool:
@@ -99,9 +105,11 @@ class TrainingRun:
     rank 0 writes files and logs). ``layout``: how the model and optimizer state are held (``ShardedState``: under
     FSDP, gathered whole to be written and sharded again on resume)."""
 
-    def __init__(self, settings: RunSettings, info: ddist.DistInfo, opt, sched, layout: WholeState | None = None):
+    def __init__(self, settings: RunSettings, info: ddist.DistInfo, opt, sched, layout: WholeState | None = None,
+                 average: WeightAverage | None = None):
         self.settings, self.info, self.opt, self.sched = settings, info, opt, sched
         self.layout = layout or WholeState()
+        self.average = average  # train.ema_decay: checkpoints hold the average, and the trained weights beside it
         self.run_dir = Path(settings.run_dir)
         self.start, self.run_id = 0, None
         self.logger: MetricLogger | None = None
@@ -116,6 +124,8 @@ class TrainingRun:
         if ckpt is None:
             return None
         load_weights(ckpt)
+        if self.average is not None:
+            self.average.restore(read_weights(ckpt, WeightAverage.TRAINED), str(ckpt))
         self.start, self.run_id, streams = restore_training_state(ckpt, self.opt, self.sched, self.info.rank,
                                                                   self.info.world_size, self.layout.load_optimizer,
                                                                   self.settings.fewer_ranks)
@@ -150,9 +160,12 @@ class TrainingRun:
         if main:
             self.writes.wait()  # one write at a time, in order
             state = host_copy(training_state(optimizer, self.sched, step, self.logger.run_id, ranks))
-            snapshot = host_copy(weights.state_dict() if whole is None else whole)
+            with averaged(self.average):
+                snapshot = host_copy(weights.state_dict() if whole is None else whole)
             refuse_non_finite(snapshot, self.run_dir, step)
             extra = None if write_extra is None else staged_extra(self.run_dir, step, write_extra, whole)
+            if self.average is not None:
+                extra = with_trained_weights(host_copy(self.average.trained_state()), extra)
             self.writes.submit(functools.partial(save_checkpoint, self.run_dir, step, None, config, state,
                                                  keep_last=self.settings.keep_last, write_extra=extra,
                                                  weights_state=snapshot))
@@ -248,6 +261,17 @@ def staged_extra(run_dir: Path, step: int, write_extra: Callable[[Path, dict | N
         staged.rmdir()
 
     return move_into
+
+
+def with_trained_weights(trained: dict, extra: Callable[[Path], None] | None) -> Callable[[Path], None]:
+    """``extra`` (if any), and the trained weights written beside a checkpoint that holds their average."""
+
+    def write(folder: Path) -> None:
+        save_file(trained, str(folder / WeightAverage.TRAINED))
+        if extra is not None:
+            extra(folder)
+
+    return write
 
 
 def best_score(run_dir: Path, results_file: Callable[[int], Path], key: str = "success_rate"

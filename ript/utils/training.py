@@ -113,6 +113,66 @@ class CompiledLoss:
         return out
 
 
+class WeightAverage:
+    """``train.ema_decay``: an exponential moving average of the trained weights, updated after every optimiser
+    step. The average is what a checkpoint's ``model.safetensors`` holds and what validation and evaluation run
+    (``swapped_in``); the trained weights go on training and are saved beside it (``TRAINED``) for an exact
+    resume. Its decay warms up as (1 + t) / (10 + t), so the early average does not hold the initialisation."""
+    TRAINED = "trained_weights.safetensors"
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.model, self.decay = model, float(decay)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.average = [p.detach().clone() for p in self.params]
+
+    @classmethod
+    def from_config(cls, model: torch.nn.Module, train_cfg) -> WeightAverage | None:
+        decay = train_cfg.get("ema_decay")
+        return None if decay is None else cls(model, float(decay))
+
+    def decay_at(self, step: int) -> float:
+        """The decay applied after optimiser step ``step`` (0-based)."""
+        return min(self.decay, (1 + step) / (10 + step))
+
+    @torch.no_grad()
+    def update(self, step: int) -> None:
+        torch._foreach_lerp_(self.average, [p.detach() for p in self.params], 1.0 - self.decay_at(step))
+
+    @contextlib.contextmanager
+    def swapped_in(self):
+        """The model holds the average inside the block (in place: compiled graphs keep their addresses)."""
+        with torch.no_grad():
+            trained = [p.detach().clone() for p in self.params]
+            torch._foreach_copy_([p.detach() for p in self.params], self.average)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_([p.detach() for p in self.params], trained)
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """The trained weights by name (the model holds them outside ``swapped_in``)."""
+        return {name: p.detach() for name, p in zip(self.names, self.params)}
+
+    @torch.no_grad()
+    def restore(self, trained: dict[str, torch.Tensor], where: str) -> None:
+        """On resume, the model having loaded the checkpoint's weights (the average): take them as the average,
+        then put the ``trained`` weights back into the model."""
+        missing = [name for name in self.names if name not in trained]
+        if missing:
+            raise RiptError(f"{where}: no trained weight {missing[0]!r} ({len(missing)} missing); the checkpoint "
+                            f"was written with another model or without train.ema_decay")
+        for avg, p, name in zip(self.average, self.params, self.names):
+            avg.copy_(p)
+            p.copy_(trained[name])
+
+
+def averaged(average: WeightAverage | None):
+    """The model holding its weight average inside the block (where there is one)."""
+    return contextlib.nullcontext() if average is None else average.swapped_in()
+
+
 class NonFiniteLoss(RiptError):
     """A training loss or gradient became NaN/inf; no update was applied and no checkpoint is written."""
 
@@ -120,16 +180,17 @@ class NonFiniteLoss(RiptError):
 class GuardedStep:
     """One optimiser step per call that refuses non-finite losses and gradients, with the gradients averaged
     over ranks under torchrun (weighted by ``weight`` when the loss is a mean over a count that differs between
-    ranks) and clipped to ``clip``.
+    ranks) and clipped to ``clip``; then the weights' moving ``average`` (if any) moves.
 
     With a fused optimiser (CUDA) the check does not stop the host every step: the step's finiteness stays on
     the device, and from the first non-finite step on the fused kernel skips every update (its ``found_inf``),
     so weights and optimiser state stay those of the last good step; ``check()`` — called before logging,
     validating and saving — raises. Elsewhere every call checks at once (one device sync)."""
 
-    def __init__(self, model: torch.nn.Module, opt, sched, clip: float, info: DistInfo | None = None):
+    def __init__(self, model: torch.nn.Module, opt, sched, clip: float, info: DistInfo | None = None,
+                 average: WeightAverage | None = None):
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.opt, self.sched, self.clip, self.info = opt, sched, float(clip), info
+        self.opt, self.sched, self.clip, self.info, self.average = opt, sched, float(clip), info, average
         self.deferred = all(group.get("fused") for group in opt.param_groups)
         if self.deferred:
             device = self.params[0].device
@@ -157,6 +218,8 @@ class GuardedStep:
                 self._raise(step, loss_value, norm_value)
         self.opt.step()
         self.sched.step()
+        if self.average is not None:
+            self.average.update(step)
         return norm.detach()
 
     def check(self) -> None:

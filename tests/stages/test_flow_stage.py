@@ -7,8 +7,9 @@ import torch
 from safetensors.torch import load_file
 
 from ript.config import compose
-from ript.stages import flow
-from tests.helpers.cli import assert_one_line_error, flow_overrides, ript_here
+from ript.stages import flow, stage0
+from tests.helpers.cli import assert_one_line_error, flow_overrides, ript_here, train_overrides
+from tests.helpers.weights import assert_same_weights, weights
 
 
 def test_flow_training_resumes_exactly(tiny_data, flow_run, tmp_path):
@@ -19,6 +20,30 @@ def test_flow_training_resumes_exactly(tiny_data, flow_run, tmp_path):
     a = load_file(str(flow_run / "checkpoints" / "last" / "model.safetensors"))
     b = load_file(str(part / "checkpoints" / "last" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_weight_average_is_what_checkpoints_hold_leaves_training_alone_and_resumes_exactly(tiny_data, flow_run,
+                                                                                           tmp_path):
+    averaged = flow_overrides(tiny_data, tmp_path / "whole", 4) + ["train.ema_decay=0.5"]
+    flow.run(compose("flow", averaged))
+    last = tmp_path / "whole" / "checkpoints" / "last"
+    trained = load_file(str(last / "trained_weights.safetensors"))
+    held = weights(tmp_path / "whole")
+    plain = weights(flow_run)  # the same run without the average: the same training, validation between steps
+    assert all(torch.equal(trained[k], plain[k]) for k in trained)
+    assert any(not torch.equal(trained[k], held[k]) for k in trained)  # the checkpoint holds the average
+    part = tmp_path / "part"
+    cut = [o.replace(str(tmp_path / "whole"), str(part)) for o in averaged]
+    flow.run(compose("flow", cut + ["train.stop_after_minutes=0"]))
+    flow.run(compose("flow", cut + ["resume=true"]))
+    assert_same_weights(weights(part), held)
+    assert_same_weights(load_file(str(part / "checkpoints" / "last" / "trained_weights.safetensors")), trained)
+    # stage 0's own loop likewise
+    s0 = lambda run: train_overrides(tiny_data, run, 3) + ["train.ema_decay=0.5"]  # noqa: E731
+    stage0.run(compose("stage0", s0(tmp_path / "s0_whole")))
+    stage0.run(compose("stage0", s0(tmp_path / "s0_part") + ["train.stop_after_minutes=0"]))
+    stage0.run(compose("stage0", s0(tmp_path / "s0_part") + ["resume=true"]))
+    assert_same_weights(weights(tmp_path / "s0_part"), weights(tmp_path / "s0_whole"))
 
 
 def test_flow_settings_are_checked_before_a_folder_appears(tiny_data, tmp_path):

@@ -177,3 +177,26 @@ def test_a_host_copy_shares_no_memory_with_what_it_copied():
     assert torch.equal(snap["w"], torch.ones(3, 2)) and snap["w"].is_contiguous()
     assert torch.equal(snap["nested"][0], torch.zeros(2)) and snap["nested"][1] == {"n": 1, "xs": [1]}
     assert torch.equal(snap["pair"][0], torch.ones(1)) and snap["pair"][1] == "a" and isinstance(snap["pair"], tuple)
+
+
+def test_weight_average_follows_the_warmed_up_decay_and_swaps_back_exactly():
+    from ript.utils.training import WeightAverage
+
+    model = torch.nn.Linear(3, 2)
+    model.bias.requires_grad_(False)  # only trained weights are averaged
+    average = WeightAverage(model, decay=0.9)
+    expected = model.weight.detach().clone()
+    for step in range(3):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+            model.bias.add_(1.0)
+        average.update(step)
+        decay = min(0.9, (1 + step) / (10 + step))
+        expected = decay * expected + (1 - decay) * model.weight.detach()
+    assert torch.allclose(average.average[0], expected)
+    trained = model.weight.detach().clone()
+    with average.swapped_in():
+        assert torch.equal(model.weight, average.average[0])
+    assert torch.equal(model.weight, trained)
+    with pytest.raises(RiptError, match="no trained weight 'weight'"):
+        average.restore({"bias": model.bias.detach()}, "ckpt")
