@@ -160,12 +160,13 @@ class TrainingRun:
         if main:
             self.writes.wait()  # one write at a time, in order
             state = host_copy(training_state(optimizer, self.sched, step, self.logger.run_id, ranks))
+            trained = None if self.average is None else host_copy(weights.state_dict())  # a whole model's file
             with averaged(self.average):
                 snapshot = host_copy(weights.state_dict() if whole is None else whole)
             refuse_non_finite(snapshot, self.run_dir, step)
             extra = None if write_extra is None else staged_extra(self.run_dir, step, write_extra, whole)
-            if self.average is not None:
-                extra = with_trained_weights(host_copy(self.average.trained_state()), extra)
+            if trained is not None:
+                extra = with_trained_weights(trained, extra)
             self.writes.submit(functools.partial(save_checkpoint, self.run_dir, step, None, config, state,
                                                  keep_last=self.settings.keep_last, write_extra=extra,
                                                  weights_state=snapshot))

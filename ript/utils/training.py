@@ -151,10 +151,6 @@ class WeightAverage:
             with torch.no_grad():
                 torch._foreach_copy_([p.detach() for p in self.params], trained)
 
-    def trained_state(self) -> dict[str, torch.Tensor]:
-        """The trained weights by name (the model holds them outside ``swapped_in``)."""
-        return {name: p.detach() for name, p in zip(self.names, self.params)}
-
     @torch.no_grad()
     def restore(self, trained: dict[str, torch.Tensor], where: str) -> None:
         """On resume, the model having loaded the checkpoint's weights (the average): take them as the average,
