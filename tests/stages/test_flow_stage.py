@@ -3,10 +3,12 @@ settings are checked before a folder appears."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from ript.config import compose
+from ript.errors import RiptError
 from ript.stages import flow, stage0
 from tests.helpers.cli import assert_one_line_error, flow_overrides, ript_here, train_overrides
 from tests.helpers.weights import assert_same_weights, weights
@@ -35,6 +37,11 @@ def test_weight_average_is_what_checkpoints_hold_leaves_training_alone_and_resum
     part = tmp_path / "part"
     cut = [o.replace(str(tmp_path / "whole"), str(part)) for o in averaged]
     flow.run(compose("flow", cut + ["train.stop_after_minutes=0"]))
+    kept = part / "checkpoints" / "last" / "trained_weights.safetensors"
+    kept.rename(kept.with_suffix(".moved"))  # a checkpoint without its trained weights does not resume
+    with pytest.raises(RiptError, match="trained_weights.safetensors"):
+        flow.run(compose("flow", cut + ["resume=true"]))
+    kept.with_suffix(".moved").rename(kept)
     flow.run(compose("flow", cut + ["resume=true"]))
     assert_same_weights(weights(part), held)
     assert_same_weights(load_file(str(part / "checkpoints" / "last" / "trained_weights.safetensors")), trained)
