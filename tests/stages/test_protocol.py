@@ -141,6 +141,13 @@ def test_every_protocol_composes_with_its_task_and_phases():
     # its RL policy is evaluated by its mode (greedy 99.2%, sampled 96.0%); RL itself samples
     jobs = composed["libero_spatial"]
     assert jobs["eval_rl"].sampling.greedy and not jobs["eval"].sampling.greedy and not jobs["rl"].sampling.greedy
+    # the every-demo flow protocols replan every 2 actions from the weights' average; a world-model protocol's
+    # policy executes as many actions per decision as its world model predicts per step
+    for name in ("libero_object_flow", "libero_spatial_flow"):
+        assert composed[name]["flow"].algo.action_horizon == 2 and composed[name]["flow"].train.ema_decay == 0.999
+    for name, jobs in composed.items():
+        if "world_model" in jobs:
+            assert jobs["flow"].algo.action_horizon == jobs["world_model"].algo.chunk, name
     # every protocol learns the noise-free labels of its own collection; LIBERO's with QueST's image encoder
     for name, jobs in composed.items():
         for phase in ("stage0", "stage1", "finetune"):
