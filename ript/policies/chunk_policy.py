@@ -68,14 +68,16 @@ class ChunkPolicy(ObservationPolicy):
         picked_rows = torch.tensor(picked, device=self.device)  # one small copy for all five outputs
         context, tokens, log_probs, chunks, values = (x.index_select(0, picked_rows) for x in outputs)
         if self.record:
-            # what RL training needs, so it recomputes only the prior: context, sampled tokens, old log-probs
-            # (cloned: a graph's outputs are overwritten by its next replay)
+            # what RL training needs, so it recomputes only the prior: context, sampled tokens, old log-probs. Each
+            # record holds its row of the picked outputs (index_select copied them out of the graph's buffers, which
+            # its next replay overwrites) and of one host copy of the frames (their rows are reused); frames stay
+            # on the host: a few hundred MB per iteration at 128 px
+            frames = {k: v[picked] for k, v in host_obs.items()} if self.record_observations else None
             for j, i in enumerate(envs):
-                record = {"context": context[j].clone(), "tokens": tokens[j].clone(),
-                          "log_probs": log_probs[j].clone()}
+                record = {"context": context[j], "tokens": tokens[j], "log_probs": log_probs[j]}
                 if self.critic is not None:
-                    record["value"] = values[j].clone()
-                if self.record_observations:  # kept on the host: a few hundred MB per iteration at 128 px
-                    record.update(obs={k: v[picked[j]].clone() for k, v in host_obs.items()}, task_id=self.task_ids[i])
+                    record["value"] = values[j]
+                if frames is not None:
+                    record.update(obs={k: v[j] for k, v in frames.items()}, task_id=self.task_ids[i])
                 self.records[i].append(record)
         return chunks.cpu().numpy()  # waits for the GPU

@@ -86,16 +86,17 @@ class FlowPolicy(ObservationPolicy):
         picked_rows = torch.tensor(picked, device=self.device)
         features, chain, stochastic, log_probs, actions, values = (x.index_select(0, picked_rows) for x in outputs)
         if self.record:
-            # what RL's update rescoring needs (cloned: a graph's outputs are overwritten by its next replay): the
-            # prefix features, or the observations the prefix is encoded from again
+            # what RL's update rescoring needs: the prefix features, or the observations the prefix is encoded from
+            # again. Each record holds its row of the picked outputs (index_select copied them out of the graph's
+            # buffers, which its next replay overwrites) and of one host copy of the frames (their rows are reused)
+            frames = {k: v[picked] for k, v in host_obs.items()} if self.record_observations else None
             for j, i in enumerate(envs):
-                record = {"chain": chain[j].clone(), "stochastic": stochastic[j].clone(),
-                          "log_probs": log_probs[j].clone()}
+                record = {"chain": chain[j], "stochastic": stochastic[j], "log_probs": log_probs[j]}
                 if self.critic is not None:
-                    record["value"] = values[j].clone()
-                if self.record_observations:
-                    record.update(obs={k: v[picked[j]].clone() for k, v in host_obs.items()}, task_id=self.task_ids[i])
+                    record["value"] = values[j]
+                if frames is not None:
+                    record.update(obs={k: v[j] for k, v in frames.items()}, task_id=self.task_ids[i])
                 else:
-                    record["context"] = features[j].clone()
+                    record["context"] = features[j]
                 self.records[i].append(record)
         return actions.cpu().numpy()  # waits for the GPU
