@@ -121,7 +121,7 @@ class WeightAverage:
     TRAINED = "trained_weights.safetensors"
 
     def __init__(self, model: torch.nn.Module, decay: float):
-        self.model, self.decay = model, float(decay)
+        self.decay = float(decay)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.average = [p.detach().clone() for p in self.params]
