@@ -122,8 +122,7 @@ class WeightAverage:
 
     def __init__(self, model: torch.nn.Module, decay: float):
         self.decay = float(decay)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.names = [name for name, p in model.named_parameters() if p.requires_grad]
+        self.names, self.params = map(list, zip(*[(n, p) for n, p in model.named_parameters() if p.requires_grad]))
         self.average = [p.detach().clone() for p in self.params]
 
     @classmethod
