@@ -119,7 +119,8 @@ def outline_room(walls: ObstacleBoxes, outline: np.ndarray, points: list[np.ndar
                        for a in np.linspace(0, 2 * np.pi, 16, endpoint=False)]]
     rim = np.concatenate([a + (b - a) * t[:, None] for a, b in zip(corners, np.roll(corners, -1, axis=0))
                           for t in [np.linspace(0, 1, max(2, int(np.linalg.norm(b - a) / 0.004)), endpoint=False)]])
-    return [min(walls.distance(point + p, samples=3) for p in rim) for point in points]
+    placed = (np.asarray(points, dtype=float)[:, None, :] + rim).reshape(-1, 2)
+    return list(walls.distances(placed, samples=3).reshape(len(points), len(rim)).min(1))
 
 
 def roomiest_shift(expert: Placement, sim, outline: np.ndarray, tgt_xy: np.ndarray, tgt_top: float) -> np.ndarray:

@@ -105,6 +105,7 @@ class ObstacleBoxes:
     """Other objects' collision geoms reaching between two heights, as oriented boxes (each geom's own
     bounding box in its frame: a rotated cabinet's walls are thin, not their loose world-axis boxes). The
     robot, the table and the floor are left out."""
+    CHUNK = 4096  # fingers scored per array operation: (CHUNK, samples, boxes, 3) floats
 
     def __init__(self, sim, exclude: set[str], z_lo: float, z_hi: float):
         import mujoco
@@ -130,23 +131,37 @@ class ObstacleBoxes:
         self.rotations = np.array(rotations).reshape(-1, 3, 3)
         self.halves = np.array(halves).reshape(-1, 3)
 
-    def _gaps(self, xy: np.ndarray, samples: int) -> np.ndarray:
-        """Each box's distance from a vertical finger at ``xy`` spanning the two heights."""
-        points = np.array([[*xy, z] for z in np.linspace(self.z_lo, self.z_hi, samples)])
-        local = np.einsum("bji,pbj->pbi", self.rotations, points[:, None, :] - self.centers[None])
-        gap = np.maximum(np.abs(local) - self.halves[None], 0.0)
-        return np.linalg.norm(gap, axis=-1).min(0)
+    def _gaps(self, xys: np.ndarray, samples: int) -> np.ndarray:
+        """(len(xys), samples, boxes): each box's distance from each height sample of a vertical finger at each
+        xy, the fingers taken CHUNK at a time (a planner scores thousands of placements at once)."""
+        zs = np.linspace(self.z_lo, self.z_hi, samples)
+        out = np.empty((len(xys), samples, len(self.centers)))
+        for start in range(0, len(xys), self.CHUNK):
+            xy = xys[start:start + self.CHUNK]
+            points = np.empty((len(xy), samples, 3))
+            points[..., :2], points[..., 2] = xy[:, None], zs
+            local = np.einsum("bji,npbj->npbi", self.rotations, points[:, :, None, :] - self.centers)
+            out[start:start + len(xy)] = np.linalg.norm(np.maximum(np.abs(local) - self.halves, 0.0), axis=-1)
+        return out
+
+    def distances(self, xys, samples: int = 5) -> np.ndarray:
+        """Distance from a vertical finger at each of ``xys`` (n x 2; spanning the two heights) to the nearest
+        box."""
+        xys = np.asarray(xys, dtype=float).reshape(-1, 2)
+        if not len(self.centers):
+            return np.full(len(xys), np.inf)
+        return self._gaps(xys, samples).min(axis=(1, 2))
 
     def distance(self, xy: np.ndarray, samples: int = 5) -> float:
         """Distance from a vertical finger at ``xy`` (spanning the two heights) to the nearest box."""
-        return float(self._gaps(xy, samples).min()) if len(self.centers) else np.inf
+        return float(self.distances(xy, samples)[0])
 
     def top_near(self, xy: np.ndarray, radius: float) -> float:
         """The highest top of the boxes within ``radius`` of a vertical finger at ``xy`` (``z_lo`` where none are)."""
         if not len(self.centers):
             return self.z_lo
         tops = self.centers[:, 2] + np.einsum("bj,bj->b", np.abs(self.rotations[:, 2, :]), self.halves)
-        near = self._gaps(xy, 5) < radius
+        near = self._gaps(np.reshape(xy, (1, 2)), 5)[0].min(0) < radius
         return float(max(self.z_lo, *tops[near])) if near.any() else self.z_lo
 
 
