@@ -70,14 +70,13 @@ class ChunkPolicy(ObservationPolicy):
         if self.record:
             # what RL training needs, so it recomputes only the prior: context, sampled tokens, old log-probs. Each
             # record holds its row of the picked outputs (index_select copied them out of the graph's buffers, which
-            # its next replay overwrites) and of one host copy of the frames (their rows are reused); frames stay
-            # on the host: a few hundred MB per iteration at 128 px
-            frames = {k: v[picked] for k, v in host_obs.items()} if self.record_observations else None
+            # its next replay overwrites)
+            frames = self.recorded_frames(host_obs, picked, envs)
             for j, i in enumerate(envs):
                 record = {"context": context[j], "tokens": tokens[j], "log_probs": log_probs[j]}
                 if self.critic is not None:
                     record["value"] = values[j]
                 if frames is not None:
-                    record.update(obs={k: v[j] for k, v in frames.items()}, task_id=self.task_ids[i])
+                    record.update(frames[j])
                 self.records[i].append(record)
         return chunks.cpu().numpy()  # waits for the GPU

@@ -88,14 +88,14 @@ class FlowPolicy(ObservationPolicy):
         if self.record:
             # what RL's update rescoring needs: the prefix features, or the observations the prefix is encoded from
             # again. Each record holds its row of the picked outputs (index_select copied them out of the graph's
-            # buffers, which its next replay overwrites) and of one host copy of the frames (their rows are reused)
-            frames = {k: v[picked] for k, v in host_obs.items()} if self.record_observations else None
+            # buffers, which its next replay overwrites)
+            frames = self.recorded_frames(host_obs, picked, envs)
             for j, i in enumerate(envs):
                 record = {"chain": chain[j], "stochastic": stochastic[j], "log_probs": log_probs[j]}
                 if self.critic is not None:
                     record["value"] = values[j]
                 if frames is not None:
-                    record.update(obs={k: v[j] for k, v in frames.items()}, task_id=self.task_ids[i])
+                    record.update(frames[j])
                 else:
                     record["context"] = features[j]
                 self.records[i].append(record)

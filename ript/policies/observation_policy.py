@@ -52,6 +52,15 @@ class ObservationPolicy(ChunkingPolicy):
         return host_obs, {"obs": {k: v.to(self.device, non_blocking=True) for k, v in host_obs.items()},
                           "task_ids": torch.tensor([self.task_ids[i] for i in rows], device=self.device)}
 
+    def recorded_frames(self, host_obs: dict, picked: list[int], envs: list[int]) -> list[dict] | None:
+        """When decisions record their observations (an update that re-encodes them): for each of ``envs`` its
+        frames and task, rows of one host copy of the picked frames (the frame stacks' rows are reused); frames
+        stay on the host, a few hundred MB per iteration at 128 px. None otherwise."""
+        if not self.record_observations:
+            return None
+        frames = {k: v[picked] for k, v in host_obs.items()}
+        return [{"obs": {k: v[j] for k, v in frames.items()}, "task_id": self.task_ids[i]} for j, i in enumerate(envs)]
+
     @property
     def fixed_layout(self) -> bool:
         # every decision a block-sized batch, so that an episode's actions do not depend on which envs happened
