@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 
+from ript.errors import RiptError
 from ript.rl.advantages import normalize_over_ranks
 from ript.rl.critic import explained_variance, value_loss
 from ript.rl.objective import decision_weights, flow_matching_coef, ppo_loss, reference_kl
@@ -138,15 +137,13 @@ def state_copy(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-@contextmanager
-def weights_swapped(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> Iterator[None]:
+def weights_swapped(module: torch.nn.Module, state: dict[str, torch.Tensor]):
     """``module`` holds ``state`` inside the block and its own weights again after it."""
-    own = state_copy(module)
-    module.load_state_dict(state)
-    try:
-        yield
-    finally:
-        module.load_state_dict(own)
+    own = module.state_dict()
+    missing = sorted(set(own) ^ set(state))
+    if missing:
+        raise RiptError(f"the reference weights and the policy's differ in {missing[0]!r} ({len(missing)} names)")
+    return training.tensors_swapped(list(own.values()), [state[name] for name in own])
 
 
 def reference_state(learner, cfg) -> dict[str, torch.Tensor] | None:

@@ -113,6 +113,21 @@ class CompiledLoss:
         return out
 
 
+@contextlib.contextmanager
+def tensors_swapped(targets: list[torch.Tensor], values: list[torch.Tensor]):
+    """Each of ``targets`` holds its ``values`` inside the block and its own contents again after it, copied in
+    place (compiled graphs and optimisers keep their addresses)."""
+    targets = [t.detach() for t in targets]
+    with torch.no_grad():
+        own = [t.clone() for t in targets]
+        torch._foreach_copy_(targets, list(values))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            torch._foreach_copy_(targets, own)
+
+
 class WeightAverage:
     """``train.ema_decay``: an exponential moving average of the trained weights, updated after every optimiser
     step. The average is what a checkpoint's ``model.safetensors`` holds and what validation and evaluation run
@@ -138,17 +153,9 @@ class WeightAverage:
     def update(self, step: int) -> None:
         torch._foreach_lerp_(self.average, [p.detach() for p in self.params], 1.0 - self.decay_at(step))
 
-    @contextlib.contextmanager
     def swapped_in(self):
-        """The model holds the average inside the block (in place: compiled graphs keep their addresses)."""
-        with torch.no_grad():
-            trained = [p.detach().clone() for p in self.params]
-            torch._foreach_copy_([p.detach() for p in self.params], self.average)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                torch._foreach_copy_([p.detach() for p in self.params], trained)
+        """The model holds the average inside the block."""
+        return tensors_swapped(self.params, self.average)
 
     @torch.no_grad()
     def restore(self, trained: dict[str, torch.Tensor], where: str) -> None:
