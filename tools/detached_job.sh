@@ -11,7 +11,8 @@
 #        state's pieces, each checked against its MD5SUMS, from the polls that brought them)
 # poll waits until the chain ends or <seconds> pass, then copies the log, the evaluation results and whatever
 # the chain has written to <results dir> so far to $COPY_BACK_DIR (and every 30 s while it waits); the pieces of
-# a kept state come back over successive polls (results/state/MD5SUMS lists the current ones).
+# a kept state come back over successive polls (results/state/MD5SUMS lists the current ones; where the results'
+# files are too many to come one by one, they come as one archive, results/files.tar.gz).
 set -uo pipefail
 LOG=/tmp/gpu_chain.log
 BACK=${COPY_BACK_DIR:-copy_back}  # what the caller takes back
@@ -45,6 +46,13 @@ case "${1:-}" in
       mkdir -p "$BACK/results" && find "$results" -maxdepth 1 -type f -exec cp {} "$BACK/results/" \;
       ls "$results"/state/*.part* >/dev/null 2>&1 && mkdir -p "$BACK/results/state" \
         && (cd "$results/state" && md5sum *.part*) >"$BACK/results/state/MD5SUMS"
+      # the results' own files travel as one archive (results/files.tar.gz) where one by one they would fill
+      # the files a poll brings back, leaving some of them or every state piece behind
+      if [ "$(find "$BACK" -type f | wc -l)" -ge "${MAX_FILES:-8}" ]; then
+        local archive; archive="$(cd "$BACK" && pwd)/files.tar.gz"
+        (cd "$results" && find . -maxdepth 1 -type f -printf '%P\n' | tar -czf "$archive" -T -)
+        find "$BACK/results" -maxdepth 1 -type f -delete && mv "$BACK/files.tar.gz" "$BACK/results/"
+      fi
       return 0
     }
     choose_pieces() {  # pieces not sent yet, as many as fit beside the small files
