@@ -43,15 +43,16 @@ case "${1:-}" in
       for d in eval eval_rl; do [ -f "$run/$d/results.json" ] && cp "$run/$d/results.json" "$BACK/$d.json"; done
       rm -rf "$BACK/results"
       [ -n "$results" ] && [ -d "$results" ] || return 0
-      mkdir -p "$BACK/results" && find "$results" -maxdepth 1 -type f -exec cp {} "$BACK/results/" \;
+      mkdir -p "$BACK/results"
       ls "$results"/state/*.part* >/dev/null 2>&1 && mkdir -p "$BACK/results/state" \
         && (cd "$results/state" && md5sum *.part*) >"$BACK/results/state/MD5SUMS"
       # the results' own files travel as one archive (results/files.tar.gz) where one by one they would fill
       # the files a poll brings back, leaving some of them or every state piece behind
-      if [ "$(find "$BACK" -type f | wc -l)" -ge "${MAX_FILES:-8}" ]; then
-        local archive; archive="$(cd "$BACK" && pwd)/files.tar.gz"
-        (cd "$results" && find . -maxdepth 1 -type f -printf '%P\n' | tar -czf "$archive" -T -)
-        find "$BACK/results" -maxdepth 1 -type f -delete && mv "$BACK/files.tar.gz" "$BACK/results/"
+      local own; own=$(find "$results" -maxdepth 1 -type f | wc -l)
+      if [ $(( $(find "$BACK" -type f | wc -l) + own )) -ge "${MAX_FILES:-8}" ]; then
+        (cd "$results" && find . -maxdepth 1 -type f -printf '%P\n' | tar -czf - -T -) >"$BACK/results/files.tar.gz"
+      else
+        find "$results" -maxdepth 1 -type f -exec cp {} "$BACK/results/" \;
       fi
       return 0
     }
