@@ -15,6 +15,25 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--extended", action="store_true",
+                     help="also run the tests marked extended: the same multi-process machinery again for each "
+                          "policy family, the update compiled on the CPU, and one test per scripted-expert behaviour")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "extended: runs only with --extended (docs/testing.md says which and why)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--extended"):
+        return
+    skipped = [item for item in items if "extended" in item.keywords]
+    if skipped:
+        config.hook.pytest_deselected(items=skipped)
+        items[:] = [item for item in items if "extended" not in item.keywords]
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     from ript.config import compose

@@ -91,6 +91,10 @@ def test_training_reads_a_lerobot_folder_as_it_reads_the_hdf5_files(tiny_data, s
     assert len(list(folder.glob(".ript_hdf5-*"))) == 1  # decoded once, reused by stage 1
 
 
+# one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_lerobot")
+
+
 @pytest.fixture(scope="module")
 def exported(tiny_data, tmp_path_factory):
     from ript.config import compose

@@ -20,6 +20,10 @@ SUITE = "libero_object"
 TASK = "pick_up_the_alphabet_soup_and_place_it_in_the_basket"
 
 
+# one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_libero_env")
+
+
 @pytest.fixture(scope="module")
 def soup_task():
     from ript.envs.libero import LiberoRender, LiberoTask
@@ -60,6 +64,7 @@ def test_libero_task_resets_from_packaged_init_states_and_steps(soup_task):
     assert soup_task.step(np.zeros(7))[2]  # stepping past the end is a no-op that stays done
 
 
+@pytest.mark.extended
 def test_a_scene_taken_back_from_a_slots_cache_renders_and_steps_as_a_fresh_one():
     """A slot keeps several LIBERO scenes (``workers.tasks_per_slot``), each with its own GL context: going back
     to one after another was built gives the observations a fresh scene gives."""

@@ -17,6 +17,9 @@ from ript.policies.build import make_policy, sampling_settings
 from tests.helpers.cli import assert_one_line_error, ript
 from tests.helpers.ray_cluster import two_node_cluster
 
+# one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_ray_workers")
+
 
 @pytest.fixture(scope="module")
 def two_nodes():

@@ -24,6 +24,10 @@ ASIDE_TASK = "KITCHEN_SCENE1_open_the_top_drawer_of_the_cabinet_and_put_the_bowl
 DOOR_TASK = "KITCHEN_SCENE7_open_the_microwave"
 
 
+# one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_libero_articulated")
+
+
 @pytest.fixture(scope="module")
 def goal_demos(tmp_path_factory):
     """The stove task's demo as ``ript collect`` writes it (the other goals are driven without rendering below:
@@ -51,6 +55,7 @@ def test_a_collected_turn_on_demo_is_successful_in_the_official_layout(goal_demo
         assert g["states"].shape[0] == n and g["obs/agentview_rgb"].shape == (n, 32, 32, 3)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("name", [n for n in GOAL_TASKS if n != "turn_on_the_stove"])
 def test_open_rack_and_push_experts_succeed_on_the_first_demos_layout(name):
     """The expert as ``ript collect`` runs it for demo 0 (its layout and action noise), without rendering."""
@@ -103,6 +108,7 @@ def test_close_expert_pushes_an_open_drawer_shut():
         task.close()
 
 
+@pytest.mark.extended
 def test_a_bottle_too_tall_for_the_open_drawer_is_laid_in_flat():
     """Standing in the drawer the ketchup's body origin is above the region LIBERO's ``In`` tests (the old
     expert's 0/5); the lay expert tilts it along the drawer and drops it in."""
@@ -125,6 +131,7 @@ def test_a_bottle_too_tall_for_the_open_drawer_is_laid_in_flat():
         task.close()
 
 
+@pytest.mark.extended
 def test_a_bowl_the_opening_drawer_would_cover_is_set_aside_first():
     """The top drawer, once open, hangs over the bowl in front of it and the hand coming down on the bowl stalls
     on it (2/5 before); the bowl is moved out of the drawer's way first, then the drawer opened, then the bowl
@@ -150,6 +157,7 @@ def test_a_bowl_the_opening_drawer_would_cover_is_set_aside_first():
         task.close()
 
 
+@pytest.mark.extended
 def test_the_plate_is_dragged_along_the_table_around_the_cream_cheese():
     """libero_goal's plate, carried by a rim pinch, slipped out as it rose (1/5): it is dragged by the rim with
     its bottom on the table, through a corner that keeps it off the cream cheese, into the stove's front region."""
@@ -177,6 +185,7 @@ def test_the_plate_is_dragged_along_the_table_around_the_cream_cheese():
         task.close()
 
 
+@pytest.mark.extended
 def test_the_microwave_door_is_pulled_ajar_by_its_handle_then_pushed_open():
     """A hinged door had no Open expert: it is pulled by its upright bar (the hand turning with the door) until
     ajar, then pushed from behind until LIBERO's open test holds (75 degrees)."""
@@ -202,6 +211,7 @@ def test_the_microwave_door_is_pulled_ajar_by_its_handle_then_pushed_open():
 
 @pytest.mark.parametrize("suite,name,demo", [("libero_90", "KITCHEN_SCENE1_open_the_bottom_drawer_of_the_cabinet", 0),
                                               ("libero_goal", "open_the_middle_drawer_of_the_cabinet", 6)])
+@pytest.mark.extended
 def test_a_low_drawer_is_opened_by_leaning_fingertips_pressed_on_its_handle(suite, name, demo):
     """A handle too low to grasp (the bottom drawer's 4.6 cm over the table: 0/20; the goal scene's middle drawer:
     the hand, pointing into it with the fingers one above the other, reached 10.6 cm under the handle and had to
@@ -229,6 +239,7 @@ def test_a_low_drawer_is_opened_by_leaning_fingertips_pressed_on_its_handle(suit
         task.close()
 
 
+@pytest.mark.extended
 def test_a_low_drawer_is_pushed_shut_with_the_hand_leaning_into_it():
     """The bottom drawer's top is 14 cm under the cabinet's: pushed with the hand pointing down, the forearm met
     the cabinet over it 8 cm short of closed (0/5); leaning 45 degrees into the push, over the bowl before it."""
@@ -239,6 +250,7 @@ def test_a_low_drawer_is_pushed_shut_with_the_hand_leaning_into_it():
     assert demo.attrs["success"] and len(demo.actions) < 120
 
 
+@pytest.mark.extended
 def test_a_bowl_goes_into_the_front_of_a_low_drawer_then_the_drawer_is_pushed_shut():
     """The bottom drawer's region reaches back under the cabinet's front: the bowl, lowered over its centre, stuck
     on the cabinet 13 cm up (0/5). It now goes where it and the hand have most room, still inside the region
@@ -259,6 +271,7 @@ def test_a_bowl_goes_into_the_front_of_a_low_drawer_then_the_drawer_is_pushed_sh
         task.close()
 
 
+@pytest.mark.extended
 def test_a_bowl_caught_under_the_handle_over_a_low_drawer_steps_away_along_the_slide():
     """Demo 2 of the same task: the bowl, lowered into the bottom drawer, caught its far rim under the middle
     drawer's handle and hung there until the horizon. Stuck, the goal now steps away from what the bowl touches,

@@ -11,6 +11,7 @@ import pytest
 from tests.helpers.libero import drive_scripted_demo, scripted_libero_episode
 
 
+@pytest.mark.extended
 def test_expert_places_on_a_table_region():
     """(On chocolate_pudding_1 living_room_table_plate_right_region): the target is a region of the table, a
     site with no object under it; the expert releases over the site and the environment reports success."""
@@ -32,6 +33,7 @@ def test_expert_places_on_a_table_region():
         task.close()
 
 
+@pytest.mark.extended
 def test_a_book_turns_to_fit_the_caddys_front_compartment():
     """(In black_book_1 desk_caddy_1_front_contain_region): the compartment is narrower (7.2 cm) than the book
     is wide (~11.6 cm), so the carried book turns its narrow side across it and drops in (0/15 before)."""
@@ -67,6 +69,7 @@ def test_a_moka_pot_is_carried_by_its_handle_onto_the_stove():
         task.close()
 
 
+@pytest.mark.extended
 def test_two_objects_bound_for_one_region_go_side_by_side():
     """(On moka_pot_1 flat_stove_1_cook_region) (On moka_pot_2 flat_stove_1_cook_region): the second pot used to be
     released on top of the first; now each gets its own spot along the region (0/5 before, 5/5 after)."""
@@ -103,6 +106,7 @@ def test_a_book_is_squared_up_and_centred_between_a_square_compartments_walls():
         task.close()
 
 
+@pytest.mark.extended
 def test_a_frying_pan_handle_is_gripped_turned_away_from_the_moka_pot_beside_it():
     """KITCHEN_SCENE3's pan handle lies 4-6 cm from a moka pot: gripped square across the handle, the hand (wide
     along the fingers) came down on the pot and stalled over the handle until the horizon (demo 15; the task 8/20).
@@ -118,6 +122,7 @@ def test_a_frying_pan_handle_is_gripped_turned_away_from_the_moka_pot_beside_it(
     assert success, steps
 
 
+@pytest.mark.extended
 def test_a_drawer_open_over_the_object_is_pushed_back_part_way_then_filled_and_closed():
     """KITCHEN_SCENE10's top drawer starts 14.8 cm out, 15 cm over the table, its handle 5-7 cm from the pudding's
     side: the hand, wide across the pudding's narrow side, stalled on it until the horizon (3/20). The drawer is
@@ -141,6 +146,7 @@ def test_a_drawer_open_over_the_object_is_pushed_back_part_way_then_filled_and_c
     assert success, steps
 
 
+@pytest.mark.extended
 def test_a_quarter_turn_goes_the_way_round_that_keeps_the_wrist_off_its_stop():
     """KITCHEN_SCENE9's pan handle points along y and the hand starts with its fingers across x: a quarter turn,
     either way. The way the shorter-by-a-hair turn took drove the wrist's last joint to its stop, the hand wandered
@@ -161,6 +167,7 @@ def test_a_quarter_turn_goes_the_way_round_that_keeps_the_wrist_off_its_stop():
     assert success, steps
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("demo", [3, 6])
 def test_a_pan_is_gripped_far_enough_off_square_and_held_while_its_weight_tilts_it(demo):
     """KITCHEN_SCENE3 again. Demo 3: within 30 degrees of square the hand keeps 3 mm from the moka pot and stalled
@@ -174,6 +181,7 @@ def test_a_pan_is_gripped_far_enough_off_square_and_held_while_its_weight_tilts_
     assert "align" not in phases[phases.index("lift"):]  # never let go of the pan once lifted
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("book", ["in_the_middle", "on_the_right"])
 def test_a_book_too_tall_for_the_shelf_layer_goes_in_on_its_edge(book):
     """STUDY_SCENE4: the black book stands 13.4 cm under a 13.5 cm board, the yellow one 12.2 cm: held from above,
@@ -188,6 +196,7 @@ def test_a_book_too_tall_for_the_shelf_layer_goes_in_on_its_edge(book):
     assert demo.attrs["success"] and len(demo.actions) < 200
 
 
+@pytest.mark.extended
 def test_a_book_too_tall_to_stand_under_the_shelf_board_is_tipped_over_and_pushed_in():
     """STUDY_SCENE4: under the shelf's middle board there are 6.9 cm, the yellow book is 12.2 cm tall and 9.8 cm
     wide, and no grasp holds it flat with the hand above the table: it is tipped over towards the shelf, then
@@ -205,6 +214,7 @@ def test_a_book_too_tall_to_stand_under_the_shelf_board_is_tipped_over_and_pushe
     assert demo.attrs["success"] and len(demo.actions) < 200
 
 
+@pytest.mark.extended
 def test_a_pan_tilted_in_the_fingers_slides_in_over_the_board_front():
     """KITCHEN_SCENE9's pan onto the cabinet shelf, demo 7: held by its handle the pan tilts 10 degrees and its far
     rim hung 3-4 cm lower than when grasped, caught on the board's front and stalled there (once a tilt no longer
@@ -224,6 +234,7 @@ def test_a_frying_pan_slides_under_a_shelf_board_held_by_its_handle():
     assert demo.attrs["success"] and len(demo.actions) < 200
 
 
+@pytest.mark.extended
 def test_a_mug_goes_into_the_microwave_by_its_handle_and_is_pushed_in_before_the_door_closes():
     """(In white_yellow_mug_1 microwave_1_heating_region) then (Close microwave_1): the microwave is 14.4 cm high
     inside, too low for a hand above the 10.3 cm mug (lowered from above, it stood on the microwave's top: 0/5). Slid
@@ -240,6 +251,7 @@ def test_a_mug_goes_into_the_microwave_by_its_handle_and_is_pushed_in_before_the
 
 @pytest.mark.parametrize("name", ["KITCHEN_SCENE2_put_the_black_bowl_at_the_front_on_the_plate",
                                   "LIVING_ROOM_SCENE5_put_the_yellow_and_white_mug_on_the_right_plate"])
+@pytest.mark.extended
 def test_a_placed_object_is_let_go_with_its_origin_over_the_targets(name):
     """LIBERO's (On X plate) holds within 3 cm of the plate's origin. The bowl was let go where the carry's momentum
     had taken it, 2.7 cm past the plate's centre, and the mug's outline (its handle with it) was centred over the
@@ -252,6 +264,7 @@ def test_a_placed_object_is_let_go_with_its_origin_over_the_targets(name):
     assert demo.attrs["success"]
 
 
+@pytest.mark.extended
 def test_a_bowl_under_a_drawer_is_set_aside_and_still_goes_in_within_libero_goals_300_steps():
     """libero_goal's (Open top drawer) and (In bowl top drawer): the open drawer would hang over the bowl, so the bowl
     is set aside first; setting it aside, opening the drawer and putting it in took 313-321 steps, over the suite's 300

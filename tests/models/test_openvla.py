@@ -34,6 +34,10 @@ def write_tiny_openvla(folder: Path) -> Path:
                                      oft_components=False)
 
 
+# one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_openvla")
+
+
 @pytest.fixture(scope="module")
 def tiny_openvla(tmp_path_factory) -> Path:
     return write_tiny_openvla(tmp_path_factory.mktemp("openvla") / "ckpt")

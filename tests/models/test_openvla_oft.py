@@ -24,6 +24,10 @@ def build(cfg, device: str, seed: int, sample: bool):
     return loaded.model, loaded.policy, loaded.metadata, loaded.task_names
 
 
+# one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_openvla_oft")
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     return write_tiny_oft_checkpoint(tmp_path_factory.mktemp("oft") / "ckpt")

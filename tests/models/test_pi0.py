@@ -21,6 +21,9 @@ from ript.stages import evaluate, rl
 from tests.helpers.cli import pi0_rl_overrides
 from tests.helpers.official_checkpoints import write_lerobot_pi0_checkpoint, write_metaworld_pi0_checkpoint
 
+# one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_pi0")
+
 
 @pytest.fixture(scope="module")
 def pi0_folder(tmp_path_factory):

@@ -3,6 +3,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers.cli import rl_overrides
@@ -26,6 +27,7 @@ def test_the_update_is_compiled_ahead_only_in_a_fresh_run_that_compiles_it_and_u
     assert not wanted(_cfg(True, mode="disaggregated"), compiles_update=True, world_size=2, cache_loaded=False)
 
 
+@pytest.mark.extended
 def test_the_first_update_finds_what_the_second_process_compiled(stage1_run, tmp_path):
     """Compiled on the CPU (Inductor's C++ kernels) into empty compiler caches: the second process compiles the
     update while the run rolls out, and the run's first update then compiles nothing itself. (Under torchrun,

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -39,6 +40,7 @@ PI0 = ["-m", "benchmarks.pi0_rl_iteration", "--size", "tiny", "--device", "cpu",
        "2", "--steps", "2", "--micro-batch", "4", "--minibatches", "2", "--epochs", "1", "--methods", "flow_noise"]
 
 
+@pytest.mark.extended
 def test_pi0_sharded_gives_the_one_process_weights(tmp_path):
     """π0 (the tiny size, every weight training, Flow-Noise) sharded over two gloo processes: its Gemma layers run
     by a method of their own (``attend``), which the sharding gathers their weights around as around a forward."""

@@ -27,6 +27,9 @@ from tests.helpers.cli import flow_rl_overrides, oft_rl_overrides, pi0_rl_overri
 from tests.helpers.official_checkpoints import write_metaworld_oft_checkpoint, write_metaworld_pi0_checkpoint
 from tests.helpers.ray_cluster import two_node_cluster
 
+# one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_placement")
+
 
 @pytest.fixture(scope="module")
 def two_nodes():
@@ -91,6 +94,7 @@ def test_overlapped_rollouts_resume_exactly_and_need_a_rollout_actor(two_nodes, 
         rl.run(compose("rl", rl_overrides(stage1_run, tmp_path / "local", 1) + ["rl.overlap=true"]))
 
 
+@pytest.mark.extended
 def test_overlapped_rollouts_under_torchrun_count_their_groups_beside_the_update(two_nodes, stage1_run, tmp_path):
     """Two trainer processes, each with the next iteration's rollouts running in its own rollout actor while it
     trains: the rollouts count their groups over a gloo group of their own while the update all-reduces on the
@@ -116,6 +120,7 @@ def torchrun_rl(overrides: list[str]) -> str:
     return proc.stderr
 
 
+@pytest.mark.extended
 def test_rl_sharded_with_fsdp_gives_the_unsharded_updates_and_resumes_on_its_gathered_checkpoint(
         two_nodes, stage1_run, tmp_path):
     """Two trainer processes with their rollouts in rollout actors: the model sharded over them (``rl.fsdp``),
@@ -244,6 +249,7 @@ def assert_sharded_run_matches(plain, sharded) -> list:
     return shifts
 
 
+@pytest.mark.extended
 def test_a_flow_policy_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, flow_run, tmp_path):
     """The flow policy (Flow-Noise, a critic after the expert) trained by two ranks with rollout actors, its model
     sharded (``rl.fsdp``): the episodes and, up to the order sharding sums in, the weights and critic of the same
@@ -259,6 +265,7 @@ def test_a_flow_policy_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, 
     assert not torch.equal(trained["velocity_out.weight"], start["velocity_out.weight"])  # the update moved it
 
 
+@pytest.mark.extended
 def test_pi0_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, tmp_path):
     """π0 (the tiny official folder, its action expert training) by two ranks with rollout actors, sharded: the
     episodes, and up to the order sharding sums in, the trained weights and critic of the same run unsharded."""
@@ -271,6 +278,7 @@ def test_pi0_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, tmp_path):
     assert_sharded_run_matches(plain, sharded)
 
 
+@pytest.mark.extended
 def test_openvla_oft_sharded_with_fsdp_gives_the_unsharded_updates(two_nodes, tmp_path):
     """OpenVLA-OFT (the tiny official folder; LoRA, its scale head and a critic, built fresh on each rank from the
     run's seed) by two ranks with rollout actors, sharded: the episodes, the updates and the adapter, heads and

@@ -375,6 +375,7 @@ def test_rl_never_hangs_when_no_group_is_informative(stage1_run, tmp_path, capsy
     assert not (tmp_path / "fm" / "checkpoints").exists()
 
 
+@pytest.mark.extended
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo")
 def test_rl_under_torchrun_survives_a_killed_rank_and_resumes_exactly(stage1_run, tmp_path):
     """Two gloo processes: a run whose second rank is killed after the first checkpoint ends at once (torchrun stops

@@ -32,6 +32,10 @@ from tests.helpers.cli import assert_one_line_error, ript_here, rl_overrides, wo
 SPECS = [EpisodeSpec("drawer-close-v3", seed, j) for seed in (3, 4) for j in range(2)]
 
 
+# one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_world_model_rl")
+
+
 @pytest.fixture(scope="module")
 def imagined(world_model_run, stage1_run):
     """The world model, a sampling policy of the stage-1 run and the simulator's first frames of SPECS."""
@@ -223,6 +227,7 @@ def test_recorded_episodes_become_demonstration_files_a_world_model_trains_on(st
     assert not (tmp_path / "w2").exists()
 
 
+@pytest.mark.extended
 def test_a_world_model_refreshed_on_real_episodes_mid_run_resumes_exactly(stage1_run, world_model_run, tmp_path):
     refresh = ["environment.refresh_every=1", "environment.refresh_episodes=1", "environment.refresh_steps=2"]
     full, part = tmp_path / "full", tmp_path / "part"

@@ -38,6 +38,7 @@ def test_stage0_on_two_processes_equals_one(tiny_data, stage0_run, tmp_path):
     assert len(state["ranks"]) == 2
 
 
+@pytest.mark.extended
 def test_stage1_on_two_processes_resumes_exactly_and_equals_one(tiny_data, stage0_run, stage1_run, tmp_path):
     s1 = lambda run: [*stage1_overrides(tiny_data, run, stage0_run), "device=cpu"]  # noqa: E731
     torchrun("stage1", *s1(tmp_path / "two"))
@@ -61,6 +62,7 @@ def run_job(procs: int, job: str, *args: str) -> None:
         {"stage0": stage0, "stage1": stage1}[job].run(compose(job, list(args)))
 
 
+@pytest.mark.extended
 def test_a_validation_split_smaller_than_the_batch_is_scored_by_two_processes_as_by_one(tiny_data, tmp_path):
     """Three demos a task hold one out: a validation split (138 samples) no larger than the first process's share
     of a batch (140 of 280), so the second process scores none of it (it used to pair its reduction with the
