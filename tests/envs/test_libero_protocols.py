@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ript.config import compose, override
 from ript.stages import protocol
 
@@ -15,6 +17,7 @@ TRAIN = "steps: 2, batch_size: 8, warmup_steps: 1, val_every: 2, save_every: 2, 
 TASK = "KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet"
 
 
+@pytest.mark.extended
 def test_the_libero_90_protocol_runs_its_imitation_phases_on_one_task(tmp_path):
     root = tmp_path / "libero_90"
     overrides = [

@@ -78,6 +78,7 @@ def test_ray_env_workers_and_rollout_actors_give_the_collocated_episodes_and_upd
     assert dict(scalars(local, "actor/kl_to_reference"))[2] > 0
 
 
+@pytest.mark.extended
 def test_overlapped_rollouts_resume_exactly_and_need_a_rollout_actor(two_nodes, stage1_run, tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     overlap = disaggregated(two_nodes, "processes") + ["rl.overlap=true"]

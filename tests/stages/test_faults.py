@@ -137,7 +137,7 @@ def test_read_only_run_folder_is_one_line(tiny_data, small_tmpfs):
 
 
 # a hung worker of one env; a dead worker of two (its reruns are those of every env it hosted)
-@pytest.mark.parametrize("fault,envs_per_worker", [("stop", 1), ("kill", 2)])
+@pytest.mark.parametrize("fault,envs_per_worker", [("stop", 1), pytest.param("kill", 2, marks=pytest.mark.extended)])
 def test_eval_survives_a_worker_that_dies_or_hangs(stage1_run, tmp_path, fault, envs_per_worker):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "ript.cli", "eval", f"checkpoint={stage1_run}", f"out_dir={out}",
