@@ -5,7 +5,6 @@ nodes, against process workers: ``tests/rl/test_placement.py``)."""
 from __future__ import annotations
 
 import pytest
-import ray
 
 from ript.config import override
 from ript.envs.runner import EnvRunner, RunnerOptions
@@ -15,7 +14,7 @@ from ript.evaluation.results import summarize
 from ript.model_loader import load_model
 from ript.policies.build import make_policy, sampling_settings
 from tests.helpers.cli import assert_one_line_error, ript
-from tests.helpers.ray_cluster import two_node_cluster
+from tests.helpers.ray_cluster import kill_actor, two_node_cluster
 
 # one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
 pytestmark = pytest.mark.xdist_group("test_ray_workers")
@@ -45,7 +44,7 @@ def test_a_killed_env_actor_is_replaced_and_its_episode_run_again(two_nodes, sta
             return runner.run(policy)
 
         undisturbed = summarize(evaluate())
-        ray.kill(runner.workers.pool.actors[0], no_restart=True)
+        kill_actor(runner.workers.pool.actors[0])
         again = evaluate()
         assert again["worker_restarts"] == 1 and again["reruns"] >= 1
         assert summarize(again)["per_task"] == undisturbed["per_task"]

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-import ray
 import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
@@ -25,7 +24,7 @@ from ript.stages import rl
 from ript.utils.distributed import DistInfo
 from tests.helpers.cli import flow_rl_overrides, oft_rl_overrides, pi0_rl_overrides, rl_overrides
 from tests.helpers.official_checkpoints import write_metaworld_oft_checkpoint, write_metaworld_pi0_checkpoint
-from tests.helpers.ray_cluster import two_node_cluster
+from tests.helpers.ray_cluster import kill_actor, two_node_cluster
 
 # one test process runs this file's tests (pytest-xdist, --dist loadgroup), so its module fixture is built once
 pytestmark = pytest.mark.xdist_group("test_placement")
@@ -224,7 +223,7 @@ def test_a_dead_rollout_actor_ends_the_run_with_one_line(two_nodes, stage1_run):
         specs = [EpisodeSpec("drawer-close-v3", 0, 0)]
         placement.sync()
         assert placement.runner.run(loaded.policy, specs=specs)["env_steps"] == 8
-        ray.kill(placement.actor, no_restart=True)
+        kill_actor(placement.actor)
         with pytest.raises(RiptError, match=r"the rollout actor of rank 0 died before it could receive the weights "
                                             r".*resumes from its last checkpoint with resume=true"):
             placement.sync()
