@@ -28,9 +28,9 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--extended"):
         return
-    skipped = [item for item in items if "extended" in item.keywords]
-    if skipped:
-        config.hook.pytest_deselected(items=skipped)
+    deselected = [item for item in items if "extended" in item.keywords]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if "extended" not in item.keywords]
 
 
