@@ -1,6 +1,9 @@
 """Does imagined success track real success? Each checkpoint (at least five: a run's imitation steps, its RL
 iterations, other runs of the suite) is evaluated on the same initial conditions in the simulator and in a world
-model; the table gives both success rates per checkpoint and their Pearson correlation.
+model; the table gives both success rates per checkpoint and their Pearson correlation, and each checkpoint's
+episode-level agreement: of the episodes run from the same initial condition in both, how many ended the same way,
+and Cohen's kappa (agreement beyond what the two success rates give by chance: 0 for a model whose outcomes carry
+no information about which episodes succeed, even when its success rate matches the simulator's).
 
     python -m benchmarks.imagined_vs_real --world-model runs/libero_object/world_model \
         --checkpoints runs/a/checkpoints/0001000 runs/a/checkpoints/0002000 runs/b ... \
@@ -22,13 +25,35 @@ from ript.stages.evaluate import run as evaluate
 from ript.utils.atomic import atomic_write_text
 
 
-def success(checkpoint: str, out_dir: Path, episodes: int, workers: str, extra: list[str]) -> float:
+def evaluated(checkpoint: str, out_dir: Path, episodes: int, workers: str, extra: list[str]) -> dict:
     family = checkpoint_model(checkpoint)  # a flow or π0 run names its family, as `ript eval` reads it
     policy = [f"policy={family}"] if family in POLICIES.names() else []
     cfg = compose("eval", [*policy, override("checkpoint", checkpoint), override("out_dir", out_dir),
                            f"episodes_per_task={episodes}", f"num_workers={workers}", "n_videos=0", "overwrite=true",
                            *extra])
-    return float(evaluate(cfg)["success_rate"])
+    return evaluate(cfg)
+
+
+def agreement(real: list[dict], imagined: list[dict]) -> dict:
+    """Episode by episode (the same task, initial condition and index in both): the four outcomes, the share
+    that agree and Cohen's kappa, over all tasks and per task (pooled, a model that only knows which task is the
+    easier one already scores above 0)."""
+    outcome = {(e["task"], e["seed"], e["episode"]): bool(e["success"]) for e in imagined}
+    pairs = [(e["task"], bool(e["success"]), outcome[key]) for e in real
+             if (key := (e["task"], e["seed"], e["episode"])) in outcome]
+    per_task = {task: kappa_of([(r, i) for t, r, i in pairs if t == task]) for task in sorted({t for t, _, _ in pairs})}
+    return {**kappa_of([(r, i) for _, r, i in pairs]), "per_task": per_task}
+
+
+def kappa_of(pairs: list[tuple[bool, bool]]) -> dict:
+    counts = {f"real_{'success' if r else 'failure'}_imagined_{'success' if i else 'failure'}":
+              sum(1 for p in pairs if p == (r, i)) for r in (True, False) for i in (True, False)}
+    n = max(1, len(pairs))
+    agree = sum(r == i for r, i in pairs) / n
+    p_real, p_imagined = sum(r for r, _ in pairs) / n, sum(i for _, i in pairs) / n
+    chance = p_real * p_imagined + (1 - p_real) * (1 - p_imagined)
+    kappa = (agree - chance) / (1 - chance) if chance < 1 else None  # None: both always or never succeed
+    return {"paired_episodes": len(pairs), "agreement": agree, "kappa": kappa, **counts}
 
 
 def main() -> None:
@@ -43,10 +68,14 @@ def main() -> None:
     imagined = ["environment=world_model", override("environment.checkpoint", args.world_model)]
     rows = []
     for i, ckpt in enumerate(args.checkpoints):
-        real = success(ckpt, args.work_dir / f"{i:02d}_real", args.episodes, args.workers, [])
-        dream = success(ckpt, args.work_dir / f"{i:02d}_imagined", args.episodes, args.workers, imagined)
-        rows.append({"checkpoint": ckpt, "real": real, "imagined": dream})
-        print(f"{ckpt}: real {100 * real:.1f}%, imagined {100 * dream:.1f}%", flush=True)
+        real = evaluated(ckpt, args.work_dir / f"{i:02d}_real", args.episodes, args.workers, [])
+        dream = evaluated(ckpt, args.work_dir / f"{i:02d}_imagined", args.episodes, args.workers, imagined)
+        row = {"checkpoint": ckpt, "real": float(real["success_rate"]), "imagined": float(dream["success_rate"]),
+               **agreement(real["episodes"], dream["episodes"])}
+        rows.append(row)
+        kappa = "n/a" if row["kappa"] is None else f"{row['kappa']:.2f}"
+        print(f"{ckpt}: real {100 * row['real']:.1f}%, imagined {100 * row['imagined']:.1f}%, the same outcome in "
+              f"{100 * row['agreement']:.1f}% of {row['paired_episodes']} episodes (kappa {kappa})", flush=True)
     real, dream = np.array([r["real"] for r in rows]), np.array([r["imagined"] for r in rows])
     pearson = float(np.corrcoef(real, dream)[0, 1]) if len(rows) > 1 and real.std() and dream.std() else None
     result = {"world_model": args.world_model, "episodes_per_task": args.episodes, "checkpoints": rows,
