@@ -85,13 +85,15 @@ class InitialFrames:
 @dataclass(frozen=True)
 class ImaginationOptions:
     """An imagined run: the tasks, the horizon, ``envs`` stepped together, the success head's threshold, and the
-    evaluation protocol's episodes (``episodes_per_task`` from ``seed``) when the caller passes none."""
+    evaluation protocol's episodes (``episodes_per_task`` from ``seed``, the first ``n_videos`` of each task
+    recorded) when the caller passes none."""
     task_names: tuple[str, ...] | list[str]
     max_episode_steps: int
     envs: int
     success_threshold: float = 0.5
     episodes_per_task: int = 1
     seed: int = 0
+    n_videos: int = 0
 
 
 class ImaginedRunner:
@@ -117,7 +119,7 @@ class ImaginedRunner:
 
     def specs(self) -> list[EpisodeSpec]:
         o = self.options
-        return [EpisodeSpec(t, eval_layout_seed(o.seed, j), j) for j in range(o.episodes_per_task)
+        return [EpisodeSpec(t, eval_layout_seed(o.seed, j), j, j < o.n_videos) for j in range(o.episodes_per_task)
                 for t in o.task_names]
 
     def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,

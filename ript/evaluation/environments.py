@@ -81,7 +81,7 @@ def world_model(setting: EnvironmentSetting) -> Runner:
         initial = InitialFrames(suite, setting.metadata["env_args"]["render"], horizon, workers,
                                 PoolSettings.from_config(setting.workers))
     options = ImaginationOptions(list(setting.task_names), horizon, int(env.envs),
-                                 float(env.success_threshold), episodes, setting.seed)
+                                 float(env.success_threshold), episodes, setting.seed, setting.n_videos)
     return ImaginedRunner(model, options, initial, setting.device)
 
 

@@ -144,12 +144,15 @@ def test_eval_runs_a_checkpoint_in_the_world_model(stage1_run, world_model_run, 
     code, _, err = ript_here("eval", f"checkpoint={stage1_run}", "environment=world_model",
                              f"environment.checkpoint={world_model_run}", "environment.envs=4", "episodes_per_task=2",
                              "num_workers=1", "max_episode_steps=20", f"out_dir={tmp_path / 'imagined'}",
-                             "n_videos=0")
+                             "n_videos=1")
     assert code == 0, err
     results = json.loads((tmp_path / "imagined" / "results.json").read_text())
     assert results["environment"]["name"] == "world_model" and len(results["episodes"]) == 4
     assert sorted(results["per_task"]) == ["button-press-v3", "drawer-close-v3"]
     assert all(e["length"] <= 20 for e in results["episodes"])
+    videos = sorted(p.name for p in (tmp_path / "imagined" / "videos").glob("*.mp4"))  # each task's first episode
+    assert [v.split("_ep")[0] for v in videos] == ["button-press-v3", "drawer-close-v3"]
+    assert all("_ep0_" in v and v.endswith("_imagined.mp4") for v in videos)
 
 
 def test_world_model_eval_measures_fidelity_the_head_and_speed(world_model_run, tmp_path):
