@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ript.envs.seeds import eval_layout_seed
 from ript.envs.worker_env import EpisodeSpec
 from ript.policies.base import ChunkingPolicy
 
@@ -107,6 +108,14 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def protocol_specs(task_names: list[str] | tuple[str, ...], episodes_per_task: int, seed: int,
+                   n_videos: int) -> list[EpisodeSpec]:
+    """The evaluation protocol's episodes: ``episodes_per_task`` layouts per task from ``seed``, the first
+    ``n_videos`` of each task recorded, tasks interleaved so that workers share the slow ones."""
+    return [EpisodeSpec(t, eval_layout_seed(seed, j), j, j < n_videos)
+            for j in range(episodes_per_task) for t in task_names]
 
 
 def finished_episode(spec: EpisodeSpec, success: bool, length: int, policy: ChunkingPolicy, env: int,

@@ -15,8 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ript.envs.episodes import EpisodeQueue, StopRule, decision_counts, finished_episode, video_frame
-from ript.envs.seeds import eval_layout_seed
+from ript.envs.episodes import EpisodeQueue, StopRule, decision_counts, finished_episode, protocol_specs, video_frame
 from ript.envs.worker_env import EpisodeSpec, PoolSettings, WorkerSet
 from ript.errors import RiptError
 from ript.policies.base import ChunkingPolicy
@@ -119,8 +118,7 @@ class ImaginedRunner:
 
     def specs(self) -> list[EpisodeSpec]:
         o = self.options
-        return [EpisodeSpec(t, eval_layout_seed(o.seed, j), j, j < o.n_videos) for j in range(o.episodes_per_task)
-                for t in o.task_names]
+        return protocol_specs(o.task_names, o.episodes_per_task, o.seed, o.n_videos)
 
     def run(self, policy: ChunkingPolicy, video_dir: Path | None = None, specs: list[EpisodeSpec] | None = None,
             stop: StopRule | None = None, sink: Callable[[dict], None] | None = None) -> dict[str, Any]:

@@ -26,9 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ript.envs.episodes import EpisodeQueue, StopRule, decision_counts, finished_episode, video_frame
+from ript.envs.episodes import EpisodeQueue, StopRule, decision_counts, finished_episode, protocol_specs, video_frame
 from ript.envs.gl import renders_apart
-from ript.envs.seeds import eval_layout_seed
 from ript.envs.suites import get_suite
 from ript.envs.worker_env import EpisodeSpec, PoolSettings, WorkerSet
 from ript.envs.workers import Pending
@@ -99,10 +98,8 @@ class EnvRunner:
         self.stages_logged = False  # what "auto" chose is said once per runner
 
     def specs(self) -> list[EpisodeSpec]:
-        """The evaluation protocol's episodes, tasks interleaved so that workers share the slow ones."""
         o = self.options
-        return [EpisodeSpec(t, eval_layout_seed(o.seed, j), j, j < o.n_videos)
-                for j in range(o.episodes_per_task) for t in self.task_names]
+        return protocol_specs(self.task_names, o.episodes_per_task, o.seed, o.n_videos)
 
     def _ensure_workers(self, frames_per_env: int) -> WorkerSet:
         if self.workers is None:
