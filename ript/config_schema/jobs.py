@@ -113,6 +113,7 @@ class WorldModelEvalJob(Section):
     device: str
     seed: Seed
     split: Literal["val", "train", "all"]
+    episodes_dir: str | None
     horizon_chunks: Count
     starts_per_demo: Count
     success_threshold: Annotated[float, Field(gt=0, lt=1)]

@@ -1,6 +1,7 @@
 """How well a world model stands in for the simulator, measured on demonstrations it did not train on: the
-fidelity of its frames over an imagined horizon against the real ones for the same actions (PSNR, SSIM; beside
-"nothing moves", the floor any model must beat), its success head's precision and recall (on real frames, as
+fidelity of its frames and robot state over an imagined horizon against the real ones for the same actions (PSNR,
+SSIM, state error; beside "nothing moves", the floor any model must beat, and the model fed other actions, which
+shows whether it follows the actions at all), its success head's precision and recall (on real frames, as
 trained, and on its own imagined ones), imagined env steps per second, and side-by-side videos."""
 
 from __future__ import annotations
@@ -16,17 +17,23 @@ from ript.models.world_model import WorldModel
 from ript.utils.video import write_mp4
 
 
-def demo_dataset(config: dict, horizon_chunks: int, split: str) -> ChunkDataset:
-    """The split of the world model's own data files (the same demos held out as in its training), each sample
-    with ``horizon_chunks`` chunks of actions and the real frames after each."""
+def demo_dataset(config: dict, horizon_chunks: int, split: str, files: list[Path] | None = None) -> ChunkDataset:
+    """The split of the world model's own data files (the same demos held out as in its training), or of other
+    ``files`` of its tasks, each sample with ``horizon_chunks`` chunks of actions and the real frames after each;
+    task ids are the world model's."""
     cfg, kwargs = config["cfg"], config["model_kwargs"]
     chunk = int(kwargs["chunk"])
-    spec = DatasetSpec(files=[Path(f) for f in config["metadata"]["files"]], obs_keys=dict(cfg["task"]["obs_keys"]),
+    files = files or [Path(f) for f in config["metadata"]["files"]]
+    spec = DatasetSpec(files=files, obs_keys=dict(cfg["task"]["obs_keys"]),
                        chunk_size=chunk * horizon_chunks, action_dim=int(kwargs["action_dim"]),
                        demos_per_task=cfg["data"]["demos_per_task"], val_fraction=float(cfg["data"]["val_fraction"]),
                        seed=int(cfg["seed"]), flip_keys=tuple(cfg["task"]["flip_obs_keys"]),
                        action_key=str(cfg["data"]["action_key"]), future_every=chunk, future_count=horizon_chunks)
-    return ChunkDataset(spec, split)
+    dataset = ChunkDataset(spec, split)
+    # a dataset numbers its tasks in the order of its files; other files may hold fewer tasks, or another order
+    model_tasks = list(config["metadata"]["task_names"])
+    dataset.task_ids = torch.tensor([model_tasks.index(n) for n in dataset.task_names])[dataset.task_ids]
+    return dataset
 
 
 def segment_starts(dataset: ChunkDataset, per_demo: int) -> torch.Tensor:
@@ -106,36 +113,63 @@ def threshold_curve(probs: torch.Tensor, labels: torch.Tensor, thresholds=THRESH
     return {"curve": rows, "best_threshold": best["threshold"], "best_f1": best["f1"]}
 
 
+# each imagined frame is scored against the real one after the same actions, beside two references: the first
+# frame held ("still", the floor any model must beat) and the model fed another segment's actions ("other
+# actions": as good as with the real actions when the model ignores what it is told to do)
+SCORES = ("psnr", "ssim", "state_rmse")
+REFERENCES = ("", "_still", "_other_actions")
+
+
+def state_rmse(model: WorldModel, a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Root mean square difference of two observations' normalised robot states (zeros without a state)."""
+    if not model.lowdim_keys:
+        return torch.zeros(len(next(iter(a.values()))), device=model.action_normalizer.scale.device)
+    return (model.normalized_state(a) - model.normalized_state(b)).pow(2).mean(-1).sqrt()
+
+
+def scored(model: WorldModel, imagined: dict[str, torch.Tensor], real: dict[str, torch.Tensor]
+           ) -> dict[str, torch.Tensor]:
+    a, b = images_of(model, imagined), images_of(model, real)
+    return {"psnr": psnr(a, b), "ssim": ssim(a, b), "state_rmse": state_rmse(model, imagined, real)}
+
+
 @torch.no_grad()
 def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Tensor, threshold: float,
                       device: str, batch_size: int = 64, n_videos: int = 0, video_dir: Path | None = None) -> dict:
-    """Open-loop imagination from real frames with the demos' own actions: PSNR/SSIM per chunk of horizon (and
-    for a model that predicts no change), and the success head on the imagined frames, at ``threshold`` and over
-    the thresholds of ``threshold_curve``."""
+    """Open-loop imagination from real frames with the demos' own actions: PSNR, SSIM and the state's error per
+    chunk of horizon (and the same for the references of ``REFERENCES``), and the success head on the imagined
+    frames, at ``threshold`` and over the thresholds of ``threshold_curve``."""
     horizon = dataset.spec.future_count
-    sums = {k: torch.zeros(horizon, dtype=torch.float64) for k in ("psnr", "ssim", "psnr_still", "ssim_still", "n")}
+    sums = {k + ref: torch.zeros(horizon, dtype=torch.float64) for k in SCORES for ref in REFERENCES}
+    sums["n"] = torch.zeros(horizon, dtype=torch.float64)
     videos, probs, labels = 0, [], []
     for i in range(0, len(starts), batch_size):
         batch = dataset.get_batch(starts[i:i + batch_size])
-        obs = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
-        first = images_of(model, obs)
-        live = torch.ones(len(first), dtype=torch.bool, device=device)
+        # frames left in each segment's episode: a failed one stops at its time limit, with nothing real after it
+        left = (dataset.episode_end[starts[i:i + batch_size]] - starts[i:i + batch_size]).to(device)
+        first = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
+        obs, other_obs = first, first
+        live = torch.ones(len(batch["task_ids"]), dtype=torch.bool, device=device)
         task_ids, actions = batch["task_ids"].to(device), batch["actions"].to(device)
+        other_actions = actions.roll(1, dims=0)  # the previous segment's (one segment alone keeps its own)
         frames: list[tuple[torch.Tensor, torch.Tensor]] = []
         for n in range(horizon):
-            obs, prob = model.step(obs, task_ids, actions[:, n * model.chunk:(n + 1) * model.chunk])
-            real = images_of(model, {k: v[:, n].to(device) for k, v in batch["future_obs"].items()})
-            imagined = images_of(model, obs)
+            span = slice(n * model.chunk, (n + 1) * model.chunk)
+            obs, prob = model.step(obs, task_ids, actions[:, span])
+            other_obs, _ = model.step(other_obs, task_ids, other_actions[:, span])
+            real = {k: v[:, n].to(device) for k, v in batch["future_obs"].items()}
             done = batch["future_done"][:, n].to(device)
-            for name, value in (("psnr", psnr(imagined, real)), ("ssim", ssim(imagined, real)),
-                                ("psnr_still", psnr(first, real)), ("ssim_still", ssim(first, real))):
-                sums[name][n] += float(value[live].sum())
+            in_episode = (n + 1) * model.chunk < left
+            live = live & (in_episode | done)
+            for ref, predicted in (("", obs), ("_still", first), ("_other_actions", other_obs)):
+                for name, value in scored(model, predicted, real).items():
+                    sums[name + ref][n] += float(value[live].sum())
             sums["n"][n] += float(live.sum())
             probs.append(prob[live].float().cpu())
             labels.append(done[live].bool().cpu())
-            frames.append((real, imagined))
-            live = live & ~done
-        for j in range(min(len(first), n_videos - videos)):
+            frames.append((images_of(model, real), images_of(model, obs)))
+            live = live & in_episode
+        for j in range(min(len(task_ids), n_videos - videos)):
             side = [torch.cat([r[j], m[j]], dim=1).permute(1, 2, 0).byte().cpu().numpy() for r, m in frames]
             write_mp4(video_dir / f"segment{videos:03d}_real_top_imagined_below.mp4", side)
             videos += 1
@@ -199,9 +233,14 @@ def synchronize(device: str) -> None:
 
 
 def fidelity_table(results: dict) -> str:
-    rows = ["chunks  PSNR (dB)  still  SSIM   still  segments"]
-    rows += [f"{r['chunks']:>6}  {r['psnr']:>9.2f}  {r['psnr_still']:>5.2f}  {r['ssim']:.3f}  {r['ssim_still']:.3f}  "
-             f"{r['segments']:>8}" for r in results["fidelity"]]
+    """Per chunk of horizon: each score with the model's real actions, then still, then other actions."""
+    rows = ["chunks  PSNR (dB): model  still  other   SSIM: model  still  other   state RMSE: model  still  other"
+            "  segments"]
+    for r in results["fidelity"]:
+        psnrs = "  ".join(f"{r['psnr' + ref]:>5.2f}" for ref in REFERENCES)
+        ssims = "  ".join(f"{r['ssim' + ref]:.3f}" for ref in REFERENCES)
+        states = "  ".join(f"{r['state_rmse' + ref]:.3f}" for ref in REFERENCES)
+        rows.append(f"{r['chunks']:>6}  {' ' * 10}{psnrs}  {' ' * 7}{ssims}  {' ' * 13}{states}  {r['segments']:>8}")
     return "\n".join(rows)
 
 

@@ -1,5 +1,6 @@
 """``ript world-model-eval``: how well a world model stands in for the simulator, on the demos it held out
-(``ript.evaluation.imagination``): frame fidelity per chunk of an imagined horizon, the success head's precision
+(``ript.evaluation.imagination``), or on every episode of another folder of its tasks (``episodes_dir``: a
+policy's own, as ``ript eval record_episodes=true`` records them): frame fidelity per chunk of an imagined horizon, the success head's precision
 and recall on real and imagined frames, imagined env steps per second, side-by-side videos; ``results.json``.
 
     ript world-model-eval checkpoint=runs/libero_object/world_model
@@ -22,6 +23,7 @@ from ript.evaluation.imagination import (
     imagined_steps_per_second,
     segment_starts,
 )
+from ript.config import extra_data_files
 from ript.evaluation.results import results_dir
 from ript.model_loader import load_model
 from ript.utils.atomic import atomic_write_text
@@ -39,11 +41,14 @@ def run(cfg) -> dict[str, Any]:
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.parent.parent / "world_model_eval" / ckpt.name
     with holding(out_dir, "out_dir"):
         results_dir(out_dir, bool(cfg.overwrite))
-        dataset = demo_dataset(config, int(cfg.horizon_chunks), str(cfg.split))
+        episodes = extra_data_files(list(model.task_names), [cfg.episodes_dir]) if cfg.episodes_dir else None
+        dataset = demo_dataset(config, int(cfg.horizon_chunks), "all" if episodes else str(cfg.split), episodes)
         dataset.to(device)
         threshold = float(cfg.success_threshold)
         torch.manual_seed(int(cfg.seed))
-        results = {"checkpoint": str(ckpt), "split": str(cfg.split), "demos": dataset.num_demos,
+        results = {"checkpoint": str(ckpt), "split": str(cfg.split), "episodes_dir": cfg.episodes_dir,
+                   "demos": dataset.num_demos, "successful_demos": int(dataset.episode_success[
+                       dataset.episode_start.unique()].sum()),
                    "chunk": model.chunk, "success_threshold": threshold,
                    **imagined_segments(model, dataset, segment_starts(dataset, int(cfg.starts_per_demo)), threshold,
                                        device, n_videos=int(cfg.n_videos), video_dir=out_dir / "videos"),

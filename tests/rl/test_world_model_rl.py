@@ -22,7 +22,7 @@ from ript.envs.demo_starts import DemoFrames, start_frame
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
 from ript.envs.worker_env import EpisodeSpec, PoolSettings
 from ript.errors import RiptError
-from ript.evaluation.imagination import THRESHOLDS, threshold_curve
+from ript.evaluation.imagination import THRESHOLDS, demo_dataset, segment_starts, threshold_curve
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
 from ript.stages import rl, world_model
@@ -169,6 +169,9 @@ def test_world_model_eval_measures_fidelity_the_head_and_speed(world_model_run, 
     assert results["speed"]["env_steps"] == 4 * 2 * 2 and results["speed"]["env_steps_per_second"] > 0
     assert len(list((out / "videos").glob("*.mp4"))) == 1
     assert "PSNR" in stdout and "success head on real frames" in stdout
+    # the references beside the model: the first frame held, and the model fed another segment's actions
+    assert all(0 < first[k] < 60 for k in ("psnr_still", "psnr_other_actions"))
+    assert first["state_rmse_still"] > 0 and np.isfinite(first["state_rmse"] + first["state_rmse_other_actions"])
     calibration = results["head_calibration"]
     assert [row["threshold"] for row in calibration["curve"]] == list(THRESHOLDS)
     assert calibration["best_f1"] == max(row["f1"] for row in calibration["curve"])
@@ -191,6 +194,33 @@ def test_the_head_calibration_scores_every_threshold_and_picks_the_lowest_of_the
     assert result["best_threshold"] == 0.5 and result["best_f1"] == pytest.approx(0.8)
     tied = threshold_curve(torch.tensor([0.9, 0.1]), torch.tensor([True, False]), thresholds=(0.3, 0.5, 0.8))
     assert tied["best_threshold"] == 0.3  # every threshold separates them: the lowest is kept
+
+
+def test_world_model_eval_measures_a_policys_recorded_episodes_within_each_episode(stage1_run, world_model_run,
+                                                                                     tmp_path):
+    """Recorded episodes of one task (the model knows two) keep the model's task id, and a segment is scored only
+    while its episode has real frames: a failed episode stops at its time limit, a successful one at its end."""
+    recorded = tmp_path / "recorded"
+    evaluate(compose("eval", [f"checkpoint={stage1_run}", f"out_dir={recorded}", "record_episodes=true",
+                              "episodes_per_task=2", "num_workers=1", "max_episode_steps=15", "n_videos=0",
+                              "task_names=[drawer-close-v3]"]))
+    model, config = load_model(world_model_run)
+    files = [recorded / "episodes" / "drawer-close-v3.hdf5"]
+    data = demo_dataset(config, 5, "all", files)
+    assert model.task_names.index("drawer-close-v3") == 1 and data.task_ids.unique().tolist() == [1]
+    out = tmp_path / "measured"
+    code, _, err = ript_here("world-model-eval", f"checkpoint={world_model_run}", f"out_dir={out}",
+                             f"episodes_dir={recorded / 'episodes'}", "horizon_chunks=5", "starts_per_demo=2",
+                             "speed_envs=2", "speed_chunks=1", "n_videos=0")
+    assert code == 0, err
+    results = json.loads((out / "results.json").read_text())
+    starts = segment_starts(data, 2)
+    left = (data.episode_end[starts] - starts).tolist()
+    success = data.episode_success[starts].tolist()
+    expected = [sum(1 for n_left, ok in zip(left, success) if (h + 1) * model.chunk < n_left or
+                    (ok and h * model.chunk < n_left)) for h in range(5)]
+    assert [r["segments"] for r in results["fidelity"]] == expected and expected[0] > expected[4]
+    assert results["demos"] == 2 and results["episodes_dir"] == str(recorded / "episodes")
 
 
 def test_recorded_episodes_become_demonstration_files_a_world_model_trains_on(stage1_run, tiny_data, tmp_path):
