@@ -204,6 +204,7 @@ class WorldModelNet(Section):
     stages: Count
     cond_dim: Count
     success_weight: Rate
+    motion_weight: Scale
 
 
 class WorldModelAlgo(Section):

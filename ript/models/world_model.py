@@ -22,6 +22,9 @@ from ript.errors import RiptError
 from ript.registry import MODELS
 
 
+MOVED = 0.04  # a pixel whose channel changes by more (about 5 of 255) moved; rendering is deterministic
+
+
 def _norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(min(8, channels // 4) or 1, channels)
 
@@ -92,14 +95,14 @@ class WorldModel(nn.Module):
 
     def __init__(self, task_names: list[str], image_keys: list[str], lowdim_dims: dict[str, int], image_size: int,
                  action_dim: int, chunk: int, lang_dim: int | None = 384, width: int = 64, stages: int = 3,
-                 cond_dim: int = 256, success_weight: float = 5.0):
+                 cond_dim: int = 256, success_weight: float = 5.0, motion_weight: float = 0.0):
         super().__init__()
         if not image_keys:
             raise RiptError("world model: the data has no camera images to predict")
         self.task_names, self.image_keys, self.lowdim_keys = list(task_names), list(image_keys), list(lowdim_dims)
         self.lowdim_dims = dict(lowdim_dims)
         self.image_size, self.action_dim, self.chunk = image_size, action_dim, chunk
-        self.success_weight = success_weight
+        self.success_weight, self.motion_weight = success_weight, motion_weight
         state_dim = sum(lowdim_dims.values())
         self.action_normalizer = Normalizer(action_dim, "minmax")
         self.state_normalizer = Normalizer(max(state_dim, 1), "meanstd")
@@ -187,6 +190,16 @@ class WorldModel(nn.Module):
         return self.decode_observation(out), torch.sigmoid(out.success_logit.float())
 
     # ----------------------------------------------------------------- training
+    def pixel_error(self, predicted: torch.Tensor, target: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+        """Per sample, the mean absolute pixel error, the pixels that changed from ``before`` to ``target``
+        weighted ``1 + motion_weight`` (a weighted mean: the loss's scale stays that of plain L1)."""
+        error = (predicted - target).abs()
+        if not self.motion_weight:
+            return error.mean(dim=(1, 2, 3))
+        moved = (target - before).abs().amax(dim=1, keepdim=True) > MOVED
+        weight = 1.0 + self.motion_weight * moved.float()
+        return (error * weight).mean(dim=(1, 2, 3)) / weight.mean(dim=(1, 2, 3))
+
     def loss(self, obs: dict[str, torch.Tensor], future_obs: dict[str, torch.Tensor], future_done: torch.Tensor,
              actions: torch.Tensor, task_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The unrolled loss: obs (B, 1, ...) at t, the observations after each of R chunks (B, R, ...), whether each
@@ -197,11 +210,13 @@ class WorldModel(nn.Module):
         pixel = state_err = success = torch.zeros((), device=images.device)
         counted = torch.zeros((), device=images.device)
         live = torch.ones(len(images), dtype=torch.bool, device=images.device)
+        real = images  # the real frame before each chunk, against which the pixels that moved are found
         for r in range(rollout):
             target_images, target_state = self.encode_observation({k: v[:, r] for k, v in future_obs.items()})
             out = self.predict(images, state, task_ids, actions[:, r * self.chunk:(r + 1) * self.chunk])
             m = live.float()
-            pixel = pixel + ((out.images.float() - target_images).abs().mean(dim=(1, 2, 3)) * m).sum()
+            pixel = pixel + (self.pixel_error(out.images.float(), target_images, real) * m).sum()
+            real = target_images
             if self.lowdim_keys:
                 state_err = state_err + ((out.state.float() - target_state).pow(2).mean(-1) * m).sum()
             done = future_done[:, r].float()

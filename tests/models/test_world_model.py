@@ -1,5 +1,5 @@
 """The world model on small synthetic tensors: its loss falls on a fixed batch, chunks after a demo's end teach
-nothing, a step returns what a policy reads, and observations or actions of the wrong shape are one line."""
+nothing, the pixels that moved weigh as set, a step returns what a policy reads, and observations or actions of the wrong shape are one line."""
 
 from __future__ import annotations
 
@@ -61,6 +61,24 @@ def test_chunks_after_a_demos_end_teach_nothing():
     future["robot_states"][:, 1] += 100.0
     again = model.loss(obs, future, done, actions, task_ids)
     assert torch.equal(base["loss"], again["loss"])
+
+
+def test_the_motion_weight_counts_the_pixels_that_moved_more_in_a_weighted_mean():
+    """One image of 2x2 pixels, 3 channels; between the frames only pixel (0, 0) changed (channel 0, by 1). An
+    error of 1 on that pixel: plain L1 is 1/12; weighted 1 + 9 it is (10/12) / (13/4) = 10/39. The same error on a
+    pixel that did not move counts less than in plain L1: (1/12) / (13/4) = 1/39."""
+    before = torch.zeros(1, 3, 2, 2)
+    target = before.clone()
+    target[0, 0, 0, 0] = 1.0
+    on_moved, on_still = target.clone(), target.clone()
+    on_moved[0, 0, 0, 0] = 0.0
+    on_still[0, 0, 1, 1] = 1.0
+    plain, weighted = tiny_model(), tiny_model()
+    weighted.motion_weight = 9.0
+    assert plain.pixel_error(on_moved, target, before).item() == pytest.approx(1 / 12)
+    assert weighted.pixel_error(on_moved, target, before).item() == pytest.approx(10 / 39)
+    assert weighted.pixel_error(on_still, target, before).item() == pytest.approx(1 / 39)
+    assert weighted.pixel_error(target, target, before).item() == 0.0
 
 
 def test_a_step_returns_the_observation_a_policy_reads_and_wrong_shapes_are_one_line():
