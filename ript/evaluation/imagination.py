@@ -116,7 +116,8 @@ def threshold_curve(probs: torch.Tensor, labels: torch.Tensor, thresholds=THRESH
 # each imagined frame is scored against the real one after the same actions, beside two references: the first
 # frame held ("still", the floor any model must beat) and the model fed another segment's actions ("other
 # actions": as good as with the real actions when the model ignores what it is told to do)
-SCORES = ("psnr", "ssim", "state_rmse")
+SCORES = ("psnr", "ssim", "moved_error", "state_rmse")
+MOVED_LEVELS = 5  # of 255: a pixel whose channel changed by more from the start frame moved (the arm, what it moves)
 REFERENCES = ("", "_still", "_other_actions")
 
 
@@ -127,10 +128,19 @@ def state_rmse(model: WorldModel, a: dict[str, torch.Tensor], b: dict[str, torch
     return (model.normalized_state(a) - model.normalized_state(b)).pow(2).mean(-1).sqrt()
 
 
-def scored(model: WorldModel, imagined: dict[str, torch.Tensor], real: dict[str, torch.Tensor]
-           ) -> dict[str, torch.Tensor]:
+def moved_error(imagined: torch.Tensor, real: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """Mean absolute error (of 255) over the pixels that moved in the real frames since the start: whole-frame
+    scores are dominated by the still scene, this one by the arm (0 where nothing moved)."""
+    moved = (real - first).abs().amax(dim=1, keepdim=True) > MOVED_LEVELS
+    error = ((imagined - real).abs() * moved).sum(dim=(1, 2, 3))
+    return error / (3 * moved.sum(dim=(1, 2, 3))).clamp(min=1)
+
+
+def scored(model: WorldModel, imagined: dict[str, torch.Tensor], real: dict[str, torch.Tensor],
+           first: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     a, b = images_of(model, imagined), images_of(model, real)
-    return {"psnr": psnr(a, b), "ssim": ssim(a, b), "state_rmse": state_rmse(model, imagined, real)}
+    return {"psnr": psnr(a, b), "ssim": ssim(a, b), "moved_error": moved_error(a, b, images_of(model, first)),
+            "state_rmse": state_rmse(model, imagined, real)}
 
 
 @torch.no_grad()
@@ -162,7 +172,7 @@ def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Te
             in_episode = (n + 1) * model.chunk < left
             live = live & (in_episode | done)
             for ref, predicted in (("", obs), ("_still", first), ("_other_actions", other_obs)):
-                for name, value in scored(model, predicted, real).items():
+                for name, value in scored(model, predicted, real, first).items():
                     sums[name + ref][n] += float(value[live].sum())
             sums["n"][n] += float(live.sum())
             probs.append(prob[live].float().cpu())
@@ -233,14 +243,15 @@ def synchronize(device: str) -> None:
 
 
 def fidelity_table(results: dict) -> str:
-    """Per chunk of horizon: each score with the model's real actions, then still, then other actions."""
-    rows = ["chunks  PSNR (dB): model  still  other   SSIM: model  still  other   state RMSE: model  still  other"
-            "  segments"]
+    """Per chunk of horizon, each score three times: the model with the real actions, still, other actions."""
+    names = {"psnr": ("PSNR (dB)", "{:.2f}"), "ssim": ("SSIM", "{:.3f}"), "moved_error": ("moved px error", "{:.1f}"),
+             "state_rmse": ("state RMSE", "{:.3f}")}
+    rows = ["        " + "  ".join(f"{title:^20}" for title, _ in names.values()),
+            "chunks  " + "  ".join(f"{'model  still  other':>20}" for _ in names) + "  segments"]
     for r in results["fidelity"]:
-        psnrs = "  ".join(f"{r['psnr' + ref]:>5.2f}" for ref in REFERENCES)
-        ssims = "  ".join(f"{r['ssim' + ref]:.3f}" for ref in REFERENCES)
-        states = "  ".join(f"{r['state_rmse' + ref]:.3f}" for ref in REFERENCES)
-        rows.append(f"{r['chunks']:>6}  {' ' * 10}{psnrs}  {' ' * 7}{ssims}  {' ' * 13}{states}  {r['segments']:>8}")
+        cells = ["{:>6} {:>6} {:>6}".format(*(form.format(r[key + ref]) for ref in REFERENCES))
+                 for key, (_, form) in names.items()]
+        rows.append(f"{r['chunks']:>6}  " + "  ".join(cells) + f"  {r['segments']:>8}")
     return "\n".join(rows)
 
 

@@ -22,7 +22,7 @@ from ript.envs.demo_starts import DemoFrames, start_frame
 from ript.envs.imagination import ImaginationOptions, ImaginedRunner, InitialFrames
 from ript.envs.worker_env import EpisodeSpec, PoolSettings
 from ript.errors import RiptError
-from ript.evaluation.imagination import THRESHOLDS, demo_dataset, segment_starts, threshold_curve
+from ript.evaluation.imagination import THRESHOLDS, demo_dataset, moved_error, segment_starts, threshold_curve
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
 from ript.stages import rl, world_model
@@ -171,12 +171,26 @@ def test_world_model_eval_measures_fidelity_the_head_and_speed(world_model_run, 
     assert "PSNR" in stdout and "success head on real frames" in stdout
     # the references beside the model: the first frame held, and the model fed another segment's actions
     assert all(0 < first[k] < 60 for k in ("psnr_still", "psnr_other_actions"))
+    assert first["moved_error_still"] > 0 and first["moved_error"] >= 0
     assert first["state_rmse_still"] > 0 and np.isfinite(first["state_rmse"] + first["state_rmse_other_actions"])
     calibration = results["head_calibration"]
     assert [row["threshold"] for row in calibration["curve"]] == list(THRESHOLDS)
     assert calibration["best_f1"] == max(row["f1"] for row in calibration["curve"])
     assert f"best F1 {calibration['best_f1']:.2f} at threshold {calibration['best_threshold']:g}" in stdout
     assert_one_line_error(ript_here(*args), "results.json exists", "overwrite=true")
+
+
+def test_the_moved_pixel_error_averages_over_the_pixels_that_moved_only():
+    """2x2 images, 3 channels: pixel (0, 0) moved (channel 0: 0 -> 50), pixel (1, 1) changed by 3 levels (not
+    moved). The imagined frame has 10 there (error 40 in one of 3 channels: 40/3) and is off by 100 on a still
+    pixel, which does not count; a frame where nothing moved scores 0."""
+    first = torch.zeros(1, 3, 2, 2)
+    real = first.clone()
+    real[0, 0, 0, 0], real[0, 1, 1, 1] = 50.0, 3.0
+    imagined = real.clone()
+    imagined[0, 0, 0, 0], imagined[0, 2, 0, 1] = 10.0, 100.0
+    assert moved_error(imagined, real, first).tolist() == pytest.approx([40 / 3])
+    assert moved_error(imagined, first, first).tolist() == [0.0]
 
 
 def test_the_head_calibration_scores_every_threshold_and_picks_the_lowest_of_the_best_f1():
