@@ -21,7 +21,6 @@ from ript.data.normalize import Normalizer
 from ript.errors import RiptError
 from ript.registry import MODELS
 
-
 MOVED = 0.04  # a pixel whose channel changes by more (about 5 of 255) moved; rendering is deterministic
 
 

@@ -1,7 +1,8 @@
 """``ript world-model-eval``: how well a world model stands in for the simulator, on the demos it held out
 (``ript.evaluation.imagination``), or on every episode of another folder of its tasks (``episodes_dir``: a
-policy's own, as ``ript eval record_episodes=true`` records them): frame fidelity per chunk of an imagined horizon, the success head's precision
-and recall on real and imagined frames, imagined env steps per second, side-by-side videos; ``results.json``.
+policy's own, as ``ript eval record_episodes=true`` records them): frame fidelity per chunk of an imagined
+horizon, the success head's precision and recall on real and imagined frames, imagined env steps per second,
+side-by-side videos; ``results.json``.
 
     ript world-model-eval checkpoint=runs/libero_object/world_model
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ript.config import extra_data_files
 from ript.evaluation.imagination import (
     demo_dataset,
     fidelity_table,
@@ -23,7 +25,6 @@ from ript.evaluation.imagination import (
     imagined_steps_per_second,
     segment_starts,
 )
-from ript.config import extra_data_files
 from ript.evaluation.results import results_dir
 from ript.model_loader import load_model
 from ript.utils.atomic import atomic_write_text

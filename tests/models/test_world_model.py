@@ -1,5 +1,6 @@
 """The world model on small synthetic tensors: its loss falls on a fixed batch, chunks after a demo's end teach
-nothing, the pixels that moved weigh as set, a step returns what a policy reads, and observations or actions of the wrong shape are one line."""
+nothing, the pixels that moved weigh as set, a step returns what a policy reads, and observations or actions of
+the wrong shape are one line."""
 
 from __future__ import annotations
 
