@@ -1,8 +1,9 @@
 """How well a world model stands in for the simulator, measured on demonstrations it did not train on: the
 fidelity of its frames and robot state over an imagined horizon against the real ones for the same actions (PSNR,
-SSIM, state error; beside "nothing moves", the floor any model must beat, and the model fed other actions, which
-shows whether it follows the actions at all), its success head's precision and recall (on real frames, as
-trained, and on its own imagined ones), imagined env steps per second, and side-by-side videos."""
+SSIM, the error on the pixels that moved, the state's error; beside "nothing moves", the floor any model must beat,
+and the model fed other actions, which shows whether it follows the actions at all), its success head's precision
+and recall (on real frames, as trained, and on its own imagined ones), imagined env steps per second, and
+side-by-side videos."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ript.data.dataset import ChunkDataset, DatasetSpec
-from ript.models.world_model import WorldModel
+from ript.models.world_model import MOVED_LEVELS, WorldModel
 from ript.utils.video import write_mp4
 
 
@@ -117,7 +118,6 @@ def threshold_curve(probs: torch.Tensor, labels: torch.Tensor, thresholds=THRESH
 # frame held ("still", the floor any model must beat) and the model fed another segment's actions ("other
 # actions": as good as with the real actions when the model ignores what it is told to do)
 SCORES = ("psnr", "ssim", "moved_error", "state_rmse")
-MOVED_LEVELS = 5  # of 255: a pixel whose channel changed by more from the start frame moved (the arm, what it moves)
 REFERENCES = ("", "_still", "_other_actions")
 
 
@@ -146,9 +146,9 @@ def scored(model: WorldModel, imagined: dict[str, torch.Tensor], real: dict[str,
 @torch.no_grad()
 def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Tensor, threshold: float,
                       device: str, batch_size: int = 64, n_videos: int = 0, video_dir: Path | None = None) -> dict:
-    """Open-loop imagination from real frames with the demos' own actions: PSNR, SSIM and the state's error per
-    chunk of horizon (and the same for the references of ``REFERENCES``), and the success head on the imagined
-    frames, at ``threshold`` and over the thresholds of ``threshold_curve``."""
+    """Open-loop imagination from real frames with the episodes' own actions: each of ``SCORES`` per chunk of
+    horizon, for the model and for the ``REFERENCES``, and the success head on the imagined frames, at
+    ``threshold`` and over the thresholds of ``threshold_curve``."""
     horizon = dataset.spec.future_count
     sums = {k + ref: torch.zeros(horizon, dtype=torch.float64) for k in SCORES for ref in REFERENCES}
     sums["n"] = torch.zeros(horizon, dtype=torch.float64)

@@ -21,7 +21,7 @@ from ript.data.normalize import Normalizer
 from ript.errors import RiptError
 from ript.registry import MODELS
 
-MOVED = 0.04  # a pixel whose channel changes by more (about 5 of 255) moved; rendering is deterministic
+MOVED_LEVELS = 5  # of 255: a pixel one of whose channels changes by more moved (rendering is deterministic)
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -195,7 +195,7 @@ class WorldModel(nn.Module):
         error = (predicted - target).abs()
         if not self.motion_weight:
             return error.mean(dim=(1, 2, 3))
-        moved = (target - before).abs().amax(dim=1, keepdim=True) > MOVED
+        moved = (target - before).abs().amax(dim=1, keepdim=True) > 2 * MOVED_LEVELS / 255  # images in [-1, 1]
         weight = 1.0 + self.motion_weight * moved.float()
         return (error * weight).mean(dim=(1, 2, 3)) / weight.mean(dim=(1, 2, 3))
 
