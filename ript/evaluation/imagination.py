@@ -136,11 +136,13 @@ def moved_error(imagined: torch.Tensor, real: torch.Tensor, first: torch.Tensor)
     return error / (3 * moved.sum(dim=(1, 2, 3))).clamp(min=1)
 
 
-def scored(model: WorldModel, imagined: dict[str, torch.Tensor], real: dict[str, torch.Tensor],
-           first: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    a, b = images_of(model, imagined), images_of(model, real)
-    return {"psnr": psnr(a, b), "ssim": ssim(a, b), "moved_error": moved_error(a, b, images_of(model, first)),
-            "state_rmse": state_rmse(model, imagined, real)}
+def scored(model: WorldModel, predicted: dict[str, torch.Tensor], predicted_images: torch.Tensor,
+           real: dict[str, torch.Tensor], real_images: torch.Tensor, first_images: torch.Tensor
+           ) -> dict[str, torch.Tensor]:
+    """Every score of ``SCORES`` of one prediction (each observation with its cameras as ``images_of`` lays them)."""
+    return {"psnr": psnr(predicted_images, real_images), "ssim": ssim(predicted_images, real_images),
+            "moved_error": moved_error(predicted_images, real_images, first_images),
+            "state_rmse": state_rmse(model, predicted, real)}
 
 
 @torch.no_grad()
@@ -154,10 +156,12 @@ def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Te
     sums["n"] = torch.zeros(horizon, dtype=torch.float64)
     videos, probs, labels = 0, [], []
     for i in range(0, len(starts), batch_size):
-        batch = dataset.get_batch(starts[i:i + batch_size])
+        segments = starts[i:i + batch_size]
+        batch = dataset.get_batch(segments)
         # frames left in each segment's episode: a failed one stops at its time limit, with nothing real after it
-        left = (dataset.episode_end[starts[i:i + batch_size]] - starts[i:i + batch_size]).to(device)
+        left = (dataset.episode_end[segments] - segments).to(device)
         first = {k: v[:, 0].to(device) for k, v in batch["obs"].items()}
+        first_images = images_of(model, first)
         obs, other_obs = first, first
         live = torch.ones(len(batch["task_ids"]), dtype=torch.bool, device=device)
         task_ids, actions = batch["task_ids"].to(device), batch["actions"].to(device)
@@ -168,16 +172,19 @@ def imagined_segments(model: WorldModel, dataset: ChunkDataset, starts: torch.Te
             obs, prob = model.step(obs, task_ids, actions[:, span])
             other_obs, _ = model.step(other_obs, task_ids, other_actions[:, span])
             real = {k: v[:, n].to(device) for k, v in batch["future_obs"].items()}
+            real_images, imagined_images = images_of(model, real), images_of(model, obs)
             done = batch["future_done"][:, n].to(device)
             in_episode = (n + 1) * model.chunk < left
             live = live & (in_episode | done)
-            for ref, predicted in (("", obs), ("_still", first), ("_other_actions", other_obs)):
-                for name, value in scored(model, predicted, real, first).items():
+            compared = (("", obs, imagined_images), ("_still", first, first_images),
+                        ("_other_actions", other_obs, images_of(model, other_obs)))
+            for ref, predicted, predicted_images in compared:
+                for name, value in scored(model, predicted, predicted_images, real, real_images, first_images).items():
                     sums[name + ref][n] += float(value[live].sum())
             sums["n"][n] += float(live.sum())
             probs.append(prob[live].float().cpu())
             labels.append(done[live].bool().cpu())
-            frames.append((images_of(model, real), images_of(model, obs)))
+            frames.append((real_images, imagined_images))
             live = live & in_episode
         for j in range(min(len(task_ids), n_videos - videos)):
             side = [torch.cat([r[j], m[j]], dim=1).permute(1, 2, 0).byte().cpu().numpy() for r, m in frames]
