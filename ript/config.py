@@ -74,14 +74,14 @@ def data_files(task_cfg: DictConfig, names: list[str] | None = None) -> list[Pat
     return files
 
 
-def extra_data_files(names: list[str], dirs: list[str]) -> list[Path]:
+def extra_data_files(names: list[str], dirs: list[str], key: str = "data.extra_dirs") -> list[Path]:
     """The files of these tasks in each of ``dirs`` (``<task>.hdf5``: episodes ``ript eval record_episodes=true``
-    recorded); a folder that holds none of them is refused."""
+    recorded); a folder that holds none of them is refused, naming the setting ``key`` that gave it."""
     files = []
     for folder in map(Path, dirs):
         found = [folder / f"{n}.hdf5" for n in names if (folder / f"{n}.hdf5").is_file()]
         if not found:
-            raise RiptError(f"data.extra_dirs: {folder} holds no file of the tasks {', '.join(names)} "
+            raise RiptError(f"{key}: {folder} holds no file of the tasks {', '.join(names)} "
                             f"(<task>.hdf5, as `ript eval record_episodes=true` writes them)")
         _check_recorded_tasks(found, [p.stem for p in found])
         files += found

@@ -40,14 +40,17 @@ def run(cfg) -> dict[str, Any]:
     model.eval()
     ckpt = Path(config["checkpoint_dir"])
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.parent.parent / "world_model_eval" / ckpt.name
+    # another folder's episodes are checked before anything is written, and measured whole
+    episodes = (extra_data_files(list(model.task_names), [cfg.episodes_dir], "episodes_dir") if cfg.episodes_dir
+                else None)
+    split = "all" if episodes else str(cfg.split)
     with holding(out_dir, "out_dir"):
         results_dir(out_dir, bool(cfg.overwrite))
-        episodes = extra_data_files(list(model.task_names), [cfg.episodes_dir]) if cfg.episodes_dir else None
-        dataset = demo_dataset(config, int(cfg.horizon_chunks), "all" if episodes else str(cfg.split), episodes)
+        dataset = demo_dataset(config, int(cfg.horizon_chunks), split, episodes)
         dataset.to(device)
         threshold = float(cfg.success_threshold)
         torch.manual_seed(int(cfg.seed))
-        results = {"checkpoint": str(ckpt), "split": str(cfg.split), "episodes_dir": cfg.episodes_dir,
+        results = {"checkpoint": str(ckpt), "split": split, "episodes_dir": cfg.episodes_dir,
                    "demos": dataset.num_demos, "successful_demos": int(dataset.episode_success[
                        dataset.episode_start.unique()].sum()),
                    "chunk": model.chunk, "success_threshold": threshold,

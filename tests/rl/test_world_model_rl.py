@@ -235,6 +235,11 @@ def test_world_model_eval_measures_a_policys_recorded_episodes_within_each_episo
                     (ok and h * model.chunk < n_left)) for h in range(5)]
     assert [r["segments"] for r in results["fidelity"]] == expected and expected[0] > expected[4]
     assert results["demos"] == 2 and results["episodes_dir"] == str(recorded / "episodes")
+    assert results["split"] == "all"
+    missing = tmp_path / "unmeasured"
+    assert_one_line_error(ript_here("world-model-eval", f"checkpoint={world_model_run}", f"out_dir={missing}",
+                                    f"episodes_dir={tmp_path}"), "error: episodes_dir: ", "holds no file")
+    assert not missing.exists()  # refused before anything is written
 
 
 def test_recorded_episodes_become_demonstration_files_a_world_model_trains_on(stage1_run, tiny_data, tmp_path):
