@@ -176,6 +176,7 @@ class ProtocolJob(Section):
     name: str
     run_root: str
     gpus: Workers         # processes per training phase
+    min_batch_per_gpu: Count | None  # a training phase's global batch per GPU at least this (null: every GPU)
     base_checkpoint: str | None
     evaluate: Literal["last", "best"]
     phases: dict[str, dict[str, Any] | None]  # each phase's job config overrides; null: skipped

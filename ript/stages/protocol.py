@@ -65,11 +65,22 @@ class Phase:
     last_step: int | None = None  # training phases: the step (RL: iteration) that finishes them
     env_step_budget: int | None = None  # RL: rl.max_env_steps, which can finish it before its last iteration
     reads: tuple[Path, ...] = ()  # the earlier phases' folders it loads from
+    batch_size: int | None = None  # imitation-type training phases: train.batch_size, the global batch
 
-    def command(self, gpus: int) -> list[str]:
+    def ranks(self, gpus: int, min_batch_per_gpu: int | None) -> int:
+        """The processes this phase runs in: one unless it trains; a training phase of a global batch smaller
+        than ``min_batch_per_gpu`` per GPU on fewer GPUs (None: on all ``gpus``), since a GPU's step at a small
+        batch costs nearly what it does at a larger one (docs/speed.md, the scaling curve)."""
+        if self.name not in TRAINING:
+            return 1
+        if min_batch_per_gpu is None or self.batch_size is None:
+            return gpus
+        return max(1, min(gpus, self.batch_size // min_batch_per_gpu))
+
+    def command(self, ranks: int) -> list[str]:
         launcher = [sys.executable, "-m", "ript.cli"]
-        if self.name in TRAINING and gpus > 1:
-            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
+        if ranks > 1:
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
                         "-m", "ript.cli"]
         return [*launcher, self.cli_name, *self.overrides]
 
@@ -153,6 +164,7 @@ def check(cfg, phases: list[Phase]) -> None:
             phase.env_step_budget = int(job_cfg.rl.max_env_steps) if job_cfg.rl.max_env_steps else None
         elif phase.name in TRAINING:
             phase.last_step = int(job_cfg.train.steps)
+            phase.batch_size = int(job_cfg.train.batch_size)
 
 
 def read_state(root: Path) -> dict[str, Any]:
@@ -235,10 +247,10 @@ def finished_differently(phase: Phase, record: dict) -> str | None:
     return None if had is None else f"with {had}, which this command does not ask for"
 
 
-def run_phase(phase: Phase, gpus: int) -> None:
+def run_phase(phase: Phase, ranks: int) -> None:
     """Run the phase's job as a child process that ends with this one (a signal to the protocol reaches it, and
     the protocol ends only after it)."""
-    command = phase.command(gpus)
+    command = phase.command(ranks)
     if phase.run_dir is not None and phase.run_dir.exists():
         command.append("resume=true")  # a try cut short: go on from its last checkpoint (or start over if none)
     try:
@@ -356,10 +368,11 @@ def run_phases(cfg, phases: list[Phase], gpus: int) -> dict[str, Any]:
                      record["seconds"] / 60)
             continue
         log.info("protocol %s: phase %d/%d, %s", cfg.name, i, len(phases), phase.name)
+        ranks = phase.ranks(gpus, cfg.min_batch_per_gpu)
         t0 = time.perf_counter()
-        run_phase(phase, gpus)
+        run_phase(phase, ranks)
         seconds = round(time.perf_counter() - t0, 1) + state.get("cut", {}).pop(phase.name, 0.0)
-        record = {"overrides": phase.overrides, "seconds": seconds, "gpus": gpus}
+        record = {"overrides": phase.overrides, "seconds": seconds, "gpus": ranks}
         if phase.run_dir is not None:
             record["step"] = reached_step(phase.run_dir)
             if cut_short(phase, record["step"]):

@@ -122,6 +122,25 @@ def test_protocol_settings_are_checked_before_any_phase_runs(tmp_path):
     assert_one_line_error(ript_here("protocol", "ml46"), "unknown protocol 'ml46'", "ml45_multitask")
 
 
+def test_a_training_phase_of_a_small_batch_runs_on_fewer_gpus_and_rl_on_every_one():
+    def ranks(*extra: str) -> dict[str, int]:
+        cfg = compose("protocol", ["protocol=libero_10", *extra])
+        phases = protocol.plan(cfg)
+        protocol.check(cfg, phases)
+        return {p.name: p.ranks(4, cfg.min_batch_per_gpu) for p in phases}
+
+    # the shared batch of 256 trains on one GPU of four; RL's rollouts use all; collection and evaluation one
+    assert ranks() == {"collect": 1, "stage0": 1, "stage1": 1, "eval": 1, "rl": 4, "eval_rl": 1}
+    wide = ranks("+phases.stage1.train.batch_size=1024", "+phases.stage0.train.batch_size=512")
+    assert (wide["stage0"], wide["stage1"]) == (2, 4)
+    assert ranks("+phases.stage1.train.batch_size=4096")["stage1"] == 4  # never more than the host has
+    assert ranks("min_batch_per_gpu=null")["stage0"] == 4
+    cmd = protocol.plan(compose("protocol", ["protocol=libero_10"]))[2].command(2)
+    assert cmd[:4] == [cmd[0], "-m", "torch.distributed.run", "--standalone"] and "--nproc_per_node=2" in cmd
+    with pytest.raises(RiptError, match="min_batch_per_gpu"):
+        compose("protocol", ["protocol=libero_10", "min_batch_per_gpu=0"])
+
+
 def test_every_protocol_composes_with_its_task_and_phases():
     commands = set(typer.main.get_command(cli.app).commands)
     composed = {}  # protocol -> {phase: its job's config}, each composed once
