@@ -94,6 +94,7 @@ class Stage1Job(Stage0Job):
 
 class FlowJob(Stage1Job):
     algo: FlowAlgo
+    init_checkpoint: str | None = None
 
 
 class NoEval(Section):

@@ -3,6 +3,7 @@ demonstrations, on the shared imitation scaffold; evaluated with the ODE in K Eu
 policy predicts actions itself.
 
     ript flow task=libero_object algo=flow run_dir=runs/libero_object/flow
+    ript flow task=libero_goal algo=flow init_checkpoint=runs/libero_90/flow   # from a base on other tasks
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ript.errors import RiptError
+from ript.model_loader import load_model
 from ript.models.flow import FlowPolicyModel
 from ript.models.flow_denoise import Denoising
 from ript.policies.flow_policy import FlowPolicy
@@ -43,12 +45,34 @@ def run(cfg) -> str:
               "action_dim": int(cfg.task.action_dim), "chunk_size": int(cfg.algo.chunk_size),
               **{k: cfg.algo.model[k] for k in MODEL_KEYS}}
     model = FlowPolicyModel(**kwargs)
-    model.set_task_embeddings(embeddings)
-    model.fit_state_normalizers(train_set.obs)
-    model.action_normalizer.fit(train_set.actions)
     metadata = {**train_set.metadata(cfg.task), "sampling": flow_sampling(cfg.algo)}
+    if cfg.init_checkpoint:  # a base trained on other tasks: its normalisation too (its weights work in its units)
+        metadata["init_checkpoint"] = start_from(model, kwargs, str(cfg.init_checkpoint))
+    else:
+        model.fit_state_normalizers(train_set.obs)
+        model.action_normalizer.fit(train_set.actions)
+    model.set_task_embeddings(embeddings)
     return train_imitation(cfg, FlowObjective(model, cfg, device), model, kwargs, train_set, val_set, "flow",
                            metadata, device, info)
+
+
+def start_from(model: FlowPolicyModel, kwargs: dict, path: str) -> str:
+    """``model`` takes the weights of the flow policy at ``path`` but for the per-task conditioning (the
+    instructions' embeddings or a learned task table): the base may have been trained on other tasks, the rest
+    of its architecture must be this run's. Returns the checkpoint's folder."""
+    try:
+        source, config = load_model(path, expect_stage="flow")
+    except RiptError as e:
+        raise RiptError(f"init_checkpoint: {e}") from None
+    theirs = config["model_kwargs"]
+    changed = next((k for k in kwargs if k != "task_names" and theirs.get(k) != kwargs[k]), None)
+    if changed is not None:
+        raise RiptError(f"init_checkpoint={path} has {changed}={theirs.get(changed)!r}; this run builds "
+                        f"{changed}={kwargs[changed]!r} (a flow policy starts only from one of its own shape)")
+    per_task = ("task_embeddings", "task_table.")
+    model.load_state_dict({k: v for k, v in source.state_dict().items() if not k.startswith(per_task)},
+                          strict=False)
+    return config["checkpoint_dir"]
 
 
 class FlowObjective:

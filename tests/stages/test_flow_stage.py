@@ -1,5 +1,5 @@
-"""``ript flow``: the flow policy's imitation stage resumes to the weights of an uninterrupted run, and its
-settings are checked before a folder appears."""
+"""``ript flow``: the flow policy's imitation stage resumes to the weights of an uninterrupted run, starts from a
+base trained on other tasks, and its settings are checked before a folder appears."""
 
 from __future__ import annotations
 
@@ -60,3 +60,29 @@ def test_flow_settings_are_checked_before_a_folder_appears(tiny_data, tmp_path):
     assert_one_line_error(ript_here("flow", *flow_overrides(tiny_data, run, 2), "algo.model.time_sampling=logit"),
                           "algo.model.time_sampling")
     assert not run.exists()
+
+
+def test_a_flow_policy_starts_from_a_base_on_other_tasks_with_its_weights_and_normalisation(tiny_data, flow_run,
+                                                                                          stage0_run, tmp_path):
+    run = tmp_path / "drawer"
+    # one of the base's two tasks, trained for one step at a learning rate of 1e-30: everything the base learnt
+    # carries over, the per-task conditioning is this run's
+    own = flow_overrides(tiny_data, run, 1) + ["task.task_names=[drawer-close-v3]", "train.lr=1e-30",
+                                               "train.warmup_steps=0"]
+    flow.run(compose("flow", own + [f"init_checkpoint={flow_run}"]))
+    base, started = weights(flow_run), weights(run)
+    assert started["task_embeddings"].shape[0] == 1 and base["task_embeddings"].shape[0] == 2
+    assert torch.equal(started["task_embeddings"][0], base["task_embeddings"][1])  # the drawer's instruction
+    assert_same_weights({k: v for k, v in started.items() if k != "task_embeddings"},
+                        {k: v for k, v in base.items() if k != "task_embeddings"})
+    fresh = tmp_path / "fresh"
+    flow.run(compose("flow", [o.replace(str(run), str(fresh)) for o in own]))
+    assert not torch.equal(weights(fresh)["action_normalizer.scale"], base["action_normalizer.scale"])
+    other = tmp_path / "other"
+    assert_one_line_error(ript_here("flow", *flow_overrides(tiny_data, other, 1), f"init_checkpoint={flow_run}",
+                                    "algo.model.dim=48"), "init_checkpoint", "dim=")
+    assert_one_line_error(ript_here("flow", *flow_overrides(tiny_data, other, 1), f"init_checkpoint={tmp_path}"),
+                          "init_checkpoint", str(tmp_path))
+    assert_one_line_error(ript_here("flow", *flow_overrides(tiny_data, other, 1), f"init_checkpoint={stage0_run}"),
+                          "init_checkpoint", "stage0")
+    assert not other.exists()
