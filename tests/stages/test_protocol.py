@@ -148,7 +148,8 @@ def test_every_protocol_composes_with_its_task_and_phases():
         cfg = compose("protocol", [f"protocol={name}"])
         assert cfg.name == name
         phases = protocol.plan(cfg)
-        assert [p.name for p in phases][-1] == "eval_rl"
+        last = phases[-1].name
+        assert last == "eval_rl" or (name.endswith("_base") and last == "flow"), name  # a base only trains
         composed[name] = {phase.name: compose(phase.job, phase.overrides) for phase in phases}
         for phase in phases:
             assert phase.command(1)[3] in commands, (name, phase.command(1))  # a command `ript` has
@@ -157,6 +158,13 @@ def test_every_protocol_composes_with_its_task_and_phases():
         assert jobs["collect"].task.name == jobs["stage1"].task.name == suite
         assert jobs["rl"].rl.max_env_steps > 0  # capped for the suite's horizon
     assert compose("protocol", ["protocol=libero_spatial"]).task.name == "libero_spatial"
+    # the LIBERO-90 flow base: 10 demos of every task trained on; a few-shot protocol starts from it
+    base = composed["libero_90_flow_base"]
+    assert base["flow"].data.demos_per_task == 10 and base["flow"].task.task_names is None
+    fewshot = compose("protocol", ["protocol=libero_goal_flow_fewshot",
+                                   "+phases.flow.init_checkpoint=runs/protocols/libero_90_flow_base/flow"])
+    flow_phase = next(p for p in protocol.plan(fewshot) if p.name == "flow")
+    assert compose(flow_phase.job, flow_phase.overrides).init_checkpoint.endswith("libero_90_flow_base/flow")
     # its RL policy is evaluated by its mode (greedy 99.2%, sampled 96.0%); RL itself samples
     jobs = composed["libero_spatial"]
     assert jobs["eval_rl"].sampling.greedy and not jobs["eval"].sampling.greedy and not jobs["rl"].sampling.greedy
