@@ -176,7 +176,7 @@ class ProtocolJob(Section):
     task: Task
     name: str
     run_root: str
-    gpus: Workers         # processes per training phase
+    gpus: Workers         # the GPUs a training phase may use
     min_batch_per_gpu: Count | None  # a training phase's global batch per GPU at least this (null: every GPU)
     base_checkpoint: str | None
     evaluate: Literal["last", "best"]
