@@ -75,3 +75,30 @@ def load_model(
     model = build_model(config)
     check_and_load(model, load_weights(ckpt), str(ckpt / "model.safetensors"))
     return model.to(device), {**config, "checkpoint_dir": str(ckpt)}
+
+
+# the weights that condition a model on its own tasks (the instructions' embeddings, or a learned task table): a
+# model adapted to other tasks keeps its own
+PER_TASK_WEIGHTS = ("task_embeddings", "task_table")
+
+
+def start_from(model: torch.nn.Module, kwargs: dict, path: str, stage: str, other_tasks: bool = False) -> str:
+    """``model``, built from ``kwargs``, takes the weights of the ``stage`` checkpoint at ``path`` (a run's
+    ``init_checkpoint``), which must have been built with the same ``kwargs``; with ``other_tasks`` its tasks may
+    differ and the model keeps its own ``PER_TASK_WEIGHTS``. Returns the checkpoint's folder."""
+    try:
+        source, config = load_model(path, expect_stage=stage)
+    except RiptError as e:
+        raise RiptError(f"init_checkpoint: {e}") from None
+    theirs = config["model_kwargs"]
+    changed = next((k for k in kwargs if not (other_tasks and k == "task_names") and theirs.get(k) != kwargs[k]),
+                   None)
+    if changed is not None:
+        raise RiptError(f"init_checkpoint={path} has {changed}={theirs.get(changed)!r}; this run builds "
+                        f"{changed}={kwargs[changed]!r} (a {stage} run starts only from a checkpoint of its own "
+                        f"shape)")
+    state = source.state_dict()
+    if other_tasks:
+        state = {k: v for k, v in state.items() if not k.startswith(PER_TASK_WEIGHTS)}
+    model.load_state_dict(state, strict=not other_tasks)
+    return config["checkpoint_dir"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ript.errors import RiptError
-from ript.model_loader import load_model
+from ript.model_loader import start_from
 from ript.models.flow import FlowPolicyModel
 from ript.models.flow_denoise import Denoising
 from ript.policies.flow_policy import FlowPolicy
@@ -47,32 +47,13 @@ def run(cfg) -> str:
     model = FlowPolicyModel(**kwargs)
     metadata = {**train_set.metadata(cfg.task), "sampling": flow_sampling(cfg.algo)}
     if cfg.init_checkpoint:  # a base trained on other tasks: its normalisation too (its weights work in its units)
-        metadata["init_checkpoint"] = start_from(model, kwargs, str(cfg.init_checkpoint))
+        metadata["init_checkpoint"] = start_from(model, kwargs, str(cfg.init_checkpoint), "flow", other_tasks=True)
     else:
         model.fit_state_normalizers(train_set.obs)
         model.action_normalizer.fit(train_set.actions)
     model.set_task_embeddings(embeddings)
     return train_imitation(cfg, FlowObjective(model, cfg, device), model, kwargs, train_set, val_set, "flow",
                            metadata, device, info)
-
-
-def start_from(model: FlowPolicyModel, kwargs: dict, path: str) -> str:
-    """``model`` takes the weights of the flow policy at ``path`` but for the per-task conditioning (the
-    instructions' embeddings or a learned task table): the base may have been trained on other tasks, the rest
-    of its architecture must be this run's. Returns the checkpoint's folder."""
-    try:
-        source, config = load_model(path, expect_stage="flow")
-    except RiptError as e:
-        raise RiptError(f"init_checkpoint: {e}") from None
-    theirs = config["model_kwargs"]
-    changed = next((k for k in kwargs if k != "task_names" and theirs.get(k) != kwargs[k]), None)
-    if changed is not None:
-        raise RiptError(f"init_checkpoint={path} has {changed}={theirs.get(changed)!r}; this run builds "
-                        f"{changed}={kwargs[changed]!r} (a flow policy starts only from one of its own shape)")
-    per_task = ("task_embeddings", "task_table.")
-    model.load_state_dict({k: v for k, v in source.state_dict().items() if not k.startswith(per_task)},
-                          strict=False)
-    return config["checkpoint_dir"]
 
 
 class FlowObjective:

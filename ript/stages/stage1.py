@@ -10,7 +10,7 @@ import torch
 
 from ript.config import to_dict
 from ript.errors import RiptError
-from ript.model_loader import load_model
+from ript.model_loader import PER_TASK_WEIGHTS, load_model
 from ript.models.prior import SkillPrior
 from ript.policies.build import make_policy, sampling_settings, stage1_sampling
 from ript.stages.imitation import augment_images, datasets, language, observation_kwargs, train_imitation
@@ -67,7 +67,7 @@ def run_finetune(cfg) -> str:
         raise RiptError(f"lang.encoder={cfg.lang.encoder!r} does not match the checkpoint's task conditioning")
     model = SkillPrior(**kwargs)
     # everything but the per-task conditioning carries over from the base model
-    state = {k: v for k, v in base.state_dict().items() if not k.startswith(("task_embeddings", "task_table"))}
+    state = {k: v for k, v in base.state_dict().items() if not k.startswith(PER_TASK_WEIGHTS)}
     model.load_state_dict(state, strict=False)
     model.set_task_embeddings(embeddings)
     if float(cfg.decoder_l1_weight) > 0:

@@ -11,7 +11,7 @@ import torch
 
 from ript.config import extra_data_files, task_names
 from ript.errors import RiptError
-from ript.model_loader import load_model
+from ript.model_loader import start_from
 from ript.models.world_model import WorldModel
 from ript.stages.imitation import datasets, language, observation_kwargs, train_imitation
 from ript.utils import distributed as ddist
@@ -43,23 +43,12 @@ def run(cfg) -> str:
     model = WorldModel(**kwargs)
     model.set_task_embeddings(embeddings)
     if cfg.init_checkpoint:  # go on from a world model (its normalisation too: what it has learnt is in its units)
-        start_from(model, kwargs, str(cfg.init_checkpoint))
+        start_from(model, kwargs, str(cfg.init_checkpoint), "world_model")
     else:
         model.fit_normalizers(train_set.obs, train_set.actions)
     metadata = {**train_set.metadata(cfg.task), "world_model": {"chunk": chunk, "unroll": unroll}}
     return train_imitation(cfg, WorldModelObjective(model, cfg, device), model, kwargs, train_set, val_set,
                            "world_model", metadata, device, info)
-
-
-def start_from(model: WorldModel, kwargs: dict, path: str) -> None:
-    """``model`` takes the weights of the world model at ``path``, which must have its architecture and tasks."""
-    source, config = load_model(path, expect_stage="world_model")
-    theirs = config["model_kwargs"]
-    changed = next((k for k in kwargs if theirs.get(k) != kwargs[k]), None)
-    if changed is not None:
-        raise RiptError(f"init_checkpoint={path} has {changed}={theirs.get(changed)!r}; this run builds "
-                        f"{changed}={kwargs[changed]!r} (a world model goes on only from one of its own shape)")
-    model.load_state_dict(source.state_dict())
 
 
 class WorldModelObjective:
