@@ -292,18 +292,24 @@ def decoding(sampling: dict[str, Any]) -> str:
     return f"{how} h{sampling['action_horizon']}"
 
 
-def protocol_table(results: dict[str, Any]) -> str:
-    labels = list(results["evaluations"])
-    tasks = list(dict.fromkeys(t for e in results["evaluations"].values() for t in e["per_task"]))
-    head = f"{'task':<40}" + "".join(f"{EVALUATIONS[e]:>12}" for e in labels)
-    rows = [head]
+def success_rows(evaluations: dict[str, Any]) -> list[str]:
+    """Per-task success of each evaluation side by side, then the averages (none for a protocol that only trains)."""
+    if not evaluations:
+        return []
+    labels = list(evaluations)
+    tasks = list(dict.fromkeys(t for e in evaluations.values() for t in e["per_task"]))
+    rows = [f"{'task':<40}" + "".join(f"{EVALUATIONS[e]:>12}" for e in labels)]
     for t in tasks:
-        cells = [results["evaluations"][e]["per_task"].get(t) for e in labels]
+        cells = [evaluations[e]["per_task"].get(t) for e in labels]
         rows.append(f"{t:<40}" + "".join(f"{c:>12.1%}" if c is not None else f"{'-':>12}" for c in cells))
-    rows.append(f"{'average':<40}" + "".join(f"{results['evaluations'][e]['success_rate']:>12.1%}" for e in labels))
-    rows.append(f"{'episodes':<40}" + "".join(f"{results['evaluations'][e]['episodes']:>12d}" for e in labels))
-    rows.append(f"{'decoding':<40}" + "".join(f"{decoding(results['evaluations'][e]['sampling']):>12}" for e in labels))
-    rows.append("")
+    rows.append(f"{'average':<40}" + "".join(f"{evaluations[e]['success_rate']:>12.1%}" for e in labels))
+    rows.append(f"{'episodes':<40}" + "".join(f"{evaluations[e]['episodes']:>12d}" for e in labels))
+    rows.append(f"{'decoding':<40}" + "".join(f"{decoding(evaluations[e]['sampling']):>12}" for e in labels))
+    return rows + [""]
+
+
+def protocol_table(results: dict[str, Any]) -> str:
+    rows = success_rows(results["evaluations"])
     for name, record in results["phases"].items():
         step = f" (step {record['step']})" if "step" in record else ""
         rows.append(f"{name:<12} {record['seconds'] / 60:>7.1f} min{step}")

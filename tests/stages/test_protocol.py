@@ -267,3 +267,10 @@ def test_the_ten_task_ml45_protocol_shares_the_multitask_phases_and_sizes_stage1
     for phase in ("collect", "stage0", "eval", "rl", "eval_rl"):
         assert ten.phases[phase] == multi.phases[phase], phase
     assert ten.phases.stage1.data == multi.phases.stage1.data
+
+
+def test_the_table_of_a_protocol_that_only_trains_lists_its_phase_times_alone():
+    phases = {"collect": {"seconds": 180.0}, "flow": {"seconds": 300.0, "step": 10000}}
+    table = protocol.protocol_table({"evaluations": {}, "phases": phases})
+    assert table.splitlines() == ["collect          3.0 min", "flow             5.0 min (step 10000)",
+                                  "all              8.0 min"]
