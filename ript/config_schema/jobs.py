@@ -95,6 +95,7 @@ class Stage1Job(Stage0Job):
 class FlowJob(Stage1Job):
     algo: FlowAlgo
     init_checkpoint: str | None = None
+    train_expert_only: bool = False
 
 
 class NoEval(Section):

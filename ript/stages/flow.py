@@ -37,6 +37,8 @@ def run(cfg) -> str:
     if int(cfg.algo.action_horizon) > int(cfg.algo.chunk_size):
         raise RiptError(f"algo.action_horizon={cfg.algo.action_horizon} is more than algo.chunk_size="
                         f"{cfg.algo.chunk_size}: a decision executes at most its chunk")
+    if cfg.train_expert_only and not cfg.init_checkpoint:
+        raise RiptError("train_expert_only=true needs init_checkpoint: a fresh prefix and encoders would stay random")
     prepare_run_dir(cfg, create=False)  # fail fast, before loading data
     seed_everything(cfg.seed)
     train_set, val_set = datasets(cfg, int(cfg.algo.chunk_size), device)
@@ -48,6 +50,11 @@ def run(cfg) -> str:
     metadata = {**train_set.metadata(cfg.task), "sampling": flow_sampling(cfg.algo)}
     if cfg.init_checkpoint:  # a base trained on other tasks: its normalisation too (its weights work in its units)
         metadata["init_checkpoint"] = start_from(model, kwargs, str(cfg.init_checkpoint), "flow", other_tasks=True)
+        if cfg.train_expert_only:  # the optimiser and the trainable-parameter count take what still requires grad
+            model.requires_grad_(False)
+            for p in model.expert_parameters():
+                p.requires_grad_(True)
+            metadata["train_expert_only"] = True
     else:
         model.fit_state_normalizers(train_set.obs)
         model.action_normalizer.fit(train_set.actions)

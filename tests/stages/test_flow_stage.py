@@ -59,6 +59,8 @@ def test_flow_settings_are_checked_before_a_folder_appears(tiny_data, tmp_path):
                           "algo.action_horizon=9", "algo.chunk_size=8")
     assert_one_line_error(ript_here("flow", *flow_overrides(tiny_data, run, 2), "algo.model.time_sampling=logit"),
                           "algo.model.time_sampling")
+    assert_one_line_error(ript_here("flow", *flow_overrides(tiny_data, run, 2), "train_expert_only=true"),
+                          "train_expert_only", "init_checkpoint")
     assert not run.exists()
 
 
@@ -86,3 +88,16 @@ def test_a_flow_policy_starts_from_a_base_on_other_tasks_with_its_weights_and_no
     assert_one_line_error(ript_here("flow", *flow_overrides(tiny_data, other, 1), f"init_checkpoint={stage0_run}"),
                           "init_checkpoint", "stage0")
     assert not other.exists()
+
+
+EXPERT_PARTS = ("action_pos", "action_in.", "time_mlp.", "blocks.", "out_modulation.", "velocity_out.", "noise_head.")
+
+
+def test_from_a_base_the_action_expert_can_train_alone(tiny_data, flow_run, tmp_path):
+    run = tmp_path / "expert_only"
+    flow.run(compose("flow", flow_overrides(tiny_data, run, 2) + [f"init_checkpoint={flow_run}",
+                                                                  "train_expert_only=true", "train.lr=1e-2"]))
+    base, started = weights(flow_run), weights(run)
+    kept = [k for k in base if not k.startswith(EXPERT_PARTS) and k != "task_embeddings"]
+    assert kept and all(torch.equal(started[k], base[k]) for k in kept)  # the prefix and encoders as the base's
+    assert not torch.equal(started["velocity_out.weight"], base["velocity_out.weight"])
