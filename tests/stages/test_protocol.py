@@ -219,8 +219,9 @@ def test_a_flow_protocol_wires_its_evaluations_and_rl_to_the_flow_policy(tmp_pat
 
 
 def test_a_world_model_protocol_runs_rl_in_its_world_model_and_evaluates_in_the_simulator(tmp_path):
-    """A world_model phase trains on every demo of the suite; RL's rollouts then run in it, both evaluations in the
-    simulator (the jobs themselves run on the simulator in their own tests)."""
+    """A world_model phase trains on every demo of the suite and the imitation's recorded evaluation; RL's rollouts
+    then run in it, both evaluations in the simulator (the jobs themselves run on the simulator in their own
+    tests)."""
     root = tmp_path / "wm protocol"
     cfg = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root)])
     phases = {phase.name: phase for phase in protocol.plan(cfg)}
@@ -233,6 +234,8 @@ def test_a_world_model_protocol_runs_rl_in_its_world_model_and_evaluates_in_the_
     assert jobs["rl"].environment.name == "world_model"
     assert jobs["rl"].environment.checkpoint == str(root / "world_model")
     assert jobs["eval"].environment.name == "simulator" and jobs["eval_rl"].environment.name == "simulator"
+    assert jobs["eval"].record_episodes and not jobs["eval_rl"].record_episodes
+    assert list(jobs["world_model"].data.extra_dirs) == [str(root / "eval" / "episodes")]
     flow_only = compose("protocol", ["protocol=libero_object_flow_fewshot", override("run_root", root)])
     rl_phase = next(p for p in protocol.plan(flow_only) if p.name == "rl")
     assert compose("rl", rl_phase.overrides).environment.name == "simulator"
