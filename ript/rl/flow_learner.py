@@ -13,6 +13,7 @@ from ript.models.flow_denoise import Denoising, denoise, flow_times, score_chain
 from ript.policies.flow_policy import FlowPolicy
 from ript.rl.critic import FlowValueHead
 from ript.rl.learners import Scored, TrainableWeights, collate_conditioning
+from ript.utils.training import train_only
 
 LOG_PROB_LEVELS = ("element", "chunk")
 
@@ -34,9 +35,7 @@ class FlowLearner:
         self.sharded_methods = ("encode", "expert", "noise_std", *(("cache_from",) if model.rescores_from_features
                                                                      else ()))
         self.sharded_layer_methods = model.layer_methods
-        model.requires_grad_(False)
-        for p in (model.expert_parameters() if expert_only else model.parameters()):
-            p.requires_grad_(True)
+        train_only(model, model.expert_parameters() if expert_only else model.parameters())
         self.params = [p for p in model.parameters() if p.requires_grad]
         # checkpoints hold the whole model, or (a big model over its official folder) only what RL trains
         self.weights = TrainableWeights(model) if trainable_only else model

@@ -51,9 +51,7 @@ def run(cfg) -> str:
     if cfg.init_checkpoint:  # a base trained on other tasks: its normalisation too (its weights work in its units)
         metadata["init_checkpoint"] = start_from(model, kwargs, str(cfg.init_checkpoint), "flow", other_tasks=True)
         if cfg.train_expert_only:  # the optimiser and the trainable-parameter count take what still requires grad
-            model.requires_grad_(False)
-            for p in model.expert_parameters():
-                p.requires_grad_(True)
+            training.train_only(model, model.expert_parameters())
             metadata["train_expert_only"] = True
     else:
         model.fit_state_normalizers(train_set.obs)

@@ -18,6 +18,13 @@ from ript.utils.logging import log
 LR_SCALING = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}  # the exponent of batch_size / lr_reference_batch
 
 
+def train_only(model: torch.nn.Module, params) -> None:
+    """Only ``params`` of ``model`` train: the rest stops requiring grad, so the optimiser never sees it."""
+    model.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+
+
 def peak_lr(train_cfg) -> float:
     """``train.lr`` scaled from ``train.lr_reference_batch`` samples to ``train.batch_size`` by the rule of
     ``train.lr_scaling`` (a larger batch averages away noise, so the same step can be taken larger)."""
