@@ -20,6 +20,7 @@ from typing import Any
 
 from ript.config import CONFIG_DIR, compose, override, to_dict
 from ript.errors import RiptError
+from ript.stages.protocol_results import protocol_table, summarize
 from ript.utils.atomic import atomic_write_text
 from ript.utils.locking import holding
 from ript.utils.logging import log, setup_console_logging
@@ -31,11 +32,11 @@ JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune"
         "eval": "eval", "world_model": "world_model", "rl": "rl", "eval_rl": "eval"}
 TRAINING = ("stage0", "stage1", "finetune", "flow", "world_model", "rl")  # under torchrun when several GPUs are used
 IMITATION = ("finetune", "flow", "stage1")  # the first of these a protocol runs is its imitation phase
-EVALUATIONS = {"eval": "imitation", "eval_rl": "after RL"}
 STATE_FILE = "protocol.json"
 PHASE_OF = "RIPT_PHASE_OF"  # set in a phase's environment: the job that runs it, which says how to continue
-# see result_settings; a finished RL phase asked for more iterations is refused, not skipped, and so is a training
-# phase whose in-training evaluation changed (it chooses checkpoints/best, which evaluate=best starts from)
+# see result_settings; a finished RL phase asked for more iterations goes on from its last one
+# (``finished_difference``), and a training phase whose in-training evaluation changed is refused, not skipped
+# (it chooses checkpoints/best, which evaluate=best starts from)
 DRIVING_KEYS = tuple(k for k in RUN_CONTROL_KEYS if k not in ("rl.iterations", "eval")) + ("num_workers",
                                                                                           "episodes_per_job")
 
@@ -247,6 +248,49 @@ def finished_differently(phase: Phase, record: dict) -> str | None:
     return None if had is None else f"with {had}, which this command does not ask for"
 
 
+def _without_iterations(overrides: list[str]) -> list[str]:
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "rl.iterations"]
+
+
+def finished_difference(phase: Phase, record: dict) -> tuple[str | None, int | None]:
+    """How a finished phase differs from what is asked now (None: the same), and for an RL phase asked for more
+    iterations with every other setting the same, the iteration it reached: it goes on from there (RL's schedule
+    does not depend on the count)."""
+    more = phase.name == "rl" and phase.last_step is not None and phase.last_step > record.get("step", phase.last_step)
+    if not more:
+        return finished_differently(phase, record), None
+    same = Phase(phase.name, phase.job, _without_iterations(phase.overrides))
+    differs = finished_differently(same, {**record, "overrides": _without_iterations(record["overrides"])})
+    return differs, None if differs is not None else int(record["step"])
+
+
+def set_aside_evaluations(phases: list[Phase], phase: Phase, state: dict, reached: int) -> None:
+    """Before RL goes on from iteration ``reached``: the finished phases that read its folder (the evaluation after
+    RL) are to run again, and their results move to ``<folder>_iteration<reached>`` rather than being overwritten."""
+    for later in phases:
+        if phase.run_dir not in later.reads or later.name not in state["phases"]:
+            continue
+        if later.out_dir is not None and later.out_dir.exists():
+            kept = later.out_dir.with_name(f"{later.out_dir.name}_iteration{reached}")
+            if kept.exists():
+                raise RiptError(f"protocol: {later.out_dir} is to be kept as {kept}, which exists; move one away")
+            later.out_dir.rename(kept)
+            log.info("protocol: the evaluation of RL's iteration %d is kept in %s", reached, kept)
+        del state["phases"][later.name]
+
+
+def continue_rl(root: Path, phases: list[Phase], phase: Phase, state: dict, reached: int) -> None:
+    """Reopen a finished RL phase asked for more iterations: its time so far carries over to the phase's record."""
+    if phase.run_dir is None or not phase.run_dir.exists():
+        raise RiptError(f"protocol: phase rl is recorded as finished at iteration {reached}, but its folder "
+                        f"{phase.run_dir} is gone, so it cannot go on to iteration {phase.last_step}")
+    set_aside_evaluations(phases, phase, state, reached)
+    record = state["phases"].pop(phase.name)
+    state.setdefault("cut", {})[phase.name] = record["seconds"]
+    atomic_write_text(root / STATE_FILE, json.dumps(state, indent=2))
+    log.info("protocol: phase rl finished at iteration %d; going on to iteration %d", reached, phase.last_step)
+
+
 def run_phase(phase: Phase, ranks: int) -> None:
     """Run the phase's job as a child process that ends with this one (a signal to the protocol reaches it, and
     the protocol ends only after it)."""
@@ -282,56 +326,6 @@ def reached_step(run_dir: Path) -> int:
     return int(resolve_checkpoint_dir(run_dir).name)
 
 
-def decoding(sampling: dict[str, Any]) -> str:
-    """An evaluation's decoding in a table cell: greedy or temperature/top-k, and the actions run per decision (the
-    same policy scores differently decoded otherwise)."""
-    if "denoise_steps" in sampling:  # a flow policy: the ODE or RL's noise, in K Euler steps
-        return f"{'ode' if sampling.get('ode') else 'noisy'} K{sampling['denoise_steps']} h{sampling['action_horizon']}"
-    top_k = f" k{sampling['top_k']}" if sampling.get("top_k") else ""
-    how = "greedy" if sampling.get("greedy") else f"T{float(sampling['temperature']):g}{top_k}"
-    return f"{how} h{sampling['action_horizon']}"
-
-
-def success_rows(evaluations: dict[str, Any]) -> list[str]:
-    """Per-task success of each evaluation side by side, then the averages (none for a protocol that only trains)."""
-    if not evaluations:
-        return []
-    labels = list(evaluations)
-    tasks = list(dict.fromkeys(t for e in evaluations.values() for t in e["per_task"]))
-    rows = [f"{'task':<40}" + "".join(f"{EVALUATIONS[e]:>12}" for e in labels)]
-    for t in tasks:
-        cells = [evaluations[e]["per_task"].get(t) for e in labels]
-        rows.append(f"{t:<40}" + "".join(f"{c:>12.1%}" if c is not None else f"{'-':>12}" for c in cells))
-    rows.append(f"{'average':<40}" + "".join(f"{evaluations[e]['success_rate']:>12.1%}" for e in labels))
-    rows.append(f"{'episodes':<40}" + "".join(f"{evaluations[e]['episodes']:>12d}" for e in labels))
-    rows.append(f"{'decoding':<40}" + "".join(f"{decoding(evaluations[e]['sampling']):>12}" for e in labels))
-    return rows + [""]
-
-
-def protocol_table(results: dict[str, Any]) -> str:
-    rows = success_rows(results["evaluations"])
-    for name, record in results["phases"].items():
-        step = f" (step {record['step']})" if "step" in record else ""
-        rows.append(f"{name:<12} {record['seconds'] / 60:>7.1f} min{step}")
-    rows.append(f"{'all':<12} {sum(r['seconds'] for r in results['phases'].values()) / 60:>7.1f} min")
-    return "\n".join(rows)
-
-
-def summarize(cfg, phases: list[Phase], state: dict) -> dict[str, Any]:
-    evaluations = {}
-    for phase in phases:
-        if phase.out_dir is None:
-            continue
-        res = json.loads((phase.out_dir / "results.json").read_text())
-        evaluations[phase.name] = {
-            "checkpoint": res.get("checkpoint"), "success_rate": res["success_rate"],
-            "episodes": sum(int(t["episodes"]) for t in res["per_task"].values()),
-            "per_task": {t: v["success_rate"] for t, v in res["per_task"].items()},
-            "sampling": res["sampling"]}
-    return {"protocol": str(cfg.name), "task": str(cfg.task.name), "evaluations": evaluations,
-            "phases": {p.name: state["phases"][p.name] for p in phases}}
-
-
 def gpu_count(setting) -> int:
     if setting != "auto":
         return int(setting)
@@ -360,8 +354,11 @@ def run_phases(cfg, phases: list[Phase], gpus: int) -> dict[str, Any]:
     needed |= {d for p in phases if p.name not in state["phases"] for d in p.reads}
     for i, phase in enumerate(phases, 1):
         record = state["phases"].get(phase.name)
+        differs, reached = (None, None) if record is None else finished_difference(phase, record)
+        if reached is not None:
+            continue_rl(root, phases, phase, state, reached)
+            record = None
         if record is not None:
-            differs = finished_differently(phase, record)
             if differs is not None:
                 raise RiptError(f"protocol {cfg.name}: phase {phase.name} finished in {root} {differs}; "
                                 f"choose another run_root, or delete {root / STATE_FILE} and that phase's folder")

@@ -12,7 +12,7 @@ import typer
 from ript import cli
 from ript.config import compose, override
 from ript.errors import RiptError
-from ript.stages import protocol
+from ript.stages import protocol, protocol_results
 from tests.helpers.cli import assert_one_line_error, ript_here, task_overrides
 
 EVAL = "{episodes_per_task: 2, num_workers: 1, max_episode_steps: 16, n_videos: 0}"
@@ -70,14 +70,37 @@ def test_a_protocol_runs_every_phase_continues_a_cut_one_and_skips_finished_ones
                               "phases.eval.num_workers=3",
                               "phases.rl.rl.num_workers=1", "phases.stage0.progress=true"]
     assert protocol.run(compose("protocol", other_host)) == results
-    _check_messages_about_finished_phases(root, overrides)
+    more = overrides + ["phases.rl.rl.iterations=2"]
+    _check_rl_goes_on_when_asked_for_more_iterations(root, more, results, state)
+    _check_messages_about_finished_phases(root, more)
+
+
+def _check_rl_goes_on_when_asked_for_more_iterations(root, more, results, state):
+    """A finished RL phase asked for more iterations goes on from its last one and is evaluated again; the earlier
+    evaluation after RL is kept beside it."""
+    extended = protocol.run(compose("protocol", more))
+    now = json.loads((root / "protocol.json").read_text())
+    assert list(now["phases"]) == list(state["phases"]) and now["phases"]["rl"]["step"] == 2
+    assert now["phases"]["rl"]["seconds"] > state["phases"]["rl"]["seconds"]  # its earlier time counts
+    assert now["phases"]["eval"] == state["phases"]["eval"]
+    history = json.loads((root / "rl" / "rl_history.json").read_text())
+    assert [h["iteration"] for h in history] == [1, 2]
+    kept = json.loads((root / "eval_rl_iteration1" / "results.json").read_text())
+    assert kept["success_rate"] == results["evaluations"]["eval_rl"]["success_rate"]
+    assert kept["checkpoint"].endswith("0000001")
+    assert extended["evaluations"]["eval_rl"]["checkpoint"].endswith("0000002")
+    assert extended["evaluations"]["eval"] == results["evaluations"]["eval"]
+    assert protocol.run(compose("protocol", more)) == extended  # nothing left to run
 
 
 def _check_messages_about_finished_phases(root, overrides):
     """What the ``ript protocol`` command says when a finished run is asked for something else, or was damaged."""
     command = ["protocol", "ml45_multitask", *(o for o in overrides if o != "protocol=ml45_multitask")]
-    assert_one_line_error(ript_here(*command, "phases.rl.rl.iterations=2"),
-                          "phase rl finished", "without rl.iterations=2")
+    other_count = [o for o in command if not o.startswith("phases.rl.rl.iterations=")]
+    assert_one_line_error(ript_here(*other_count, "phases.rl.rl.iterations=1"),  # fewer than it ran
+                          "phase rl finished", "without rl.iterations=1")
+    assert_one_line_error(ript_here(*other_count, "phases.rl.rl.iterations=3", "phases.rl.rl.lr=1e-4"),  # more, and
+                          "phase rl finished", "without rl.lr=0.0001")                                  # changed
     assert_one_line_error(ript_here(*command, "phases.stage0.train.steps=6"),
                           "phase stage0 finished", "without train.steps=6")
     assert_one_line_error(ript_here(*command, "~phases.eval_rl.sampling"),  # the finished phase had it
@@ -215,7 +238,7 @@ def test_a_flow_protocol_wires_its_evaluations_and_rl_to_the_flow_policy(tmp_pat
         assert jobs[name].policy.name == "flow", name
     assert jobs["rl"].checkpoint == str(root / "flow") and jobs["rl"].policy.noise_method == "flow_sde"
     assert jobs["eval_rl"].checkpoint == str(root / "rl")
-    assert protocol.decoding({"action_horizon": 4, "denoise_steps": 4, "ode": True}) == "ode K4 h4"
+    assert protocol_results.decoding({"action_horizon": 4, "denoise_steps": 4, "ode": True}) == "ode K4 h4"
 
 
 def test_a_world_model_protocol_runs_rl_in_its_world_model_and_evaluates_in_the_simulator(tmp_path):
@@ -274,6 +297,6 @@ def test_the_ten_task_ml45_protocol_shares_the_multitask_phases_and_sizes_stage1
 
 def test_the_table_of_a_protocol_that_only_trains_lists_its_phase_times_alone():
     phases = {"collect": {"seconds": 180.0}, "flow": {"seconds": 300.0, "step": 10000}}
-    table = protocol.protocol_table({"evaluations": {}, "phases": phases})
+    table = protocol_results.protocol_table({"evaluations": {}, "phases": phases})
     assert table.splitlines() == ["collect          3.0 min", "flow             5.0 min (step 10000)",
                                   "all              8.0 min"]
