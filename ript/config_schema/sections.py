@@ -205,6 +205,7 @@ class WorldModelNet(Section):
     cond_dim: Count
     success_weight: Rate
     motion_weight: Scale
+    output: Literal["change", "warp"] = "change"
 
 
 class WorldModelAlgo(Section):

@@ -22,6 +22,9 @@ from ript.errors import RiptError
 from ript.registry import MODELS
 
 MOVED_LEVELS = 5  # of 255: a pixel one of whose channels changes by more moved (rendering is deterministic)
+# what the U-Net predicts per camera, and its channels: the pixels' change; or where each pixel comes from (a flow
+# field the frame is resampled along: what moves keeps its texture) and a change added after it
+OUTPUTS = {"change": 3, "warp": 5}
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -48,9 +51,10 @@ class FiLMBlock(nn.Module):
 
 
 class ConditionedUNet(nn.Module):
-    """(B, C, H, W) images and a (B, cond_dim) vector -> (the images' change, the pooled bottleneck (B, width*m))."""
+    """(B, C, H, W) images and a (B, cond_dim) vector -> (``out_channels`` maps at full resolution, C by default:
+    the images' change; the pooled bottleneck (B, width*m))."""
 
-    def __init__(self, channels: int, width: int, stages: int, cond_dim: int):
+    def __init__(self, channels: int, width: int, stages: int, cond_dim: int, out_channels: int | None = None):
         super().__init__()
         widths = [width * min(2**i, 4) for i in range(stages + 1)]
         self.stem = nn.Conv2d(channels, widths[0], 3, 1, 1)
@@ -60,7 +64,7 @@ class ConditionedUNet(nn.Module):
         self.middle = nn.ModuleList([FiLMBlock(widths[-1], widths[-1], cond_dim) for _ in range(2)])
         self.up = nn.ModuleList(FiLMBlock(widths[i + 1] + widths[i], widths[i], cond_dim)
                                 for i in reversed(range(stages)))
-        self.out_norm, self.out = _norm(widths[0]), nn.Conv2d(widths[0], channels, 3, 1, 1)
+        self.out_norm, self.out = _norm(widths[0]), nn.Conv2d(widths[0], out_channels or channels, 3, 1, 1)
         nn.init.zeros_(self.out.weight)  # starts as "nothing changes", the best guess before training
         nn.init.zeros_(self.out.bias)
         self.bottleneck_width = widths[-1]
@@ -80,6 +84,20 @@ class ConditionedUNet(nn.Module):
         return self.out(F.silu(self.out_norm(h))), pooled
 
 
+def warp(images: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
+    """Each camera's image (B, cameras*3, H, W) resampled at its pixels moved by ``flow`` (B, cameras*2, H, W), in
+    units of the image's half-width (grid_sample's coordinates); zero flow gives the image back."""
+    b, c, h, w = images.shape
+    cams = c // 3
+    ys, xs = torch.meshgrid(torch.linspace(-1 + 1 / h, 1 - 1 / h, h, device=images.device),
+                            torch.linspace(-1 + 1 / w, 1 - 1 / w, w, device=images.device), indexing="ij")
+    grid = torch.stack([xs, ys], dim=-1).to(flow.dtype)  # (H, W, 2), x first as grid_sample reads it
+    offsets = flow.reshape(b * cams, 2, h, w).permute(0, 2, 3, 1)
+    out = F.grid_sample(images.reshape(b * cams, 3, h, w), grid + offsets, mode="bilinear",
+                        padding_mode="border", align_corners=False)
+    return out.reshape(b, c, h, w)
+
+
 @dataclass
 class Imagined:
     """One predicted step: images in [-1, 1] (B, cameras*3, H, W), the normalised state (B, S), success logits (B,)."""
@@ -94,7 +112,8 @@ class WorldModel(nn.Module):
 
     def __init__(self, task_names: list[str], image_keys: list[str], lowdim_dims: dict[str, int], image_size: int,
                  action_dim: int, chunk: int, lang_dim: int | None = 384, width: int = 64, stages: int = 3,
-                 cond_dim: int = 256, success_weight: float = 5.0, motion_weight: float = 0.0):
+                 cond_dim: int = 256, success_weight: float = 5.0, motion_weight: float = 0.0,
+                 output: str = "change"):
         super().__init__()
         if not image_keys:
             raise RiptError("world model: the data has no camera images to predict")
@@ -102,6 +121,9 @@ class WorldModel(nn.Module):
         self.lowdim_dims = dict(lowdim_dims)
         self.image_size, self.action_dim, self.chunk = image_size, action_dim, chunk
         self.success_weight, self.motion_weight = success_weight, motion_weight
+        if output not in OUTPUTS:
+            raise RiptError(f"world model: algo.model.output={output!r} is not one of {', '.join(OUTPUTS)}")
+        self.output = output
         state_dim = sum(lowdim_dims.values())
         self.action_normalizer = Normalizer(action_dim, "minmax")
         self.state_normalizer = Normalizer(max(state_dim, 1), "meanstd")
@@ -113,7 +135,8 @@ class WorldModel(nn.Module):
             self.task_table = nn.Embedding(len(task_names), cond_dim)
         self.cond = nn.Sequential(nn.Linear(chunk * action_dim + state_dim + cond_dim, cond_dim), nn.SiLU(),
                                   nn.Linear(cond_dim, cond_dim), nn.SiLU())
-        self.unet = ConditionedUNet(3 * len(image_keys), width, stages, cond_dim)
+        cameras = len(image_keys)
+        self.unet = ConditionedUNet(3 * cameras, width, stages, cond_dim, OUTPUTS[output] * cameras)
         pooled = self.unet.bottleneck_width + cond_dim
         self.state_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, state_dim))
         self.success_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, 1))
@@ -173,10 +196,19 @@ class WorldModel(nn.Module):
         task = self.task_proj(self.task_embeddings[task_ids]) if self.uses_language else self.task_table(task_ids)
         a = self.action_normalizer.normalize(actions.float()).flatten(1)
         cond = self.cond(torch.cat([a.to(task.dtype), state.to(task.dtype), task], dim=-1))
-        change, pooled = self.unet(images, cond)
+        maps, pooled = self.unet(images, cond)
         head_in = torch.cat([pooled, cond], dim=-1)
-        return Imagined((images + change).clamp(-1.0, 1.0), state + self.state_head(head_in).to(state.dtype),
+        return Imagined(self.next_images(images, maps), state + self.state_head(head_in).to(state.dtype),
                         self.success_head(head_in).squeeze(-1))
+
+    def next_images(self, images: torch.Tensor, maps: torch.Tensor) -> torch.Tensor:
+        """The predicted frame from the U-Net's output maps: the frame plus its change, or the frame resampled along
+        the predicted flow plus a change (per camera: 2 flow channels, then 3 change channels)."""
+        if self.output == "change":
+            return (images + maps).clamp(-1.0, 1.0)
+        per_camera = maps.unflatten(1, (len(self.image_keys), 5))
+        flow, change = per_camera[:, :, :2].flatten(1, 2), per_camera[:, :, 2:].flatten(1, 2)
+        return (warp(images, flow.to(images.dtype)) + change).clamp(-1.0, 1.0)
 
     @torch.no_grad()
     def step(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, actions: torch.Tensor

@@ -20,7 +20,7 @@ from ript.utils.logging import setup_console_logging
 from ript.utils.run_dir import prepare_run_dir
 from ript.utils.seeding import seed_everything
 
-MODEL_KEYS = ("width", "stages", "cond_dim", "success_weight", "motion_weight")
+MODEL_KEYS = ("width", "stages", "cond_dim", "success_weight", "motion_weight", "output")
 
 
 def run(cfg) -> str:

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from ript.errors import RiptError
-from ript.models.world_model import WorldModel
+from ript.models.world_model import WorldModel, warp
 
 KEYS = ["corner_rgb", "gripperPOV_rgb"]
 
 
-def tiny_model(chunk: int = 2) -> WorldModel:
+def tiny_model(chunk: int = 2, output: str = "change") -> WorldModel:
     torch.manual_seed(0)
     model = WorldModel(["a", "b"], KEYS, {"robot_states": 5}, 16, 4, chunk, lang_dim=None, width=8, stages=2,
-                       cond_dim=16)
+                       cond_dim=16, output=output)
     return model
 
 
@@ -33,8 +33,9 @@ def synthetic_batch(batch: int = 8, rollout: int = 2, chunk: int = 2):
     return obs, future, done, actions, torch.arange(batch) % 2
 
 
-def test_the_loss_falls_on_a_fixed_batch():
-    model = tiny_model()
+@pytest.mark.parametrize("output", ["change", "warp"])
+def test_the_loss_falls_on_a_fixed_batch(output):
+    model = tiny_model(output=output)
     obs, future, done, actions, task_ids = synthetic_batch()
     model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -100,3 +101,27 @@ def test_a_step_returns_the_observation_a_policy_reads_and_wrong_shapes_are_one_
         model.step(current, task_ids, actions[:, :3])
     with pytest.raises(RiptError, match="task 'c' is not one this world model was trained on"):
         model.task_index("c")
+
+
+def test_a_flow_of_one_pixel_moves_each_camera_by_one_pixel_and_none_leaves_it():
+    images = torch.rand(2, 6, 8, 8) * 2 - 1
+    assert torch.allclose(warp(images, torch.zeros(2, 4, 8, 8)), images, atol=1e-6)
+    flow = torch.zeros(2, 4, 8, 8)
+    flow[:, 0] = 2 / 8  # the first camera reads one pixel to the right (x), the second one pixel down (y)
+    flow[:, 3] = 2 / 8
+    moved = warp(images, flow)
+    assert torch.allclose(moved[:, :3, :, :-1], images[:, :3, :, 1:], atol=1e-5)
+    assert torch.allclose(moved[:, 3:, :-1], images[:, 3:, 1:], atol=1e-5)
+    assert torch.allclose(moved[:, :3, :, -1], images[:, :3, :, -1], atol=1e-5)  # the border repeats
+
+
+def test_an_untrained_warping_model_predicts_that_nothing_moves_and_an_unknown_output_is_one_line():
+    model = tiny_model(output="warp")
+    obs, _, _, actions, task_ids = synthetic_batch(batch=2)
+    model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
+    now = {k: v[:, 0] for k, v in obs.items()}
+    after, _ = model.step(now, task_ids, actions[:, :2])
+    for k in KEYS:
+        assert torch.equal(after[k], now[k])
+    with pytest.raises(RiptError, match="algo.model.output='flow' is not one of change, warp"):
+        WorldModel(["a"], KEYS, {}, 16, 4, 2, lang_dim=None, width=8, stages=2, cond_dim=16, output="flow")
