@@ -256,7 +256,10 @@ def finished_difference(phase: Phase, record: dict) -> tuple[str | None, int | N
     """How a finished phase differs from what is asked now (None: the same), and for an RL phase asked for more
     iterations with every other setting the same, the iteration it reached: it goes on from there (RL's schedule
     does not depend on the count)."""
-    more = phase.name == "rl" and phase.last_step is not None and phase.last_step > record.get("step", phase.last_step)
+    count = [o for o in phase.overrides if o not in _without_iterations(phase.overrides)]
+    # a new count (not one an env-step budget ended short of: the same command skips that run)
+    more = phase.name == "rl" and phase.last_step is not None and any(o not in record["overrides"] for o in count) \
+        and phase.last_step > record.get("step", phase.last_step)
     if not more:
         return finished_differently(phase, record), None
     same = Phase(phase.name, phase.job, _without_iterations(phase.overrides))

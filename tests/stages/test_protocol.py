@@ -115,6 +115,24 @@ def _check_messages_about_finished_phases(root, overrides):
                               f"but its folder {root / 'eval'} is gone")
 
 
+def test_a_finished_rl_phase_goes_on_only_when_asked_for_more_iterations_and_nothing_else():
+    record = {"overrides": ["policy=flow", "rl.iterations=15"], "seconds": 60.0, "step": 15}
+
+    def rl(*overrides: str, last: int = 15) -> protocol.Phase:
+        phase = protocol.Phase("rl", "rl", list(overrides))
+        phase.last_step = last
+        return phase
+
+    assert protocol.finished_difference(rl("policy=flow", "rl.iterations=30", last=30), record) == (None, 15)
+    assert protocol.finished_difference(rl("policy=flow", "rl.iterations=15"), record) == (None, None)
+    budget_spent = {**record, "step": 9}  # rl.max_env_steps ended it at iteration 9: the same command skips it
+    assert protocol.finished_difference(rl("policy=flow", "rl.iterations=15"), budget_spent) == (None, None)
+    assert protocol.finished_difference(rl("policy=flow", "rl.iterations=30", "rl.lr=0.001", last=30), record) \
+        == ("without rl.lr=0.001", None)
+    assert protocol.finished_difference(rl("policy=flow", "rl.iterations=10", last=10), record) \
+        == ("without rl.iterations=10", None)
+
+
 def test_paths_with_any_characters_reach_every_phase_as_they_are(tiny_data, tmp_path):
     """The overrides the protocol and quickstart generate carry non-ASCII and spaced paths through hydra intact
     (hydra's unquoted grammar refuses them, and reads JSON's \\u escapes literally)."""
