@@ -206,7 +206,7 @@ class WorldModel(nn.Module):
         the predicted flow plus a change (per camera: 2 flow channels, then 3 change channels)."""
         if self.output == "change":
             return (images + maps).clamp(-1.0, 1.0)
-        per_camera = maps.unflatten(1, (len(self.image_keys), 5))
+        per_camera = maps.unflatten(1, (len(self.image_keys), OUTPUTS["warp"]))
         flow, change = per_camera[:, :, :2].flatten(1, 2), per_camera[:, :, 2:].flatten(1, 2)
         return (warp(images, flow.to(images.dtype)) + change).clamp(-1.0, 1.0)
 

@@ -208,12 +208,17 @@ def state_problem(state: Any) -> str | None:
     return None
 
 
+def override_key(override_text: str) -> str:
+    """The key an override sets: ``+phases.rl.lr=1e-4`` -> ``phases.rl.lr``."""
+    return override_text.split("=", 1)[0].lstrip("+~")
+
+
 def result_settings(overrides: list[str]) -> list[str]:
     """The overrides that can change what a phase computes: not how it is driven or reported (the run-control
     keys a resumed job may change, and collection's worker count and job size: demo j is the same however the
     work is split, and so is evaluation's episode j), so that a finished phase is skipped on a host of another
     size or with other progress output."""
-    return [o for o in overrides if not covered(o.split("=", 1)[0].lstrip("+~"), DRIVING_KEYS)]
+    return [o for o in overrides if not covered(override_key(o), DRIVING_KEYS)]
 
 
 def override_value(text: str) -> Any:
@@ -227,12 +232,9 @@ def override_value(text: str) -> Any:
 def settings_added_since(now: list[str], done: list[str]) -> set[str]:
     """The overrides asked for now of settings the finished phase predates (``run_dir.predates``): they do not
     make it differ."""
-    def key(o: str) -> str:
-        return o.split("=", 1)[0].lstrip("+~")
-
-    done_keys = {key(o) for o in done}
-    now_values = {key(o): override_value(o.split("=", 1)[1]) for o in now if "=" in o}
-    return {o for o in now if predates(key(o), done_keys, now_values)}
+    done_keys = {override_key(o) for o in done}
+    now_values = {override_key(o): override_value(o.split("=", 1)[1]) for o in now if "=" in o}
+    return {o for o in now if predates(override_key(o), done_keys, now_values)}
 
 
 def finished_differently(phase: Phase, record: dict) -> str | None:
@@ -249,14 +251,14 @@ def finished_differently(phase: Phase, record: dict) -> str | None:
 
 
 def _without_iterations(overrides: list[str]) -> list[str]:
-    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "rl.iterations"]
+    return [o for o in overrides if override_key(o) != "rl.iterations"]
 
 
 def finished_difference(phase: Phase, record: dict) -> tuple[str | None, int | None]:
     """How a finished phase differs from what is asked now (None: the same), and for an RL phase asked for more
     iterations with every other setting the same, the iteration it reached: it goes on from there (RL's schedule
     does not depend on the count)."""
-    count = [o for o in phase.overrides if o not in _without_iterations(phase.overrides)]
+    count = [o for o in phase.overrides if override_key(o) == "rl.iterations"]
     # a new count (not one an env-step budget ended short of: the same command skips that run)
     more = phase.name == "rl" and phase.last_step is not None and any(o not in record["overrides"] for o in count) \
         and phase.last_step > record.get("step", phase.last_step)
