@@ -127,7 +127,8 @@ class EnvRunner:
         (the rest are then cancelled and counted): the episodes, the env steps and where the time went
         (``ript.evaluation.results.summarize`` adds the success rates). With a recording policy, each episode dict
         also carries its ``decisions``. An episode whose spec ``keep``s its steps renders every step and goes to
-        ``sink`` with ``steps``: its observations before each action and the actions."""
+        ``sink`` with ``steps``: its observations before each action (one dict per step) and the actions (one row
+        each)."""
         workers = self._ensure_workers(policy.frame_stack)
         with driver_threads(len(workers.pool), self.options.driver_threads):
             schedule = Schedule(policy, workers, self.slot_scenes, self.specs() if specs is None else list(specs),
@@ -334,10 +335,9 @@ class Schedule:
             write_mp4(Path(self.video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}.mp4", self.frames[s])
         if self.kept[s] is not None and self.sink is not None:
             observations, actions = self.kept[s]
-            # the observation before each action (the one after the last is not part of a demonstration)
-            steps = {"obs": {k: np.stack([o[k] for o in observations[:len(actions)]]) for k in observations[0]},
-                     "actions": np.stack(actions).astype(np.float32)}
-            self.sink({**episode, "steps": steps})
+            # the observation before each action (the one after the last is not part of a demonstration); the
+            # sink stacks them, off the driving thread if it writes there
+            self.sink({**episode, "steps": {"obs": observations[:len(actions)], "actions": actions}})
         self.running[s], self.kept[s] = None, None
         if self.stop is not None:
             self.stop.finished(episode)
