@@ -154,6 +154,7 @@ class EvalJob(EvalProtocol):
     out_dir: str | None
     overwrite: bool
     record_episodes: bool = False
+    calibrate_against: str | None = None
     device: str
     sampling: Sampling
     workers: WorkerLimits

@@ -232,6 +232,7 @@ class Environment(Section):
     checkpoint: str | None = None
     envs: Count = 64
     success_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    calibration: str | None = None  # world model: a folder of calibration.json, whose threshold replaces it
     refresh_every: Size = 0
     refresh_episodes: Count = 4
     refresh_steps: Count = 500

@@ -83,13 +83,14 @@ class InitialFrames:
 
 @dataclass(frozen=True)
 class ImaginationOptions:
-    """An imagined run: the tasks, the horizon, ``envs`` stepped together, the success head's threshold, and the
+    """An imagined run: the tasks, the horizon, ``envs`` stepped together, the success head's threshold (None: every
+    episode runs to the horizon, as ``ript world-model-calibrate`` runs them), and the
     evaluation protocol's episodes (``episodes_per_task`` from ``seed``, the first ``n_videos`` of each task
     recorded) when the caller passes none."""
     task_names: tuple[str, ...] | list[str]
     max_episode_steps: int
     envs: int
-    success_threshold: float = 0.5
+    success_threshold: float | None = 0.5  # None: no episode ends early (each records its head's peak)
     episodes_per_task: int = 1
     seed: int = 0
     n_videos: int = 0
@@ -152,6 +153,7 @@ class Episodes:
         self.queue = EpisodeQueue(specs, stop, lambda new: runner.initial.ensure([(s.task_name, s.seed) for s in new]))
         self.running: list[EpisodeSpec | None] = [None] * n
         self.steps, self.rewards = [0] * n, [[] for _ in range(n)]
+        self.peak = [0.0] * n  # the success head's highest probability so far in each running episode
         self.frames: list[list[np.ndarray]] = [[] for _ in range(n)]
         self.current: list[dict[str, np.ndarray] | None] = [None] * n
         self.episodes: list[dict] = []
@@ -185,6 +187,7 @@ class Episodes:
                             f"(it observes {', '.join(sorted(first))})")
         obs = {k: first[k] for k in self.runner.keys}
         self.running[s], self.steps[s], self.rewards[s], self.current[s] = spec, 0, [], obs
+        self.peak[s] = 0.0
         self.frames[s] = [video_frame(obs, self.video_keys)] if spec.record else []
         self.policy.reset_env(s, spec.task_name, spec.key)
         self.policy.observe(s, obs)
@@ -204,6 +207,8 @@ class Episodes:
         left = torch.tensor([horizon - self.steps[s] for s in envs], device=dev)
         taken = torch.zeros(len(envs), dtype=torch.long, device=dev)
         success = torch.zeros(len(envs), dtype=torch.bool, device=dev)
+        peak = torch.zeros(len(envs), device=dev)
+        threshold = self.runner.options.success_threshold
         recorded: list[list[dict[str, np.ndarray]]] = [[] for _ in envs]
         for j in range(actions.shape[1] // c):
             alive = ~success & (taken < left)
@@ -212,18 +217,21 @@ class Episodes:
             nxt, prob = self.model.step(obs, task_ids, actions[:, j * c:(j + 1) * c])
             obs = {k: torch.where(alive.view(-1, *[1] * (v.dim() - 1)), nxt[k].to(v.dtype), v) for k, v in obs.items()}
             taken += torch.minimum(torch.full_like(left, c), left - taken) * alive
-            success |= alive & (prob >= self.runner.options.success_threshold)
+            peak = torch.maximum(peak, torch.where(alive, prob.float(), 0.0))
+            if threshold is not None:
+                success |= alive & (prob >= threshold)
             for e, s in enumerate(envs):
                 if self.running[s].record and bool(alive[e]):
                     recorded[e].append({k: v[e].cpu().numpy() for k, v in obs.items()})
         host = {k: v.cpu().numpy() for k, v in obs.items()}
         self.model_s += time.perf_counter() - t0
-        self.after_chunk(envs, host, taken.tolist(), success.tolist(), recorded)
+        self.after_chunk(envs, host, taken.tolist(), success.tolist(), recorded, peak.tolist())
 
     def after_chunk(self, envs: list[int], host: dict[str, np.ndarray], taken: list[int], success: list[bool],
-                    recorded: list[list[dict]]) -> None:
+                    recorded: list[list[dict]], peak: list[float]) -> None:
         ended = []
         for e, s in enumerate(envs):
+            self.peak[s] = max(self.peak[s], peak[e])
             self.current[s] = {k: v[e] for k, v in host.items()}
             self.steps[s] += taken[e]
             self.env_steps += taken[e]
@@ -240,6 +248,7 @@ class Episodes:
     def finish(self, s: int, success: bool) -> None:
         spec = self.running[s]
         episode = finished_episode(spec, success, self.steps[s], self.policy, s, self.rewards[s])
+        episode["success_peak"] = self.peak[s]  # any threshold at or below it would have ended it with success
         if spec.record and self.video_dir is not None:
             tag = "success" if success else "failure"
             write_mp4(Path(self.video_dir) / f"{spec.task_name}_ep{spec.index}_{tag}_imagined.mp4", self.frames[s])

@@ -14,10 +14,12 @@ from ript.envs.runner import default_num_workers
 from ript.envs.suites import get_suite
 from ript.envs.worker_env import PoolSettings
 from ript.errors import RiptError
+from ript.evaluation.calibration import calibrated_threshold
 from ript.evaluation.runner import runner_from_metadata
 from ript.model_loader import load_model
 from ript.policies.base import ChunkingPolicy
 from ript.registry import ENVIRONMENTS
+from ript.utils.checkpoint import resolve_checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class EnvironmentSetting:
     metadata, its tasks and the policy, the device; worker processes; the episode horizon (None: the
     checkpoint's); the evaluation protocol (episodes per task, None: the suite's standard; seed; videos) for
     callers that pass no episodes of their own; what a lost worker's episodes become; the most episodes one run
-    holds; the driving process's torch threads."""
+    holds; the driving process's torch threads; in a world model, whether every episode runs to the horizon (its
+    success head's peak recorded, for ``calibrate_against``)."""
     environment: Any
     workers: Any
     metadata: dict
@@ -41,6 +44,7 @@ class EnvironmentSetting:
     on_worker_failure: str = "rerun"
     episodes_at_once: int | None = None
     driver_threads: int | None = None
+    to_the_horizon: bool = False
 
     @property
     def horizon(self) -> int:
@@ -80,8 +84,11 @@ def world_model(setting: EnvironmentSetting) -> Runner:
         workers = default_num_workers(setting.num_workers, episodes * len(setting.task_names))
         initial = InitialFrames(suite, setting.metadata["env_args"]["render"], horizon, workers,
                                 PoolSettings.from_config(setting.workers))
-    options = ImaginationOptions(list(setting.task_names), horizon, int(env.envs),
-                                 float(env.success_threshold), episodes, setting.seed, setting.n_videos)
+    threshold = None if setting.to_the_horizon else float(env.success_threshold)
+    if env.get("calibration") and not setting.to_the_horizon:
+        threshold = calibrated_threshold(env.calibration, resolve_checkpoint_dir(env.checkpoint))
+    options = ImaginationOptions(list(setting.task_names), horizon, int(env.envs), threshold, episodes,
+                                 setting.seed, setting.n_videos)
     return ImaginedRunner(model, options, initial, setting.device)
 
 

@@ -6,6 +6,7 @@ run of one, with ``task=<suite>``, decoded deterministically."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import torch
@@ -13,10 +14,19 @@ import torch
 from ript.config import to_dict
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
+from ript.evaluation.calibration import (
+    CALIBRATION_FILE,
+    calibrate,
+    calibration_line,
+    episode_specs,
+    simulator_episodes,
+)
 from ript.evaluation.environments import EnvironmentSetting, build_environment
 from ript.evaluation.recording import EpisodeFiles
 from ript.evaluation.results import success_table, summarize, write_evaluation
 from ript.policies.families import family_for
+from ript.utils.atomic import atomic_write_text
+from ript.utils.checkpoint import resolve_checkpoint_dir
 from ript.utils.device import resolve_device
 from ript.utils.locking import holding
 from ript.utils.logging import log, setup_console_logging
@@ -34,14 +44,20 @@ def evaluate(cfg, protocol) -> dict[str, Any]:
     family = family_for(cfg)
     if cfg.environment.name != "simulator" and not cfg.out_dir:  # the run's eval/ folders hold simulator results
         raise RiptError(f"environment={cfg.environment.name}: pass out_dir=<folder> for its results")
+    calibrating = cfg.get("calibrate_against")
+    if calibrating and cfg.environment.name != "world_model":
+        raise RiptError("calibrate_against=<a simulator evaluation> calibrates a world model: pass "
+                        "environment=world_model environment.checkpoint=<it>")
     loaded = family.load(cfg, device, int(cfg.seed), rl=False)
+    # the simulator's episodes of this checkpoint, run again in the world model, each to its horizon
+    real = simulator_episodes(calibrating, loaded.results) if calibrating else None
     out_dir, title = family.eval_output(loaded, cfg)
     with holding(out_dir, "out_dir"):  # one writer, checked writable before the first episode
         runner = build_environment(EnvironmentSetting(
             cfg.environment, cfg.workers, loaded.metadata, loaded.task_names, loaded.policy, device,
             protocol.num_workers, protocol.get("max_episode_steps"), protocol.episodes_per_task,
-            int(protocol.seed), int(protocol.n_videos)))
-        specs, sink = None, None
+            int(protocol.seed), int(protocol.n_videos), to_the_horizon=bool(calibrating)))
+        specs, sink = (episode_specs(real) if real else None), None
         if cfg.get("record_episodes"):  # every step kept: the episodes as demonstration files of the tasks
             specs = [dataclasses.replace(spec, keep=True) for spec in runner.specs()]
             sink = EpisodeFiles(out_dir / "episodes", loaded.metadata,
@@ -54,8 +70,15 @@ def evaluate(cfg, protocol) -> dict[str, Any]:
         if sink is not None:
             results["episode_files"] = [str(p) for p in sink.finish()]
         results.update(loaded.results, environment=to_dict(cfg.environment))
+        if real:
+            calibration = {**calibrate(real, results["episodes"]), "checkpoint": loaded.results["checkpoint"],
+                           "world_model": str(resolve_checkpoint_dir(cfg.environment.checkpoint)),
+                           "calibrated_against": str(calibrating)}
+            atomic_write_text(out_dir / CALIBRATION_FILE, json.dumps(calibration, indent=2))
         write_evaluation(out_dir, results, title)
     print(success_table(results))
+    if real:
+        print(calibration_line(calibration))
     log.info("eval: %d env steps in %.1f s (%.0f steps/s); results in %s", results["env_steps"], results["seconds"],
              results["env_steps_per_second"], out_dir / "results.json")
     return results

@@ -27,9 +27,9 @@ from ript.utils.logging import log, setup_console_logging
 from ript.utils.processes import run_child
 from ript.utils.run_dir import RUN_CONTROL_KEYS, covered, flatten, predates
 
-PHASES = ("collect", "stage0", "stage1", "finetune", "flow", "eval", "world_model", "rl", "eval_rl")
+PHASES = ("collect", "stage0", "stage1", "finetune", "flow", "eval", "world_model", "calibrate", "rl", "eval_rl")
 JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune": "finetune", "flow": "flow",
-        "eval": "eval", "world_model": "world_model", "rl": "rl", "eval_rl": "eval"}
+        "eval": "eval", "world_model": "world_model", "calibrate": "eval", "rl": "rl", "eval_rl": "eval"}
 TRAINING = ("stage0", "stage1", "finetune", "flow", "world_model", "rl")  # under torchrun when several GPUs are used
 IMITATION = ("finetune", "flow", "stage1")  # the first of these a protocol runs is its imitation phase
 STATE_FILE = "protocol.json"
@@ -110,6 +110,8 @@ def plan(cfg) -> list[Phase]:
     # with a world_model phase, RL's rollouts run in it (the evaluations stay in the simulator)
     imagined = ["environment=world_model", override("environment.checkpoint", root / "world_model")] \
         if cfg.phases.world_model is not None else []
+    # with a calibrate phase, RL reads the success threshold it chose for the imitation policy
+    calibrated = [override("environment.calibration", root / "calibrate")] if cfg.phases.calibrate is not None else []
     wiring = {
         "collect": (task, None, None),
         "stage0": (task + algo + [override("run_dir", root / "stage0")], root / "stage0", None),
@@ -121,14 +123,19 @@ def plan(cfg) -> list[Phase]:
         "eval": (family + [override("checkpoint", start), override("out_dir", root / "eval"), "overwrite=true"], None,
                  root / "eval"),
         "world_model": (task + [override("run_dir", root / "world_model")], root / "world_model", None),
-        "rl": (family + imagined + [override("checkpoint", start), override("run_dir", root / "rl")], root / "rl",
-               None),
+        "calibrate": (family + imagined + [override("checkpoint", start), override("calibrate_against", root / "eval"),
+                                           override("out_dir", root / "calibrate"), "overwrite=true"], None,
+                      root / "calibrate"),
+        "rl": (family + imagined + calibrated + [override("checkpoint", start), override("run_dir", root / "rl")],
+               root / "rl", None),
         "eval_rl": (family + [override("checkpoint", root / "rl"), override("out_dir", root / "eval_rl"),
                               "overwrite=true"], None, root / "eval_rl"),
     }
     world_model = (root / "world_model",) if imagined else ()
     reads = {"stage1": (root / "stage0",), "eval": (imitation,), "rl": (imitation, *world_model),
-             "eval_rl": (root / "rl",)}
+             "calibrate": (imitation, *world_model, root / "eval"), "eval_rl": (root / "rl",)}
+    if calibrated:
+        reads["rl"] += (root / "calibrate",)
     phases = []
     for name in PHASES:
         settings = cfg.phases[name]
@@ -146,6 +153,9 @@ def check(cfg, phases: list[Phase]) -> None:
     if not phases:
         raise RiptError(f"protocol {cfg.name}: every phase is null; nothing to run")
     names = [p.name for p in phases]
+    missing = [needed for needed in ("eval", "world_model") if "calibrate" in names and needed not in names]
+    if missing:
+        raise RiptError(f"protocol {cfg.name}: phases.calibrate reads the {missing[0]} phase's output; it is null")
     if "finetune" in names:
         if not cfg.base_checkpoint:
             raise RiptError(f"protocol {cfg.name}: phases.finetune needs base_checkpoint=<a stage-1 checkpoint>")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ript.evaluation.calibration import calibration_line
+
 EVALUATIONS = {"eval": "imitation", "eval_rl": "after RL"}  # the evaluation phases and their columns
 
 
@@ -37,6 +39,8 @@ def success_rows(evaluations: dict[str, Any]) -> list[str]:
 
 def protocol_table(results: dict[str, Any]) -> str:
     rows = success_rows(results["evaluations"])
+    if "calibration" in results:
+        rows += [calibration_line(results["calibration"]), ""]
     for name, record in results["phases"].items():
         step = f" (step {record['step']})" if "step" in record else ""
         rows.append(f"{name:<12} {record['seconds'] / 60:>7.1f} min{step}")
@@ -45,9 +49,12 @@ def protocol_table(results: dict[str, Any]) -> str:
 
 
 def summarize(cfg, phases: list, state: dict) -> dict[str, Any]:
-    evaluations = {}
+    evaluations, calibration = {}, None
     for phase in phases:
-        if phase.out_dir is None:
+        if phase.name == "calibrate":  # the imitation policy's episodes again in the world model, to the horizon
+            found = json.loads((phase.out_dir / "calibration.json").read_text())
+            calibration = {k: v for k, v in found.items() if k not in ("curve", "per_task")}
+        if phase.name not in EVALUATIONS:
             continue
         res = json.loads((phase.out_dir / "results.json").read_text())
         evaluations[phase.name] = {
@@ -56,4 +63,5 @@ def summarize(cfg, phases: list, state: dict) -> dict[str, Any]:
             "per_task": {t: v["success_rate"] for t, v in res["per_task"].items()},
             "sampling": res["sampling"]}
     return {"protocol": str(cfg.name), "task": str(cfg.task.name), "evaluations": evaluations,
+            **({"calibration": calibration} if calibration else {}),
             "phases": {p.name: state["phases"][p.name] for p in phases}}

@@ -277,9 +277,30 @@ def test_a_world_model_protocol_runs_rl_in_its_world_model_and_evaluates_in_the_
     assert jobs["eval"].environment.name == "simulator" and jobs["eval_rl"].environment.name == "simulator"
     assert jobs["eval"].record_episodes and not jobs["eval_rl"].record_episodes
     assert list(jobs["world_model"].data.extra_dirs) == [str(root / "eval" / "episodes")]
+    assert jobs["rl"].environment.calibration is None
     flow_only = compose("protocol", ["protocol=libero_object_flow_fewshot", override("run_root", root)])
     rl_phase = next(p for p in protocol.plan(flow_only) if p.name == "rl")
     assert compose("rl", rl_phase.overrides).environment.name == "simulator"
+
+
+def test_a_calibrate_phase_reads_the_imitations_evaluation_in_the_world_model_and_rl_reads_its_threshold(tmp_path):
+    root = tmp_path / "wm protocol"
+    cfg = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root),
+                               "phases.calibrate={}"])
+    phases = {phase.name: phase for phase in protocol.plan(cfg)}
+    assert list(phases) == ["collect", "flow", "eval", "world_model", "calibrate", "rl", "eval_rl"]
+    protocol.check(cfg, list(phases.values()))
+    calibrate, rl = compose("eval", phases["calibrate"].overrides), compose("rl", phases["rl"].overrides)
+    assert calibrate.checkpoint == str(root / "flow") and calibrate.policy.name == "flow"
+    assert calibrate.calibrate_against == str(root / "eval") and calibrate.out_dir == str(root / "calibrate")
+    assert calibrate.environment.name == "world_model"
+    assert calibrate.environment.checkpoint == str(root / "world_model") and not calibrate.record_episodes
+    assert rl.environment.calibration == str(root / "calibrate")
+    assert root / "calibrate" in phases["rl"].reads and root / "eval" in phases["calibrate"].reads
+    flow_only = compose("protocol", ["protocol=libero_object_flow_fewshot", override("run_root", root),
+                                     "phases.calibrate={}"])
+    with pytest.raises(RiptError, match="phases.calibrate reads the world_model phase's output; it is null"):
+        protocol.check(flow_only, protocol.plan(flow_only))
 
 
 def test_a_phase_finished_before_a_setting_existed_is_skipped_only_at_the_value_it_computed_with():

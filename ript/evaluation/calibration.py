@@ -1,0 +1,116 @@
+"""Reading a world model's success head for one policy: the episodes of the policy's simulator evaluation run again
+in the world model from the same initial states, each to the horizon, and the head's threshold chosen at which the
+imagined outcomes agree best with the real ones, episode by episode.
+
+An imagined episode's trajectory up to the first step at which the head's probability reaches a threshold does
+not depend on the threshold, so one run to the horizon that keeps each episode's peak probability
+(``success_peak``) gives its outcome under every threshold: a success exactly when the peak reaches it. The
+threshold kept maximises balanced accuracy (the mean of the share of real successes imagined as successes and of
+real failures imagined as failures), so that the head's verdicts separate the policy's real successes from its
+failures, which RL's rewards need; plain agreement would favour calling every episode a success when most are.
+
+    ript eval checkpoint=<policy> environment=world_model environment.checkpoint=<world model> \\
+        calibrate_against=<its simulator evaluation's out_dir> out_dir=<folder>   # writes calibration.json
+    ript rl ... environment=world_model environment.checkpoint=<world model> environment.calibration=<folder>
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ript.envs.worker_env import EpisodeSpec
+from ript.errors import RiptError
+
+CALIBRATION_FILE = "calibration.json"
+THRESHOLDS = tuple(round(0.02 * i, 2) for i in range(1, 50))  # 0.02 ... 0.98
+
+
+def simulator_episodes(folder: str | Path, policy: dict[str, Any]) -> list[dict[str, Any]]:
+    """The episodes of the simulator evaluation in ``folder`` (``results.json``), which must have evaluated the
+    same policy: ``policy``'s ``checkpoint`` (and ``adapter``, where one is loaded) as an evaluation records them."""
+    path = Path(folder) / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RiptError(f"calibrate_against={folder}: no {path.name} there (a `ript eval` out_dir)") from None
+    except json.JSONDecodeError as e:
+        raise RiptError(f"calibrate_against={folder}: {path} is not valid JSON ({e})") from None
+    if (results.get("environment") or {}).get("name", "simulator") != "simulator":
+        raise RiptError(f"calibrate_against={folder}: its episodes ran in {results['environment']['name']}, "
+                        f"not the simulator")
+    for key in ("checkpoint", "adapter"):
+        ours, theirs = policy.get(key), results.get(key)
+        if (ours or theirs) and (not ours or not theirs or Path(str(ours)).resolve() != Path(str(theirs)).resolve()):
+            raise RiptError(f"calibrate_against={folder} evaluated {key} {theirs}, not {ours}")
+    episodes = results.get("episodes") or []
+    if not episodes:
+        raise RiptError(f"calibrate_against={folder}: {path} lists no episodes")
+    return episodes
+
+
+def episode_specs(episodes: list[dict[str, Any]]) -> list[EpisodeSpec]:
+    """The same episodes (task, initial state, index: the same policy-noise stream) to run again."""
+    return [EpisodeSpec(e["task"], int(e["seed"]), int(e["episode"])) for e in episodes]
+
+
+def calibrate(real: list[dict[str, Any]], imagined: list[dict[str, Any]]) -> dict[str, Any]:
+    """The threshold whose imagined outcomes best separate ``real``'s successes from its failures, its curve, and
+    each task's real and imagined success at it."""
+    peaks = {(e["task"], e["seed"], e["episode"]): float(e["success_peak"]) for e in imagined}
+    keys = [(e["task"], int(e["seed"]), int(e["episode"])) for e in real]
+    missing = [k for k in keys if k not in peaks]
+    if missing:
+        raise RiptError(f"the imagined run has no episode {missing[0]} of the simulator evaluation")
+    won = np.array([bool(e["success"]) for e in real])
+    peak = np.array([peaks[k] for k in keys])
+    curve = [threshold_row(t, peak >= t, won) for t in THRESHOLDS]
+    real_rate = float(won.mean())
+    # ties (e.g. the head never separates them): the imagined success nearest the real, then the lower threshold
+    best = max(curve, key=lambda r: (round(r["balanced_accuracy"], 9), -abs(r["imagined_success"] - real_rate),
+                                     -r["threshold"]))
+    tasks = sorted({k[0] for k in keys})
+    per_task = {t: {"real": float(won[[k[0] == t for k in keys]].mean()),
+                    "imagined": float((peak >= best["threshold"])[[k[0] == t for k in keys]].mean())}
+                for t in tasks}
+    rates = np.array([[v["real"], v["imagined"]] for v in per_task.values()])
+    spread = len(tasks) > 1 and rates[:, 0].std() > 0 and rates[:, 1].std() > 0
+    return {"threshold": best["threshold"], "balanced_accuracy": best["balanced_accuracy"],
+            "agreement": best["agreement"], "real_success": real_rate, "imagined_success": best["imagined_success"],
+            "episodes": len(keys), "per_task": per_task,
+            "per_task_pearson": float(np.corrcoef(rates.T)[0, 1]) if spread else None, "curve": curve}
+
+
+def threshold_row(threshold: float, imagined: np.ndarray, won: np.ndarray) -> dict[str, float]:
+    hit = float(imagined[won].mean()) if won.any() else 0.0
+    rejected = float((~imagined[~won]).mean()) if (~won).any() else 0.0
+    parts = [hit] * bool(won.any()) + [rejected] * bool((~won).any())
+    return {"threshold": threshold, "imagined_success": float(imagined.mean()), "real_successes_imagined": hit,
+            "real_failures_imagined": rejected, "balanced_accuracy": float(np.mean(parts)),
+            "agreement": float((imagined == won).mean())}
+
+
+def calibrated_threshold(folder: str | Path, world_model: Path) -> float:
+    """The threshold ``calibration.json`` in ``folder`` chose, refused unless it was measured for ``world_model``
+    (a world-model checkpoint's step folder)."""
+    path = Path(folder) / CALIBRATION_FILE
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RiptError(f"environment.calibration={folder}: no {CALIBRATION_FILE} there (`ript eval "
+                        f"calibrate_against=...` writes it)") from None
+    except json.JSONDecodeError as e:
+        raise RiptError(f"environment.calibration={folder}: {path} is not valid JSON ({e})") from None
+    if Path(found.get("world_model", "")).resolve() != Path(world_model).resolve():
+        raise RiptError(f"environment.calibration={folder} was measured in world model {found.get('world_model')}, "
+                        f"not {world_model}")
+    return float(found["threshold"])
+
+
+def calibration_line(c: dict[str, Any]) -> str:
+    return (f"success head calibrated on {c['episodes']} simulator episodes: threshold {c['threshold']:g}, balanced "
+            f"accuracy {c['balanced_accuracy']:.1%}, agreement {c['agreement']:.1%}; success real "
+            f"{c['real_success']:.1%}, imagined {c['imagined_success']:.1%}")

@@ -1,0 +1,95 @@
+"""The world model's success head read for one policy: its simulator episodes run again in the world model to the
+horizon, the threshold that best separates their real successes from their failures kept in calibration.json, and
+RL or an evaluation in the world model reading it (``environment.calibration``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ript.config import compose
+from ript.errors import RiptError
+from ript.evaluation.calibration import calibrate, calibrated_threshold, simulator_episodes
+from ript.evaluation.environments import EnvironmentSetting, build_environment
+from ript.model_loader import load_model
+from ript.policies.build import make_policy
+from ript.utils.checkpoint import resolve_checkpoint_dir
+from tests.helpers.cli import assert_one_line_error, ript_here
+
+pytestmark = pytest.mark.xdist_group("test_world_model_rl")  # the same process as the world model's other tests
+
+
+def episode(task: str, seed: int, success: bool, peak: float | None = None) -> dict:
+    e = {"task": task, "seed": seed, "episode": 0, "success": success}
+    return e if peak is None else {**e, "success_peak": peak}
+
+
+def test_the_threshold_kept_best_separates_the_real_successes_from_the_failures():
+    """Real: a, a, b succeed; b, b fail. Peaks 0.9, 0.5, 0.3 (successes) and 0.4, 0.1 (failures): at 0.3 every
+    success and one failure are imagined successes (balanced accuracy 3/4), at 0.42-0.5 two successes and no
+    failure (5/6), the best (agreement 4/5); those five thresholds tie, imagined success 2/5 at each, so the lowest
+    is kept."""
+    real = [episode("a", 1, True), episode("a", 2, True), episode("b", 1, True), episode("b", 2, False),
+            episode("b", 3, False)]
+    imagined = [episode("a", 1, False, 0.9), episode("a", 2, False, 0.5), episode("b", 1, False, 0.3),
+                episode("b", 2, False, 0.4), episode("b", 3, False, 0.1)]
+    result = calibrate(real, imagined)
+    assert result["threshold"] == 0.42 and result["balanced_accuracy"] == pytest.approx(5 / 6)
+    assert result["agreement"] == pytest.approx(4 / 5)
+    assert result["real_success"] == pytest.approx(3 / 5) and result["imagined_success"] == pytest.approx(2 / 5)
+    assert result["per_task"] == {"a": {"real": 1.0, "imagined": 1.0}, "b": {"real": pytest.approx(1 / 3),
+                                                                           "imagined": 0.0}}
+    at_030 = next(r for r in result["curve"] if r["threshold"] == 0.3)
+    assert at_030["balanced_accuracy"] == pytest.approx(0.75) and at_030["imagined_success"] == pytest.approx(4 / 5)
+    with pytest.raises(RiptError, match=r"no episode \('b', 3, 0\)"):
+        calibrate(real, imagined[:4])
+
+
+def test_a_simulator_evaluation_of_another_checkpoint_or_none_is_refused(tmp_path):
+    folder = tmp_path / "real"
+    with pytest.raises(RiptError, match="no results.json there"):
+        simulator_episodes(folder, {"checkpoint": "a"})
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"checkpoint": str(tmp_path / "a"), "episodes": [{}]}))
+    with pytest.raises(RiptError, match=f"evaluated checkpoint {tmp_path / 'a'}, not {tmp_path / 'b'}"):
+        simulator_episodes(folder, {"checkpoint": str(tmp_path / "b")})
+    (folder / "results.json").write_text(json.dumps({"checkpoint": "a", "episodes": [{}],
+                                                     "environment": {"name": "world_model"}}))
+    with pytest.raises(RiptError, match="ran in world_model, not the simulator"):
+        simulator_episodes(folder, {"checkpoint": "a"})
+
+
+def test_a_policy_calibrates_the_head_and_an_imagined_run_reads_it(stage1_run, world_model_run, tmp_path):
+    real, out = tmp_path / "real", tmp_path / "calibrated"
+    common = [f"checkpoint={stage1_run}", "episodes_per_task=2", "num_workers=1", "max_episode_steps=12", "n_videos=0"]
+    code, _, err = ript_here("eval", *common, f"out_dir={real}")
+    assert code == 0, err
+    imagined = [*common, "environment=world_model", f"environment.checkpoint={world_model_run}", "environment.envs=4"]
+    code, _, err = ript_here("eval", *imagined, f"calibrate_against={real}", f"out_dir={out}")
+    assert code == 0, err
+    found = json.loads((out / "calibration.json").read_text())
+    assert found["episodes"] == 4 and found["world_model"] == str(resolve_checkpoint_dir(world_model_run))
+    assert found["checkpoint"] == json.loads((real / "results.json").read_text())["checkpoint"]
+    assert 0 < found["threshold"] < 1 and len(found["curve"]) == 49
+    episodes = json.loads((out / "results.json").read_text())["episodes"]
+    assert all(e["length"] == 12 and not e["success"] and 0 <= e["success_peak"] <= 1 for e in episodes)
+    # RL and evaluations in this world model read the threshold
+    cfg = compose("eval", [*imagined, f"environment.calibration={out}", f"out_dir={tmp_path / 'x'}"])
+    model, ckpt = load_model(stage1_run)
+    policy = make_policy(model, ckpt["metadata"]["sampling"], "cpu", 0, False)
+    setting = EnvironmentSetting(cfg.environment, cfg.workers, ckpt["metadata"], ["drawer-close-v3"], policy, "cpu",
+                                 1, 12, 2)
+    runner = build_environment(setting)
+    try:
+        assert runner.options.success_threshold == found["threshold"]
+    finally:
+        runner.close()
+    # measured in another world model: refused, naming both
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "calibration.json").write_text(json.dumps({**found, "world_model": str(tmp_path)}))
+    with pytest.raises(RiptError, match=f"was measured in world model {tmp_path}, not "):
+        calibrated_threshold(other, resolve_checkpoint_dir(world_model_run))
+    assert_one_line_error(ript_here("eval", *common, f"calibrate_against={real}", f"out_dir={tmp_path / 'y'}"),
+                          "calibrate_against=<a simulator evaluation> calibrates a world model")
