@@ -59,6 +59,7 @@ CONTINUE = {
     "flow": "continue from the last checkpoint with the same command and resume=true",
     "world_model": "continue from the last checkpoint with the same command and resume=true",
     "world_model_eval": "no results were written: run the same command again to measure",
+    "world_model_head": "nothing was saved: the same command with resume=true starts it again",
     "rl": "continue from the last checkpoint with the same command and resume=true",
     "eval": "no results were written (an evaluation does not resume): run the same command again to evaluate",
     "protocol": "its finished phases are kept: the same command continues from the phase it stopped in",
@@ -186,6 +187,14 @@ def world_model_eval(overrides: list[str] | None = OVERRIDES) -> None:
     from ript.stages.world_model_eval import run
 
     _run("world_model_eval", overrides, run)
+
+
+@app.command("world-model-head")
+def world_model_head(overrides: list[str] | None = OVERRIDES) -> None:
+    """Train a world model's success head again on the model's own imagination of its episodes."""
+    from ript.stages.world_model_head import run
+
+    _run("world_model_head", overrides, run)
 
 
 @app.command()

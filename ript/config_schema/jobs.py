@@ -124,6 +124,20 @@ class WorldModelEvalJob(Section):
     n_videos: Size
 
 
+class WorldModelHeadJob(Section):
+    checkpoint: str
+    run_dir: str
+    resume: bool
+    episodes_dirs: list[str]
+    device: str
+    seed: Seed
+    steps: Count
+    batch_size: Count
+    lr: Rate
+    ignore_chunks: Size
+    episodes_per_batch: Count
+
+
 class RLEval(EvalEvery):
     sampling: Sampling    # the in-training evaluation's decoding; null keys: RL's own
 
@@ -187,7 +201,8 @@ class ProtocolJob(Section):
 
 SCHEMAS: dict[str, type[BaseModel]] = {
     "collect": CollectJob, "stage0": Stage0Job, "stage1": Stage1Job, "finetune": Stage1Job, "flow": FlowJob,
-    "world_model": WorldModelJob, "world_model_eval": WorldModelEvalJob, "rl": RLJob,
+    "world_model": WorldModelJob, "world_model_eval": WorldModelEvalJob,
+    "world_model_head": WorldModelHeadJob, "rl": RLJob,
     "oft": OFTJob, "eval": EvalJob, "quickstart": QuickstartJob, "export": ExportJob, "import": ImportJob,
     "embed": EmbedJob,
     "protocol": ProtocolJob,

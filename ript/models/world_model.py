@@ -100,10 +100,12 @@ def warp(images: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Imagined:
-    """One predicted step: images in [-1, 1] (B, cameras*3, H, W), the normalised state (B, S), success logits (B,)."""
+    """One predicted step: images in [-1, 1] (B, cameras*3, H, W), the normalised state (B, S), success logits (B,),
+    and what the state and success heads read (B, F): the pooled bottleneck beside the conditioning vector."""
     images: torch.Tensor
     state: torch.Tensor
     success_logit: torch.Tensor
+    head_in: torch.Tensor
 
 
 @MODELS.register("world_model")
@@ -199,7 +201,7 @@ class WorldModel(nn.Module):
         maps, pooled = self.unet(images, cond)
         head_in = torch.cat([pooled, cond], dim=-1)
         return Imagined(self.next_images(images, maps), state + self.state_head(head_in).to(state.dtype),
-                        self.success_head(head_in).squeeze(-1))
+                        self.success_head(head_in).squeeze(-1), head_in)
 
     def next_images(self, images: torch.Tensor, maps: torch.Tensor) -> torch.Tensor:
         """The predicted frame from the U-Net's output maps: the frame plus its change, or the frame resampled along

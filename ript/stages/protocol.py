@@ -27,9 +27,10 @@ from ript.utils.logging import log, setup_console_logging
 from ript.utils.processes import run_child
 from ript.utils.run_dir import RUN_CONTROL_KEYS, covered, flatten, predates
 
-PHASES = ("collect", "stage0", "stage1", "finetune", "flow", "eval", "world_model", "calibrate", "rl", "eval_rl")
-JOBS = {"collect": "collect", "stage0": "stage0", "stage1": "stage1", "finetune": "finetune", "flow": "flow",
-        "eval": "eval", "world_model": "world_model", "calibrate": "eval", "rl": "rl", "eval_rl": "eval"}
+PHASES = ("collect", "stage0", "stage1", "finetune", "flow", "eval", "world_model", "world_model_head", "calibrate",
+          "rl", "eval_rl")
+JOBS = {**{name: name for name in PHASES}, "calibrate": "eval", "eval_rl": "eval"}
+NEEDS = {"calibrate": ("eval", "world_model"), "world_model_head": ("world_model",)}  # the phases whose output it reads
 TRAINING = ("stage0", "stage1", "finetune", "flow", "world_model", "rl")  # under torchrun when several GPUs are used
 IMITATION = ("finetune", "flow", "stage1")  # the first of these a protocol runs is its imitation phase
 STATE_FILE = "protocol.json"
@@ -107,8 +108,10 @@ def plan(cfg) -> list[Phase]:
     imitation = imitation_dir(cfg)
     start = imitation / ("checkpoints/best" if cfg.evaluate == "best" else "")
     family = ["policy=flow"] if imitation_phase(cfg) == "flow" else []  # the jobs that load its checkpoints
-    # with a world_model phase, RL's rollouts run in it (the evaluations stay in the simulator)
-    imagined = ["environment=world_model", override("environment.checkpoint", root / "world_model")] \
+    # with a world_model phase, RL's rollouts run in it (the evaluations stay in the simulator); with a
+    # world_model_head phase, in the same model with the head it trained on the model's own imagination
+    world_model_dir = root / ("world_model" if cfg.phases.world_model_head is None else "world_model_head")
+    imagined = ["environment=world_model", override("environment.checkpoint", world_model_dir)] \
         if cfg.phases.world_model is not None else []
     # with a calibrate phase, RL reads the success threshold it chose for the imitation policy
     calibrated = [override("environment.calibration", root / "calibrate")] if cfg.phases.calibrate is not None else []
@@ -123,6 +126,8 @@ def plan(cfg) -> list[Phase]:
         "eval": (family + [override("checkpoint", start), override("out_dir", root / "eval"), "overwrite=true"], None,
                  root / "eval"),
         "world_model": (task + [override("run_dir", root / "world_model")], root / "world_model", None),
+        "world_model_head": ([override("checkpoint", root / "world_model"), override("run_dir", world_model_dir)],
+                             world_model_dir, None),
         "calibrate": (family + imagined + [override("checkpoint", start), override("calibrate_against", root / "eval"),
                                            override("out_dir", root / "calibrate"), "overwrite=true"], None,
                       root / "calibrate"),
@@ -131,8 +136,9 @@ def plan(cfg) -> list[Phase]:
         "eval_rl": (family + [override("checkpoint", root / "rl"), override("out_dir", root / "eval_rl"),
                               "overwrite=true"], None, root / "eval_rl"),
     }
-    world_model = (root / "world_model",) if imagined else ()
+    world_model = (world_model_dir,) if imagined else ()
     reads = {"stage1": (root / "stage0",), "eval": (imitation,), "rl": (imitation, *world_model),
+             "world_model_head": (root / "world_model",),
              "calibrate": (imitation, *world_model, root / "eval"), "eval_rl": (root / "rl",)}
     if calibrated:
         reads["rl"] += (root / "calibrate",)
@@ -153,9 +159,10 @@ def check(cfg, phases: list[Phase]) -> None:
     if not phases:
         raise RiptError(f"protocol {cfg.name}: every phase is null; nothing to run")
     names = [p.name for p in phases]
-    missing = [needed for needed in ("eval", "world_model") if "calibrate" in names and needed not in names]
-    if missing:
-        raise RiptError(f"protocol {cfg.name}: phases.calibrate reads the {missing[0]} phase's output; it is null")
+    for name, needed in NEEDS.items():
+        missing = [n for n in needed if name in names and n not in names]
+        if missing:
+            raise RiptError(f"protocol {cfg.name}: phases.{name} reads the {missing[0]} phase's output; it is null")
     if "finetune" in names:
         if not cfg.base_checkpoint:
             raise RiptError(f"protocol {cfg.name}: phases.finetune needs base_checkpoint=<a stage-1 checkpoint>")

@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 from ript.evaluation.calibration import calibration_line
+from ript.stages.world_model_head import RESULTS_FILE as HEAD_FILE
+from ript.stages.world_model_head import measure_line
 
 EVALUATIONS = {"eval": "imitation", "eval_rl": "after RL"}  # the evaluation phases and their columns
 
@@ -39,6 +41,8 @@ def success_rows(evaluations: dict[str, Any]) -> list[str]:
 
 def protocol_table(results: dict[str, Any]) -> str:
     rows = success_rows(results["evaluations"])
+    for when, measured in results.get("success_head", {}).items():
+        rows.append(measure_line(f"success head, held-out imagined chunks, {when}", measured))
     if "calibration" in results:
         rows += [calibration_line(results["calibration"]), ""]
     for name, record in results["phases"].items():
@@ -49,8 +53,10 @@ def protocol_table(results: dict[str, Any]) -> str:
 
 
 def summarize(cfg, phases: list, state: dict) -> dict[str, Any]:
-    evaluations, calibration = {}, None
+    evaluations, calibration, head = {}, None, None
     for phase in phases:
+        if phase.name == "world_model_head":  # the head trained again on the world model's own imagination
+            head = json.loads((phase.run_dir / HEAD_FILE).read_text())["held_out"]
         if phase.name == "calibrate":  # the imitation policy's episodes again in the world model, to the horizon
             found = json.loads((phase.out_dir / "calibration.json").read_text())
             calibration = {k: v for k, v in found.items() if k not in ("curve", "per_task")}
@@ -63,5 +69,5 @@ def summarize(cfg, phases: list, state: dict) -> dict[str, Any]:
             "per_task": {t: v["success_rate"] for t, v in res["per_task"].items()},
             "sampling": res["sampling"]}
     return {"protocol": str(cfg.name), "task": str(cfg.task.name), "evaluations": evaluations,
-            **({"calibration": calibration} if calibration else {}),
+            **({"success_head": head} if head else {}), **({"calibration": calibration} if calibration else {}),
             "phases": {p.name: state["phases"][p.name] for p in phases}}

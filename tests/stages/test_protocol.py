@@ -303,6 +303,28 @@ def test_a_calibrate_phase_reads_the_imitations_evaluation_in_the_world_model_an
         protocol.check(flow_only, protocol.plan(flow_only))
 
 
+def test_a_world_model_head_phase_trains_the_head_again_and_calibrate_and_rl_read_that_world_model(tmp_path):
+    root = tmp_path / "wm protocol"
+    cfg = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root),
+                               "phases.world_model_head={}", "phases.calibrate={}"])
+    phases = {phase.name: phase for phase in protocol.plan(cfg)}
+    assert list(phases) == ["collect", "flow", "eval", "world_model", "world_model_head", "calibrate", "rl", "eval_rl"]
+    protocol.check(cfg, list(phases.values()))
+    head = phases["world_model_head"]
+    assert head.cli_name == "world-model-head" and head.run_dir == root / "world_model_head"
+    job = compose("world_model_head", head.overrides)
+    assert job.checkpoint == str(root / "world_model") and job.run_dir == str(root / "world_model_head")
+    assert head.reads == (root / "world_model",)
+    for name in ("calibrate", "rl"):
+        job = compose(phases[name].job, phases[name].overrides)
+        assert job.environment.checkpoint == str(root / "world_model_head")
+        assert root / "world_model_head" in phases[name].reads
+    no_model = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root),
+                                    "phases.world_model=null", "phases.world_model_head={}"])
+    with pytest.raises(RiptError, match="phases.world_model_head reads the world_model phase's output; it is null"):
+        protocol.check(no_model, protocol.plan(no_model))
+
+
 def test_a_phase_finished_before_a_setting_existed_is_skipped_only_at_the_value_it_computed_with():
     # a stage finished before algo.image_aug_color existed computed what 0.0 computes now; any other value, or a
     # setting that is not in the added list, still makes it differ
@@ -339,3 +361,16 @@ def test_the_table_of_a_protocol_that_only_trains_lists_its_phase_times_alone():
     table = protocol_results.protocol_table({"evaluations": {}, "phases": phases})
     assert table.splitlines() == ["collect          3.0 min", "flow             5.0 min (step 10000)",
                                   "all              8.0 min"]
+
+
+def test_the_table_of_a_protocol_with_a_world_model_head_gives_its_held_out_measures_before_and_after():
+    def measured(balanced: float) -> dict:
+        return {"chunks": {"precision": 0.5, "recall": 1.0}, "episodes": 12, "successful_episodes": 7,
+                "episode_balanced_accuracy": balanced, "episode_best": {"threshold": 0.64, "balanced_accuracy": 0.9}}
+
+    results = {"evaluations": {}, "phases": {"world_model_head": {"seconds": 60.0, "step": 900}},
+               "success_head": {"before": measured(0.543), "after": measured(0.8)}}
+    rows = protocol_results.protocol_table(results).splitlines()
+    assert rows[0].startswith("success head, held-out imagined chunks, before: chunks precision 50.0% recall 100.0%")
+    assert rows[1].endswith("12 episodes (7 successful): balanced accuracy 80.0% at 0.5, 90.0% at 0.64")
+    assert rows[2] == "world_model_head     1.0 min (step 900)"
