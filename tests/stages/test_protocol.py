@@ -264,7 +264,8 @@ def test_a_world_model_protocol_runs_rl_in_its_world_model_and_evaluates_in_the_
     then run in it, both evaluations in the simulator (the jobs themselves run on the simulator in their own
     tests)."""
     root = tmp_path / "wm protocol"
-    cfg = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root)])
+    cfg = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root),
+                               "phases.world_model_head=null", "phases.calibrate=null"])
     phases = {phase.name: phase for phase in protocol.plan(cfg)}
     assert list(phases) == ["collect", "flow", "eval", "world_model", "rl", "eval_rl"]
     jobs = {name: compose(phase.job, phase.overrides) for name, phase in phases.items()}
@@ -272,6 +273,7 @@ def test_a_world_model_protocol_runs_rl_in_its_world_model_and_evaluates_in_the_
     assert jobs["world_model"].run_dir == str(root / "world_model") and jobs["world_model"].algo.name == "world_model"
     assert jobs["world_model"].task.name == "libero_object"
     assert jobs["world_model"].algo.chunk == 4 and jobs["flow"].algo.action_horizon % 4 == 0
+    assert jobs["world_model"].algo.model.output == "warp"
     assert jobs["rl"].environment.name == "world_model"
     assert jobs["rl"].environment.checkpoint == str(root / "world_model")
     assert jobs["eval"].environment.name == "simulator" and jobs["eval_rl"].environment.name == "simulator"
@@ -286,7 +288,7 @@ def test_a_world_model_protocol_runs_rl_in_its_world_model_and_evaluates_in_the_
 def test_a_calibrate_phase_reads_the_imitations_evaluation_in_the_world_model_and_rl_reads_its_threshold(tmp_path):
     root = tmp_path / "wm protocol"
     cfg = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root),
-                               "phases.calibrate={}"])
+                               "phases.world_model_head=null"])
     phases = {phase.name: phase for phase in protocol.plan(cfg)}
     assert list(phases) == ["collect", "flow", "eval", "world_model", "calibrate", "rl", "eval_rl"]
     protocol.check(cfg, list(phases.values()))
@@ -305,8 +307,7 @@ def test_a_calibrate_phase_reads_the_imitations_evaluation_in_the_world_model_an
 
 def test_a_world_model_head_phase_trains_the_head_again_and_calibrate_and_rl_read_that_world_model(tmp_path):
     root = tmp_path / "wm protocol"
-    cfg = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root),
-                               "phases.world_model_head={}", "phases.calibrate={}"])
+    cfg = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root)])  # the default
     phases = {phase.name: phase for phase in protocol.plan(cfg)}
     assert list(phases) == ["collect", "flow", "eval", "world_model", "world_model_head", "calibrate", "rl", "eval_rl"]
     protocol.check(cfg, list(phases.values()))
@@ -320,7 +321,7 @@ def test_a_world_model_head_phase_trains_the_head_again_and_calibrate_and_rl_rea
         assert job.environment.checkpoint == str(root / "world_model_head")
         assert root / "world_model_head" in phases[name].reads
     no_model = compose("protocol", ["protocol=libero_object_world_model", override("run_root", root),
-                                    "phases.world_model=null", "phases.world_model_head={}"])
+                                    "phases.world_model=null", "phases.calibrate=null"])
     with pytest.raises(RiptError, match="phases.world_model_head reads the world_model phase's output; it is null"):
         protocol.check(no_model, protocol.plan(no_model))
 
