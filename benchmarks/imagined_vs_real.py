@@ -8,6 +8,9 @@ no information about which episodes succeed, even when its success rate matches 
     python -m benchmarks.imagined_vs_real --world-model runs/libero_object/world_model \
         --checkpoints runs/a/checkpoints/0001000 runs/a/checkpoints/0002000 runs/b ... \
         --episodes 10 --out benchmarks/results/<file>.json
+    # the same checkpoints in another world model, or at a calibrated threshold: the simulator's evaluations in
+    # --work-dir are reused where they evaluated the same checkpoint on as many episodes
+    python -m benchmarks.imagined_vs_real --world-model <another> --calibration runs/x/calibrate --checkpoints ...
 """
 
 from __future__ import annotations
@@ -23,9 +26,17 @@ from ript.policies.families import checkpoint_model
 from ript.registry import POLICIES
 from ript.stages.evaluate import run as evaluate
 from ript.utils.atomic import atomic_write_text
+from ript.utils.checkpoint import resolve_checkpoint_dir
 
 
-def evaluated(checkpoint: str, out_dir: Path, episodes: int, workers: str, extra: list[str]) -> dict:
+def evaluated(checkpoint: str, out_dir: Path, episodes: int, workers: str, extra: list[str], reuse: bool = False
+              ) -> dict:
+    earlier = out_dir / "results.json"
+    if reuse and earlier.exists():
+        found = json.loads(earlier.read_text())
+        same = Path(found["checkpoint"]).resolve() == resolve_checkpoint_dir(checkpoint)
+        if same and all(t["episodes"] == episodes for t in found["per_task"].values()):
+            return found
     family = checkpoint_model(checkpoint)  # a flow or π0 run names its family, as `ript eval` reads it
     policy = [f"policy={family}"] if family in POLICIES.names() else []
     cfg = compose("eval", [*policy, override("checkpoint", checkpoint), override("out_dir", out_dir),
@@ -59,16 +70,18 @@ def kappa_of(pairs: list[tuple[bool, bool]]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-model", required=True)
+    p.add_argument("--calibration", default=None, help="a folder of calibration.json: its threshold (else 0.5)")
     p.add_argument("--checkpoints", nargs="+", required=True)
     p.add_argument("--episodes", type=int, default=10, help="evaluation episodes per task, in each environment")
     p.add_argument("--workers", default="auto")
     p.add_argument("--work-dir", type=Path, default=Path("runs/imagined_vs_real"))
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    imagined = ["environment=world_model", override("environment.checkpoint", args.world_model)]
+    imagined = ["environment=world_model", override("environment.checkpoint", args.world_model),
+                *([override("environment.calibration", args.calibration)] if args.calibration else [])]
     rows = []
     for i, ckpt in enumerate(args.checkpoints):
-        real = evaluated(ckpt, args.work_dir / f"{i:02d}_real", args.episodes, args.workers, [])
+        real = evaluated(ckpt, args.work_dir / f"{i:02d}_real", args.episodes, args.workers, [], reuse=True)
         dream = evaluated(ckpt, args.work_dir / f"{i:02d}_imagined", args.episodes, args.workers, imagined)
         row = {"checkpoint": ckpt, "real": float(real["success_rate"]), "imagined": float(dream["success_rate"]),
                **agreement(real["episodes"], dream["episodes"])}
@@ -78,7 +91,8 @@ def main() -> None:
               f"{100 * row['agreement']:.1f}% of {row['paired_episodes']} episodes (kappa {kappa})", flush=True)
     real, dream = np.array([r["real"] for r in rows]), np.array([r["imagined"] for r in rows])
     pearson = float(np.corrcoef(real, dream)[0, 1]) if len(rows) > 1 and real.std() and dream.std() else None
-    result = {"world_model": args.world_model, "episodes_per_task": args.episodes, "checkpoints": rows,
+    result = {"world_model": args.world_model, "calibration": args.calibration, "episodes_per_task": args.episodes,
+              "checkpoints": rows,
               "pearson": pearson, "mean_abs_gap": float(np.abs(real - dream).mean())}
     print(json.dumps({k: result[k] for k in ("pearson", "mean_abs_gap")}))
     if args.out is not None:
