@@ -1,7 +1,9 @@
 """The two-phase loop of RL in a world model (``environment.refresh_every``): every N iterations the current policy
 runs ``environment.refresh_episodes`` real episodes per task in the simulator; they join the world model's data
 (its demos and every earlier refresh's episodes) and the world model trains ``environment.refresh_steps`` more
-steps from where it was; RL's rollouts then go on in the refreshed model. The real env steps are counted apart.
+steps from where it was (and where RL started in a world model whose success head learnt on its own imagination,
+``ript world-model-head``, the refreshed model's head learns so again, with the same settings, on all of that
+data); RL's rollouts then go on in the refreshed model. The real env steps are counted apart.
 
 A refresh is a folder of the RL run (``world_model_refresh/iterNNNNN``: the episodes, the world model, and
 ``refresh.json`` once complete), made before that iteration's rollouts; a resumed run reuses a complete one and
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ript.config import compose, override
 from ript.envs.imagination import ImaginedRunner
 from ript.envs.suites import get_suite
 from ript.envs.worker_env import EpisodeSpec
@@ -38,7 +41,7 @@ DONE_FILE = "refresh.json"
 
 class WorldModelRefresh:
     def __init__(self, cfg, run_dir: Path, metadata: dict, task_names: list[str], device: str, world_size: int,
-                 train_world_model: Callable):
+                 train_world_model: Callable, train_head: Callable):
         env = cfg.environment
         if world_size > 1:
             raise RiptError("environment.refresh_every: a refreshed world model is trained by one process; run RL "
@@ -50,6 +53,7 @@ class WorldModelRefresh:
         self.base = str(env.checkpoint)
         self.simulator = None  # the env runner of the real episodes, built at the first refresh
         self.train_world_model = train_world_model  # ``ript world-model``'s run(cfg)
+        self.train_head = train_head  # ``ript world-model-head``'s run(cfg)
         self.real_env_steps = 0
 
     def due(self, iteration: int) -> bool:
@@ -108,17 +112,25 @@ class WorldModelRefresh:
     def train(self, iteration: int, out: Path) -> None:
         """The world model goes on from the one in use, on its data and every refresh's episodes so far."""
         current = self.world_model_before(iteration)
-        recorded = read_checkpoint_config(resolve_checkpoint_dir(self.base))["cfg"]
+        base = read_checkpoint_config(resolve_checkpoint_dir(self.base))
+        recorded, head = base["cfg"], base["metadata"].get("success_head")
         cfg = OmegaConf.create(recorded)
         dirs = [str(self.folder_of(k) / "episodes") for k in range(self.every, iteration, self.every)]
         cfg.data.extra_dirs = [*list(recorded.get("data", {}).get("extra_dirs") or []), *dirs,
                                str(out / "episodes")]
-        cfg.run_dir, cfg.init_checkpoint, cfg.resume, cfg.progress = str(out / "world_model"), current, False, False
+        trained = out / ("world_model_dynamics" if head else "world_model")
+        cfg.run_dir, cfg.init_checkpoint, cfg.resume, cfg.progress = str(trained), current, False, False
         cfg.device = self.device
         cfg.train.steps = self.steps
         cfg.train.warmup_steps = 0  # it goes on: no second warm-up
         cfg.train.stop_after_minutes = None
         self.train_world_model(cfg)
+        if head:  # trained on real frames again, the head learns on the refreshed model's imagination again
+            head_cfg = compose("world_model_head", [override("checkpoint", trained),
+                                                    override("run_dir", out / "world_model"), f"device={self.device}"])
+            for key, value in {**head["settings"], "episodes_dirs": head["episodes_dirs"]}.items():
+                head_cfg[key] = value
+            self.train_head(head_cfg)
 
     def close(self) -> None:
         if self.simulator is not None:

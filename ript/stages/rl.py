@@ -21,7 +21,7 @@ from ript.rl.loop import RLRun, init_rank, prepare_run, train_loop
 from ript.rl.overlap import check_overlap
 from ript.rl.placement import critic_settings, placement_kind
 from ript.rl.refresh import WorldModelRefresh
-from ript.stages import world_model
+from ript.stages import world_model, world_model_head
 from ript.utils.seeding import shared_draws
 
 
@@ -35,7 +35,8 @@ def run(cfg) -> str:
     placement = kind(cfg=cfg, info=info, loaded=loaded, device=device)  # where the rank's rollouts run
     try:  # a run that cannot start leaves no run folder and no workers behind
         refresh = WorldModelRefresh(cfg, Path(cfg.run_dir), loaded.metadata, loaded.task_names, device,
-                                    info.world_size, world_model.run) if cfg.environment.get("refresh_every") else None
+                                    info.world_size, world_model.run, world_model_head.run) \
+            if cfg.environment.get("refresh_every") else None
         return _train(cfg, family, loaded, info, device, placement, refresh)
     finally:
         placement.runner.close()

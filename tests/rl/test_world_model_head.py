@@ -1,10 +1,11 @@
 """A world model's success head trained again on the model's own open-loop imagination of its episodes
 (``ript world-model-head``): the episodes' chunks and their labels, only the head changing, the new world model's
-checkpoint, and its refusals."""
+checkpoint, its refusals, and a two-phase refresh of such a world model."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -12,10 +13,12 @@ from safetensors.torch import load_file
 
 from ript.config import compose
 from ript.model_loader import load_model
+from ript.rl.refresh import WorldModelRefresh
+from ript.stages import world_model, world_model_head
 from ript.stages.evaluate import run as evaluate
 from ript.stages.world_model_head import imagine_episodes, splits
 from ript.utils.checkpoint import resolve_checkpoint_dir
-from tests.helpers.cli import assert_one_line_error, ript_here
+from tests.helpers.cli import assert_one_line_error, ript_here, rl_overrides
 
 pytestmark = pytest.mark.xdist_group("test_world_model_rl")  # the same process as the world model's other tests
 
@@ -90,3 +93,29 @@ def test_a_folder_of_other_tasks_or_a_checkpoint_of_another_stage_is_one_line(wo
     assert_one_line_error(ript_here("world-model-head", f"checkpoint={world_model_run}", f"run_dir={tmp_path / 'b'}",
                                     f"episodes_dirs=[{tmp_path}]"), "episodes_dirs: ", "holds no file")
     assert not (tmp_path / "b").exists()
+
+
+def test_a_refreshed_world_model_whose_head_learnt_on_imagination_has_its_head_learn_so_again(
+        stage1_run, world_model_run, failed_episodes, tmp_path):
+    head_run = tmp_path / "head"
+    code, _, err = ript_here("world-model-head", f"checkpoint={world_model_run}", f"run_dir={head_run}",
+                             f"episodes_dirs=[{failed_episodes}]", "steps=20", "batch_size=32")
+    assert code == 0, err
+    cfg = compose("rl", [*rl_overrides(stage1_run, tmp_path / "rl", 2), "environment=world_model",
+                         f"environment.checkpoint={head_run}", "environment.refresh_every=1",
+                         "environment.refresh_steps=2"])
+    refresh = WorldModelRefresh(cfg, tmp_path / "rl", {}, ["drawer-close-v3"], "cpu", 1, world_model.run,
+                                world_model_head.run)
+    out = refresh.folder_of(1)
+    shutil.copytree(failed_episodes, out / "episodes")  # as the simulator's episodes of the refresh
+    refresh.train(1, out)
+    dynamics, final = resolve_checkpoint_dir(out / "world_model_dynamics"), resolve_checkpoint_dir(out / "world_model")
+    recorded = json.loads((final / "config.json").read_text())
+    assert recorded["metadata"]["success_head"]["source"] == str(dynamics)
+    assert recorded["metadata"]["success_head"]["settings"]["steps"] == 20
+    assert recorded["metadata"]["success_head"]["episodes_dirs"] == [str(failed_episodes)]
+    assert str(out / "episodes" / "drawer-close-v3.hdf5") in recorded["metadata"]["files"]
+    trained, tuned = load_file(dynamics / "model.safetensors"), load_file(final / "model.safetensors")
+    changed = {k for k in trained if not torch.equal(trained[k], tuned[k])}
+    assert changed and all(k.startswith("success_head.") for k in changed)
+    assert json.loads((dynamics / "config.json").read_text())["cfg"]["init_checkpoint"] == str(head_run)
