@@ -76,11 +76,15 @@ def calibrate(real: list[dict[str, Any]], imagined: list[dict[str, Any]]) -> dic
     per_task = {t: {"real": float(won[[k[0] == t for k in keys]].mean()),
                     "imagined": float((peak >= best["threshold"])[[k[0] == t for k in keys]].mean())}
                 for t in tasks}
+    # tasks the policy solves for real but never in imagination at any threshold: RL in this world model gets no
+    # reward there, and its updates from the other tasks move them unchecked
+    peak_of_task = {t: float(peak[[k[0] == t for k in keys]].max()) for t in tasks}
+    unseen = [t for t in tasks if per_task[t]["real"] > 0 and peak_of_task[t] < THRESHOLDS[0]]
     rates = np.array([[v["real"], v["imagined"]] for v in per_task.values()])
     spread = len(tasks) > 1 and rates[:, 0].std() > 0 and rates[:, 1].std() > 0
     return {"threshold": best["threshold"], "balanced_accuracy": best["balanced_accuracy"],
             "agreement": best["agreement"], "real_success": real_rate, "imagined_success": best["imagined_success"],
-            "episodes": len(keys), "per_task": per_task,
+            "episodes": len(keys), "per_task": per_task, "tasks_never_imagined_successful": unseen,
             "per_task_pearson": float(np.corrcoef(rates.T)[0, 1]) if spread else None, "curve": curve}
 
 
@@ -111,6 +115,9 @@ def calibrated_threshold(folder: str | Path, world_model: Path) -> float:
 
 
 def calibration_line(c: dict[str, Any]) -> str:
+    unseen = c.get("tasks_never_imagined_successful") or []
+    blind = (f"; the head stayed below {THRESHOLDS[0]:g} in every imagined episode of {len(unseen)} task(s) the policy "
+             f"solves ({', '.join(unseen)}): RL gets no reward there" if unseen else "")
     return (f"success head calibrated on {c['episodes']} simulator episodes: threshold {c['threshold']:g}, balanced "
             f"accuracy {c['balanced_accuracy']:.1%}, agreement {c['agreement']:.1%}; success real "
-            f"{c['real_success']:.1%}, imagined {c['imagined_success']:.1%}")
+            f"{c['real_success']:.1%}, imagined {c['imagined_success']:.1%}{blind}")

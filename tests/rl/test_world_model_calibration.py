@@ -10,7 +10,7 @@ import pytest
 
 from ript.config import compose
 from ript.errors import RiptError
-from ript.evaluation.calibration import calibrate, calibrated_threshold, simulator_episodes
+from ript.evaluation.calibration import calibrate, calibrated_threshold, calibration_line, simulator_episodes
 from ript.evaluation.environments import EnvironmentSetting, build_environment
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
@@ -44,6 +44,17 @@ def test_the_threshold_kept_best_separates_the_real_successes_from_the_failures(
     assert at_030["balanced_accuracy"] == pytest.approx(0.75) and at_030["imagined_success"] == pytest.approx(4 / 5)
     with pytest.raises(RiptError, match=r"no episode \('b', 3, 0\)"):
         calibrate(real, imagined[:4])
+
+
+def test_a_task_the_policy_solves_but_never_in_imagination_is_named():
+    real = [episode("a", 1, True), episode("a", 2, False), episode("b", 1, True), episode("c", 1, False)]
+    imagined = [episode("a", 1, False, 0.9), episode("a", 2, False, 0.1), episode("b", 1, False, 0.01),
+                episode("c", 1, False, 0.0)]
+    result = calibrate(real, imagined)
+    assert result["tasks_never_imagined_successful"] == ["b"]  # c never succeeds for real either
+    assert calibration_line(result).endswith("the head stayed below 0.02 in every imagined episode of 1 task(s) the "
+                                             "policy solves (b): RL gets no reward there")
+    assert "RL gets no reward" not in calibration_line({**result, "tasks_never_imagined_successful": []})
 
 
 def test_a_simulator_evaluation_of_another_checkpoint_or_none_is_refused(tmp_path):
