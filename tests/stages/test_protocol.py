@@ -375,3 +375,33 @@ def test_the_table_of_a_protocol_with_a_world_model_head_gives_its_held_out_meas
     assert rows[0].startswith("success head, held-out imagined chunks, before: chunks precision 50.0% recall 100.0%")
     assert rows[1].endswith("12 episodes (7 successful): balanced accuracy 80.0% at 0.5, 90.0% at 0.64")
     assert rows[2] == "world_model_head     1.0 min (step 900)"
+
+
+def test_a_world_model_protocol_runs_end_to_end_with_its_head_and_calibrate_phases(tiny_data, tmp_path):
+    """The ML45 protocol's tiny phases with a world model between imitation and RL, as the LIBERO world-model
+    protocols place it: the recorded evaluation in its data, its head trained again on its imagination, the
+    threshold calibrated on the imitation's episodes, RL in it, the evaluation after RL in the simulator."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    root = tmp_path / "wm"
+    overrides = [o for o in protocol_overrides(data, root) if not o.startswith("++phases.eval=")] + [
+        f"++phases.eval={EVAL[:-1]}, record_episodes: true}}",
+        "++phases.world_model={progress: false, train: {steps: 4, batch_size: 8, warmup_steps: 1, val_every: 2, "
+        "save_every: 2, log_every: 1}, data: {val_fraction: 0.34, extra_dirs: ["
+        + json.dumps(str(root / "eval" / "episodes"))
+        + "]}, algo: {chunk: 2, unroll: 2, model: {width: 8, stages: 2, cond_dim: 32}}}",
+        "++phases.world_model_head={steps: 20, batch_size: 16}",
+        "++phases.calibrate={episodes_per_task: 2, num_workers: 1, max_episode_steps: 16, n_videos: 0, "
+        "environment: {envs: 4}}",
+        "++phases.rl.environment={envs: 4}",
+    ]
+    results = protocol.run(compose("protocol", overrides))
+    assert list(results["phases"]) == ["collect", "stage0", "stage1", "eval", "world_model", "world_model_head",
+                                       "calibrate", "rl", "eval_rl"]
+    assert set(results["success_head"]) == {"before", "after"}
+    assert results["calibration"]["world_model"] == str(
+        (root / "world_model_head" / "checkpoints" / "last").resolve())
+    rl_config = json.loads((root / "rl" / "checkpoints" / "last" / "config.json").read_text())["cfg"]
+    assert rl_config["environment"]["checkpoint"] == str(root / "world_model_head")
+    assert rl_config["environment"]["calibration"] == str(root / "calibrate")
+    assert results["evaluations"]["eval_rl"]["episodes"] == 4
