@@ -72,14 +72,13 @@ def calibrate(real: list[dict[str, Any]], imagined: list[dict[str, Any]]) -> dic
     # ties (e.g. the head never separates them): the imagined success nearest the real, then the lower threshold
     best = max(curve, key=lambda r: (round(r["balanced_accuracy"], 9), -abs(r["imagined_success"] - real_rate),
                                      -r["threshold"]))
-    tasks = sorted({k[0] for k in keys})
-    per_task = {t: {"real": float(won[[k[0] == t for k in keys]].mean()),
-                    "imagined": float((peak >= best["threshold"])[[k[0] == t for k in keys]].mean())}
-                for t in tasks}
+    task_of = np.array([k[0] for k in keys])
+    tasks = sorted(set(task_of))
+    per_task = {t: {"real": float(won[task_of == t].mean()),
+                    "imagined": float((peak >= best["threshold"])[task_of == t].mean())} for t in tasks}
     # tasks the policy solves for real but never in imagination at any threshold: RL in this world model gets no
     # reward there, and its updates from the other tasks move them unchecked
-    peak_of_task = {t: float(peak[[k[0] == t for k in keys]].max()) for t in tasks}
-    unseen = [t for t in tasks if per_task[t]["real"] > 0 and peak_of_task[t] < THRESHOLDS[0]]
+    unseen = [t for t in tasks if per_task[t]["real"] > 0 and peak[task_of == t].max() < THRESHOLDS[0]]
     rates = np.array([[v["real"], v["imagined"]] for v in per_task.values()])
     spread = len(tasks) > 1 and rates[:, 0].std() > 0 and rates[:, 1].std() > 0
     return {"threshold": best["threshold"], "balanced_accuracy": best["balanced_accuracy"],
