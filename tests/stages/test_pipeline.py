@@ -176,7 +176,7 @@ def test_finetune_refuses_algo_settings_it_would_not_apply(stage1_run, tiny_data
     ({"phases": {}, "cut": {"stage0": "12"}}, "'cut'"),
 ])
 def test_a_hand_edited_protocol_record_is_one_line(tmp_path, state, fragment):
-    from ript.stages.protocol import read_state
+    from ript.stages.protocol_state import read_state
 
     (tmp_path / "protocol.json").write_text(json.dumps(state))
     with pytest.raises(RiptError, match="move it away") as e:

@@ -12,7 +12,7 @@ import typer
 from ript import cli
 from ript.config import compose, override
 from ript.errors import RiptError
-from ript.stages import protocol, protocol_results
+from ript.stages import protocol, protocol_results, protocol_state
 from tests.helpers.cli import assert_one_line_error, ript_here, task_overrides
 
 EVAL = "{episodes_per_task: 2, num_workers: 1, max_episode_steps: 16, n_videos: 0}"
@@ -123,13 +123,13 @@ def test_a_finished_rl_phase_goes_on_only_when_asked_for_more_iterations_and_not
         phase.last_step = last
         return phase
 
-    assert protocol.finished_difference(rl("policy=flow", "rl.iterations=30", last=30), record) == (None, 15)
-    assert protocol.finished_difference(rl("policy=flow", "rl.iterations=15"), record) == (None, None)
+    assert protocol_state.finished_difference(rl("policy=flow", "rl.iterations=30", last=30), record) == (None, 15)
+    assert protocol_state.finished_difference(rl("policy=flow", "rl.iterations=15"), record) == (None, None)
     budget_spent = {**record, "step": 9}  # rl.max_env_steps ended it at iteration 9: the same command skips it
-    assert protocol.finished_difference(rl("policy=flow", "rl.iterations=15"), budget_spent) == (None, None)
-    assert protocol.finished_difference(rl("policy=flow", "rl.iterations=30", "rl.lr=0.001", last=30), record) \
+    assert protocol_state.finished_difference(rl("policy=flow", "rl.iterations=15"), budget_spent) == (None, None)
+    assert protocol_state.finished_difference(rl("policy=flow", "rl.iterations=30", "rl.lr=0.001", last=30), record) \
         == ("without rl.lr=0.001", None)
-    assert protocol.finished_difference(rl("policy=flow", "rl.iterations=10", last=10), record) \
+    assert protocol_state.finished_difference(rl("policy=flow", "rl.iterations=10", last=10), record) \
         == ("without rl.iterations=10", None)
 
 
@@ -331,19 +331,19 @@ def test_a_phase_finished_before_a_setting_existed_is_skipped_only_at_the_value_
     # setting that is not in the added list, still makes it differ
     done = {"overrides": ["algo=quest", "algo.lr=0.001"]}
     same = protocol.Phase("stage1", "stage1", ["algo=quest", "algo.lr=0.001", "algo.image_aug_color=0.0"])
-    assert protocol.finished_differently(same, done) is None
+    assert protocol_state.finished_differently(same, done) is None
     jittered = protocol.Phase("stage1", "stage1", ["algo=quest", "algo.lr=0.001", "algo.image_aug_color=0.3"])
-    assert protocol.finished_differently(jittered, done) == "without algo.image_aug_color=0.3"
+    assert protocol_state.finished_differently(jittered, done) == "without algo.image_aug_color=0.3"
     unknown = protocol.Phase("stage1", "stage1", ["algo=quest", "algo.lr=0.001", "algo.image_aug_pad=0"])
-    assert protocol.finished_differently(unknown, done) == "without algo.image_aug_pad=0"
+    assert protocol_state.finished_differently(unknown, done) == "without algo.image_aug_pad=0"
     # the same value written another way, and a bare word asked for on the command line
-    assert protocol.finished_differently(protocol.Phase("stage1", "stage1", [*done["overrides"],
+    assert protocol_state.finished_differently(protocol.Phase("stage1", "stage1", [*done["overrides"],
                                                                               "algo.image_aug_color=0"]), done) is None
     words = protocol.Phase("eval", "eval", ["environment.starts=first_frames"])
-    assert protocol.finished_differently(words, {"overrides": []}) is None
+    assert protocol_state.finished_differently(words, {"overrides": []}) is None
     # a run that recorded the setting is compared as it was recorded
     recorded = {"overrides": ["algo=quest", "algo.lr=0.001", "algo.image_aug_color=0.3"]}
-    assert protocol.finished_differently(same, recorded) == "without algo.image_aug_color=0.0"
+    assert protocol_state.finished_differently(same, recorded) == "without algo.image_aug_color=0.0"
 
 
 def test_the_ten_task_ml45_protocol_shares_the_multitask_phases_and_sizes_stage1_for_its_tasks():
