@@ -67,11 +67,8 @@ def calibrate(real: list[dict[str, Any]], imagined: list[dict[str, Any]]) -> dic
         raise RiptError(f"the imagined run has no episode {missing[0]} of the simulator evaluation")
     won = np.array([bool(e["success"]) for e in real])
     peak = np.array([peaks[k] for k in keys])
-    curve = [threshold_row(t, peak >= t, won) for t in THRESHOLDS]
+    curve, best = threshold_scan(peak, won)
     real_rate = float(won.mean())
-    # ties (e.g. the head never separates them): the imagined success nearest the real, then the lower threshold
-    best = max(curve, key=lambda r: (round(r["balanced_accuracy"], 9), -abs(r["imagined_success"] - real_rate),
-                                     -r["threshold"]))
     task_of = np.array([k[0] for k in keys])
     tasks = sorted(set(task_of))
     per_task = {t: {"real": float(won[task_of == t].mean()),
@@ -85,6 +82,17 @@ def calibrate(real: list[dict[str, Any]], imagined: list[dict[str, Any]]) -> dic
             "agreement": best["agreement"], "real_success": real_rate, "imagined_success": best["imagined_success"],
             "episodes": len(keys), "per_task": per_task, "tasks_never_imagined_successful": unseen,
             "per_task_pearson": float(np.corrcoef(rates.T)[0, 1]) if spread else None, "curve": curve}
+
+
+def threshold_scan(peak: np.ndarray, won: np.ndarray) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Every threshold's row for episodes whose head peaked at ``peak`` and really succeeded where ``won``, and the
+    row of best balanced accuracy; ties (e.g. a head that never separates them) go to the imagined success nearest
+    the real one, then to the lower threshold."""
+    curve = [threshold_row(t, peak >= t, won) for t in THRESHOLDS]
+    real_rate = float(won.mean())
+    best = max(curve, key=lambda r: (round(r["balanced_accuracy"], 9), -abs(r["imagined_success"] - real_rate),
+                                     -r["threshold"]))
+    return curve, best
 
 
 def threshold_row(threshold: float, imagined: np.ndarray, won: np.ndarray) -> dict[str, float]:

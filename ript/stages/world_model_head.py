@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ript.config import extra_data_files
 from ript.data.dataset import ChunkDataset, EmptySplitError
 from ript.errors import RiptError
-from ript.evaluation.calibration import THRESHOLDS, threshold_row
+from ript.evaluation.calibration import threshold_row, threshold_scan
 from ript.evaluation.imagination import Counts, demo_dataset
 from ript.model_loader import load_model
 from ript.models.world_model import WorldModel
@@ -123,7 +123,7 @@ def head_measures(head: torch.nn.Module, chunks: ImaginedChunks, device: str, th
     peak = torch.zeros(len(chunks.success)).scatter_reduce(0, chunks.episode, probs, "amax", include_self=False)
     won, peak = chunks.success.numpy(), peak.numpy()
     at = threshold_row(threshold, peak >= threshold, won)
-    best = max((threshold_row(t, peak >= t, won) for t in THRESHOLDS), key=lambda row: row["balanced_accuracy"])
+    _, best = threshold_scan(peak, won)  # chosen as calibrate chooses it
     return {"chunks": counts.summary(), "episodes": len(won), "successful_episodes": int(won.sum()),
             "episode_balanced_accuracy": at["balanced_accuracy"], "episode_best": best,
             "mean_peak": {"successes": float(np.mean(peak[won])) if won.any() else None,
