@@ -1,0 +1,178 @@
+"""What a policy does on a world model's frames, against what it does on the real ones: where RL in imagination
+parts from the simulator when the world model's open-loop fidelity looks good.
+
+Along each episode of a folder (a policy's own, ``ript eval record_episodes=true``; or the world model's held-out
+demos), from its first real frame, the policy decides on four streams of observations with the same noise (one
+episode key for all four, so that only the frames differ):
+
+- ``real``: the episode's recorded frames, after its recorded actions;
+- ``imagined``: the world model's frames after the same recorded actions (open loop: the model's error alone);
+- ``closed_loop``: the world model's frames after the policy's own actions on them, as RL and an imagined
+  evaluation run it;
+- ``still``: the first frame held (what the policy does when nothing it reads moves);
+- ``imagined_cameras`` and ``imagined_state``: the imagined stream's cameras with the real robot state, and the
+  real cameras with the imagined state: which of the two the policy's difference on imagined frames comes from.
+
+Per decision of the horizon: the root mean square difference of each stream's chunk from the ``real`` one (the
+world model's normalised action units), the share of gripper commands of the same sign, and for the closed loop
+its robot state's and frames' distance from the real ones. On the policy's own episodes with deterministic decoding
+a perfect world model gives 0 on the imagined and closed-loop rows, and ``recorded`` (the real stream's chunk
+against the actions the episode executed) is 0 up to the arithmetic of the host that recorded it.
+
+    python -m benchmarks.policy_on_imagined_frames --world-model runs/x/world_model_head --policy runs/x/flow \
+        --episodes-dir runs/x/eval/episodes --horizon-chunks 12 --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from benchmarks.results_file import write_or_print
+from ript.config import compose, extra_data_files, override
+from ript.evaluation.imagination import demo_dataset, images_of, psnr, state_rmse
+from ript.model_loader import load_model
+from ript.policies.families import checkpoint_model, family_for
+from ript.registry import POLICIES
+from ript.utils.device import resolve_device
+
+STREAMS = ("real", "imagined", "closed_loop", "still", "imagined_cameras", "imagined_state")
+
+
+def load_policy(checkpoint: str, device: str, seed: int):
+    """The policy of ``checkpoint`` as ``ript eval`` decodes it."""
+    family = checkpoint_model(checkpoint)
+    cfg = compose("eval", [*([f"policy={family}"] if family in POLICIES.names() else []),
+                           override("checkpoint", checkpoint), f"device={device}"])
+    return family_for(cfg).load(cfg, device, seed, rl=False)
+
+
+def host(obs: dict[str, torch.Tensor], j: int) -> dict[str, np.ndarray]:
+    return {k: v[j].cpu().numpy() for k, v in obs.items()}
+
+
+class Sums:
+    """Per-decision sums over live segments, averaged at the end."""
+
+    def __init__(self, decisions: int):
+        self.values: dict[str, np.ndarray] = {}
+        self.n = np.zeros(decisions)
+
+    def add(self, name: str, d: int, value: torch.Tensor, live: torch.Tensor) -> None:
+        self.values.setdefault(name, np.zeros(len(self.n)))[d] += float(value[live].double().sum())
+
+    def table(self) -> list[dict]:
+        return [{"decision": d, "segments": int(self.n[d]),
+                 **{k: float(v[d] / max(self.n[d], 1)) for k, v in self.values.items()}} for d in range(len(self.n))]
+
+
+@torch.no_grad()
+def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_size: int) -> list[dict]:
+    chunk, horizon = model.chunk, dataset.spec.future_count
+    per_decision = policy.action_horizon // chunk  # world-model chunks per policy decision
+    decisions = horizon // per_decision
+    sums = Sums(decisions)
+    norm = model.action_normalizer
+    for i in range(0, len(starts), batch_size):
+        segments = starts[i:i + batch_size]
+        batch = dataset.get_batch(segments)
+        b = len(segments)
+        left = (dataset.episode_end[segments] - segments).to(device)
+        task_ids, recorded = batch["task_ids"].to(device), batch["actions"].to(device)
+        first = {k: v[:, 0].to(device) for k, v in batch["obs"].items() if k in model.image_keys + model.lowdim_keys}
+        obs = {name: dict(first) for name in STREAMS}
+        policy.reset(len(STREAMS) * b)
+        for s in range(len(STREAMS)):
+            for j in range(b):  # one key per segment in every stream: the same noise, other frames
+                policy.reset_env(s * b + j, model.task_names[int(task_ids[j])], int(segments[j]))
+        for d in range(decisions):
+            cameras = set(model.image_keys)
+            obs["imagined_cameras"] = {k: (obs["imagined"] if k in cameras else obs["real"])[k] for k in first}
+            obs["imagined_state"] = {k: (obs["real"] if k in cameras else obs["imagined"])[k] for k in first}
+            for s, name in enumerate(STREAMS):
+                for j in range(b):
+                    policy.observe(s * b + j, host(obs[name], j))
+            planned = policy.act_chunk([True] * (len(STREAMS) * b))
+            chunks = {name: torch.from_numpy(np.stack(planned[s * b:(s + 1) * b])).to(device)
+                      for s, name in enumerate(STREAMS)}
+            live = d * policy.action_horizon < left
+            sums.n[d] += float(live.sum())
+            span = slice(d * policy.action_horizon, (d + 1) * policy.action_horizon)
+            compare_chunks(sums, d, norm, chunks, recorded[:, span], live)
+            real_images = images_of(model, obs["real"])
+            sums.add("closed_loop_state_rmse", d, state_rmse(model, obs["closed_loop"], obs["real"]), live)
+            sums.add("closed_loop_psnr", d, psnr(images_of(model, obs["closed_loop"]), real_images), live)
+            sums.add("imagined_psnr", d, psnr(images_of(model, obs["imagined"]), real_images), live)
+            for c in range(per_decision):
+                k = d * per_decision + c
+                steps = slice(k * chunk, (k + 1) * chunk)
+                obs["imagined"] = cast(model.step(obs["imagined"], task_ids, recorded[:, steps])[0], first)
+                own = chunks["closed_loop"][:, c * chunk:(c + 1) * chunk]
+                obs["closed_loop"] = cast(model.step(obs["closed_loop"], task_ids, own)[0], first)
+            obs["real"] = {k: batch["future_obs"][k][:, (d + 1) * per_decision - 1].to(device) for k in first}
+    return sums.table()
+
+
+def cast(predicted: dict[str, torch.Tensor], like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's next observation in the dtypes of the real ones (what the simulator hands the policy)."""
+    return {k: predicted[k].to(v.dtype) for k, v in like.items()}
+
+
+def compare_chunks(sums: Sums, d: int, norm, chunks: dict[str, torch.Tensor], recorded: torch.Tensor,
+                   live: torch.Tensor) -> None:
+    real = norm.normalize(chunks["real"].float())
+    others = {name: chunks[name] for name in STREAMS[1:]}
+    others["recorded"] = recorded[:, :real.shape[1]]
+    for name, chunk in others.items():
+        moved = norm.normalize(chunk.float())
+        sums.add(f"{name}_action_rmse", d, (moved - real).pow(2).mean(dim=(1, 2)).sqrt(), live)
+        same = (torch.sign(chunk[..., -1]) == torch.sign(chunks["real"][..., -1])).float().mean(1)
+        sums.add(f"{name}_gripper_agreement", d, same, live)
+
+
+def print_table(rows: list[dict]) -> None:
+    print("decision  action RMSE vs real: recorded imagined (cameras state) closed-loop still  gripper agree: "
+          "imagined closed  closed-loop state RMSE  PSNR: imagined closed  segments")
+    for r in rows:
+        print(f"{r['decision']:>8}  {r['recorded_action_rmse']:>27.3f} {r['imagined_action_rmse']:>8.3f} "
+              f"({r['imagined_cameras_action_rmse']:.3f} {r['imagined_state_action_rmse']:.3f}) "
+              f"{r['closed_loop_action_rmse']:>11.3f} {r['still_action_rmse']:>5.3f}  "
+              f"{100 * r['imagined_gripper_agreement']:>22.1f}% {100 * r['closed_loop_gripper_agreement']:>5.1f}%  "
+              f"{r['closed_loop_state_rmse']:>22.3f}  {r['imagined_psnr']:>14.2f} {r['closed_loop_psnr']:>6.2f}  "
+              f"{r['segments']:>8}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world-model", required=True)
+    p.add_argument("--policy", required=True, help="a policy checkpoint of the world model's tasks")
+    p.add_argument("--episodes-dir", default=None, help="<task>.hdf5 episodes (default: the model's held-out demos)")
+    p.add_argument("--horizon-chunks", type=int, default=12, help="world-model chunks imagined from each start")
+    p.add_argument("--max-episodes", type=int, default=200, help="the first episodes of the folder, at most")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    device = resolve_device(args.device)
+    torch.manual_seed(args.seed)
+    model, config = load_model(args.world_model, expect_stage="world_model", device=device)
+    model.eval()
+    loaded = load_policy(args.policy, device, args.seed)
+    files = extra_data_files(list(model.task_names), [args.episodes_dir], "--episodes-dir") if args.episodes_dir \
+        else None
+    dataset = demo_dataset(config, args.horizon_chunks, "all" if files else "val", files)
+    dataset.to(device)
+    starts = dataset.episode_start.unique()[:args.max_episodes]
+    rows = measure(model, dataset, loaded.policy, starts, device, args.batch_size)
+    print_table(rows)
+    write_or_print({"measures": __doc__.split("\n")[0], "world_model": args.world_model, "policy": args.policy,
+                    "episodes_dir": args.episodes_dir, "episodes": int(len(starts)),
+                    "policy_actions_per_decision": loaded.policy.action_horizon, "world_model_chunk": model.chunk,
+                    "decisions": rows}, args.out)
+
+
+if __name__ == "__main__":
+    main()
