@@ -15,9 +15,11 @@ episode key for all four, so that only the frames differ):
 
 Per decision of the horizon: the root mean square difference of each stream's chunk from the ``real`` one (the
 world model's normalised action units), the share of gripper commands of the same sign, and for the closed loop
-its robot state's and frames' distance from the real ones. On the policy's own episodes with deterministic decoding
-a perfect world model gives 0 on the imagined and closed-loop rows, and ``recorded`` (the real stream's chunk
-against the actions the episode executed) is 0 up to the arithmetic of the host that recorded it.
+the imagined and closed-loop robot state's and frames' distance from the real ones. ``recorded`` is the real
+stream's chunk against the actions the episode executed: for a sampling policy, the spread of its own sampling (the
+episode drew other noise), the scale the other rows compare to; with deterministic decoding 0 up to the arithmetic
+of the host that recorded it. On the policy's own episodes with deterministic decoding a perfect world model gives
+0 on the imagined and closed-loop rows; with a sampling policy the closed loop also drifts by what its draws differ.
 
     python -m benchmarks.policy_on_imagined_frames --world-model runs/x/world_model_head --policy runs/x/flow \
         --episodes-dir runs/x/eval/episodes --horizon-chunks 12 --out results.json
@@ -26,6 +28,7 @@ against the actions the episode executed) is 0 up to the arithmetic of the host 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,15 +40,16 @@ from ript.model_loader import load_model
 from ript.policies.families import checkpoint_model, family_for
 from ript.registry import POLICIES
 from ript.utils.device import resolve_device
+from ript.utils.video import write_mp4
 
 STREAMS = ("real", "imagined", "closed_loop", "still", "imagined_cameras", "imagined_state")
 
 
-def load_policy(checkpoint: str, device: str, seed: int):
-    """The policy of ``checkpoint`` as ``ript eval`` decodes it."""
+def load_policy(checkpoint: str, device: str, seed: int, overrides: list[str] = ()):
+    """The policy of ``checkpoint`` as ``ript eval`` decodes it with ``overrides`` (e.g. sampling.greedy=true)."""
     family = checkpoint_model(checkpoint)
     cfg = compose("eval", [*([f"policy={family}"] if family in POLICIES.names() else []),
-                           override("checkpoint", checkpoint), f"device={device}"])
+                           override("checkpoint", checkpoint), f"device={device}", *overrides])
     return family_for(cfg).load(cfg, device, seed, rl=False)
 
 
@@ -69,12 +73,15 @@ class Sums:
 
 
 @torch.no_grad()
-def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_size: int) -> list[dict]:
+def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_size: int, n_videos: int = 0,
+            video_dir: Path | None = None) -> list[dict]:
+    """Each decision's comparisons of ``STREAMS`` over the episodes that start at ``starts`` (the first
+    ``n_videos`` also as videos: real frames above, open-loop imagined in the middle, closed loop below)."""
     chunk, horizon = model.chunk, dataset.spec.future_count
     per_decision = policy.action_horizon // chunk  # world-model chunks per policy decision
     decisions = horizon // per_decision
     sums = Sums(decisions)
-    norm = model.action_normalizer
+    norm, videos = model.action_normalizer, 0
     for i in range(0, len(starts), batch_size):
         segments = starts[i:i + batch_size]
         batch = dataset.get_batch(segments)
@@ -87,6 +94,7 @@ def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_siz
         for s in range(len(STREAMS)):
             for j in range(b):  # one key per segment in every stream: the same noise, other frames
                 policy.reset_env(s * b + j, model.task_names[int(task_ids[j])], int(segments[j]))
+        frames: list[torch.Tensor] = []
         for d in range(decisions):
             cameras = set(model.image_keys)
             obs["imagined_cameras"] = {k: (obs["imagined"] if k in cameras else obs["real"])[k] for k in first}
@@ -101,10 +109,11 @@ def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_siz
             sums.n[d] += float(live.sum())
             span = slice(d * policy.action_horizon, (d + 1) * policy.action_horizon)
             compare_chunks(sums, d, norm, chunks, recorded[:, span], live)
-            real_images = images_of(model, obs["real"])
-            sums.add("closed_loop_state_rmse", d, state_rmse(model, obs["closed_loop"], obs["real"]), live)
-            sums.add("closed_loop_psnr", d, psnr(images_of(model, obs["closed_loop"]), real_images), live)
-            sums.add("imagined_psnr", d, psnr(images_of(model, obs["imagined"]), real_images), live)
+            images = {name: images_of(model, obs[name]) for name in ("real", "imagined", "closed_loop")}
+            for name in ("imagined", "closed_loop"):
+                sums.add(f"{name}_state_rmse", d, state_rmse(model, obs[name], obs["real"]), live)
+                sums.add(f"{name}_psnr", d, psnr(images[name], images["real"]), live)
+            frames.append(torch.cat(list(images.values()), dim=2))  # stacked: real, imagined, closed loop
             for c in range(per_decision):
                 k = d * per_decision + c
                 steps = slice(k * chunk, (k + 1) * chunk)
@@ -112,6 +121,11 @@ def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_siz
                 own = chunks["closed_loop"][:, c * chunk:(c + 1) * chunk]
                 obs["closed_loop"] = cast(model.step(obs["closed_loop"], task_ids, own)[0], first)
             obs["real"] = {k: batch["future_obs"][k][:, (d + 1) * per_decision - 1].to(device) for k in first}
+        for j in range(min(b, n_videos - videos)):
+            shown = int((left[j] + policy.action_horizon - 1) // policy.action_horizon)  # decisions with real frames
+            write_mp4(video_dir / f"episode{videos:03d}_real_imagined_closed_loop.mp4",
+                      [f[j].permute(1, 2, 0).byte().cpu().numpy() for f in frames[:max(1, shown)]], fps=4)
+            videos += 1
     return sums.table()
 
 
@@ -134,13 +148,14 @@ def compare_chunks(sums: Sums, d: int, norm, chunks: dict[str, torch.Tensor], re
 
 def print_table(rows: list[dict]) -> None:
     print("decision  action RMSE vs real: recorded imagined (cameras state) closed-loop still  gripper agree: "
-          "imagined closed  closed-loop state RMSE  PSNR: imagined closed  segments")
+          "imagined closed  state RMSE: imagined closed  PSNR: imagined closed  segments")
     for r in rows:
         print(f"{r['decision']:>8}  {r['recorded_action_rmse']:>27.3f} {r['imagined_action_rmse']:>8.3f} "
               f"({r['imagined_cameras_action_rmse']:.3f} {r['imagined_state_action_rmse']:.3f}) "
               f"{r['closed_loop_action_rmse']:>11.3f} {r['still_action_rmse']:>5.3f}  "
               f"{100 * r['imagined_gripper_agreement']:>22.1f}% {100 * r['closed_loop_gripper_agreement']:>5.1f}%  "
-              f"{r['closed_loop_state_rmse']:>22.3f}  {r['imagined_psnr']:>14.2f} {r['closed_loop_psnr']:>6.2f}  "
+              f"{r['imagined_state_rmse']:>20.3f} {r['closed_loop_state_rmse']:>6.3f}  {r['imagined_psnr']:>14.2f} "
+              f"{r['closed_loop_psnr']:>6.2f}  "
               f"{r['segments']:>8}")
 
 
@@ -148,27 +163,32 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-model", required=True)
     p.add_argument("--policy", required=True, help="a policy checkpoint of the world model's tasks")
+    p.add_argument("--policy-overrides", nargs="*", default=[],
+                   help="`ript eval` overrides of its decoding, as the episodes were recorded (sampling.greedy=true)")
     p.add_argument("--episodes-dir", default=None, help="<task>.hdf5 episodes (default: the model's held-out demos)")
     p.add_argument("--horizon-chunks", type=int, default=12, help="world-model chunks imagined from each start")
     p.add_argument("--max-episodes", type=int, default=200, help="the first episodes of the folder, at most")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-videos", type=int, default=4, help="episodes written as videos beside --out")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     model, config = load_model(args.world_model, expect_stage="world_model", device=device)
     model.eval()
-    loaded = load_policy(args.policy, device, args.seed)
+    loaded = load_policy(args.policy, device, args.seed, args.policy_overrides)
     files = extra_data_files(list(model.task_names), [args.episodes_dir], "--episodes-dir") if args.episodes_dir \
         else None
     dataset = demo_dataset(config, args.horizon_chunks, "all" if files else "val", files)
     dataset.to(device)
     starts = dataset.episode_start.unique()[:args.max_episodes]
-    rows = measure(model, dataset, loaded.policy, starts, device, args.batch_size)
+    video_dir = Path(args.out).with_suffix("") if args.out else Path("policy_on_imagined_frames")
+    rows = measure(model, dataset, loaded.policy, starts, device, args.batch_size, args.n_videos, video_dir)
     print_table(rows)
     write_or_print({"measures": __doc__.split("\n")[0], "world_model": args.world_model, "policy": args.policy,
+                    "policy_overrides": args.policy_overrides,
                     "episodes_dir": args.episodes_dir, "episodes": int(len(starts)),
                     "policy_actions_per_decision": loaded.policy.action_horizon, "world_model_chunk": model.chunk,
                     "decisions": rows}, args.out)

@@ -32,6 +32,9 @@
 #                 with NO_CUT_EVAL=1, for a run whose state goes on to another machine); with
 #                 RL_BEST_HORIZON=1 RL samples at the action horizon of the best imitation evaluation (`sampling`'s
 #                 eval_h<N> folders beside the protocol's own)
+#   wm_checks     world-model protocol PROTO (libero_object_world_model) to its calibration, without RL, then
+#                 benchmarks/policy_on_imagined_frames.py on its recorded evaluation and benchmarks/imagined_vs_real.py
+#                 over its flow policy's five kept checkpoints (CHECK_EPISODES per task, 10)
 #   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
 #                 runs `rl` with NO_CUT_EVAL=1 and keeps its `state` before this evaluation)
 #   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the
@@ -264,6 +267,21 @@ for part in "$@"; do
         --out $R/pi0_fsdp.json 2>&1 | quiet
       phase "π0's update on one GPU: $args"
       python3 -m benchmarks.pi0_rl_iteration $args --out $R/pi0_one_gpu.json 2>&1 | quiet ;;
+    wm_checks)
+      # world-model protocol PROTO to its calibration (no RL), then what its policy does on the model's frames and
+      # the imagined against the real success of the flow policy's kept checkpoints (CHECK_EPISODES per task)
+      p=${PROTO:-libero_object_world_model} root=runs/protocols/${PROTO:-libero_object_world_model}
+      phase "$p to its calibration"
+      python3 -m ript.cli protocol $p $workers +phases.flow.progress=false +phases.world_model.progress=false \
+        +phases.flow.train.keep_last=5 phases.rl=null phases.eval_rl=null 2>&1 | quiet; keep $p
+      cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $R/ 2>/dev/null
+      phase "policy on imagined frames"
+      python3 -m benchmarks.policy_on_imagined_frames --world-model $root/world_model_head --policy $root/flow \
+        --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
+      phase "imagined against real over the flow checkpoints"
+      python3 -m benchmarks.imagined_vs_real --world-model $root/world_model_head --calibration $root/calibrate \
+        --checkpoints $(ls -d $root/flow/checkpoints/0*) --episodes ${CHECK_EPISODES:-10} \
+        --work-dir runs/imagined_vs_real --out $R/imagined_vs_real.json 2>&1 | quiet ;;
     eval_cut) eval_rl_cut ${PROTO:-ml45_multitask} ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
@@ -276,7 +294,7 @@ for part in "$@"; do
         cat $pieces | tar -xf - -C runs/protocols || exit 1
       done
       ls -la runs/protocols/* ;;
-    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, stage1_variants, steps, topk, sampling, rl, eval_cut, scaling, weights, actor, transfer, decision, state, resume)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, stage1_variants, steps, topk, sampling, rl, eval_cut, wm_checks, scaling, weights, actor, transfer, decision, state, resume)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
