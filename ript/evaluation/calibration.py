@@ -125,6 +125,9 @@ def calibration_line(c: dict[str, Any]) -> str:
     unseen = c.get("tasks_never_imagined_successful") or []
     blind = (f"; the head stayed below {THRESHOLDS[0]:g} in every imagined episode of {len(unseen)} task(s) the policy "
              f"solves ({', '.join(unseen)}): RL gets no reward there" if unseen else "")
+    # at chance no threshold tells the policy's real successes from its failures: the one kept is only the tie-break's
+    chance = (f"; no threshold separates the real successes from the failures (at chance), so {c['threshold']:g} "
+              f"is only the tie-break's choice" if c["balanced_accuracy"] <= 0.5 else "")
     return (f"success head calibrated on {c['episodes']} simulator episodes: threshold {c['threshold']:g}, balanced "
             f"accuracy {c['balanced_accuracy']:.1%}, agreement {c['agreement']:.1%}; success real "
-            f"{c['real_success']:.1%}, imagined {c['imagined_success']:.1%}{blind}")
+            f"{c['real_success']:.1%}, imagined {c['imagined_success']:.1%}{chance}{blind}")

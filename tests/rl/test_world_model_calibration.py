@@ -55,6 +55,16 @@ def test_a_task_the_policy_solves_but_never_in_imagination_is_named():
     assert calibration_line(result).endswith("the head stayed below 0.02 in every imagined episode of 1 task(s) the "
                                              "policy solves (b): RL gets no reward there")
     assert "RL gets no reward" not in calibration_line({**result, "tasks_never_imagined_successful": []})
+    assert "at chance" not in calibration_line(result)
+
+
+def test_a_head_that_never_fires_in_imagination_is_said_to_calibrate_at_chance():
+    real = [episode("a", 1, True), episode("a", 2, False), episode("b", 1, True)]
+    imagined = [episode("a", 1, False, 0.001), episode("a", 2, False, 0.0), episode("b", 1, False, 0.01)]
+    result = calibrate(real, imagined)
+    assert result["balanced_accuracy"] == 0.5 and result["imagined_success"] == 0.0
+    assert "no threshold separates the real successes from the failures (at chance), so 0.02 is only the " \
+           "tie-break's choice" in calibration_line(result)
 
 
 def test_a_simulator_evaluation_of_another_checkpoint_or_none_is_refused(tmp_path):
