@@ -33,8 +33,8 @@
 #                 RL_BEST_HORIZON=1 RL samples at the action horizon of the best imitation evaluation (`sampling`'s
 #                 eval_h<N> folders beside the protocol's own)
 #   wm_checks     world-model protocol PROTO (libero_object_world_model) to its calibration, without RL, then
-#                 benchmarks/policy_on_imagined_frames.py on its recorded evaluation and benchmarks/imagined_vs_real.py
-#                 over its flow policy's five kept checkpoints (CHECK_EPISODES per task, 10)
+#                 benchmarks/policy_on_imagined_frames.py on its recorded evaluation, and with CHECK_EPISODES set,
+#                 benchmarks/imagined_vs_real.py over its flow policy's five kept checkpoints (that many per task)
 #   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
 #                 runs `rl` with NO_CUT_EVAL=1 and keeps its `state` before this evaluation)
 #   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the
@@ -278,9 +278,10 @@ for part in "$@"; do
       phase "policy on imagined frames"
       python3 -m benchmarks.policy_on_imagined_frames --world-model $root/world_model_head --policy $root/flow \
         --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
+      [ -n "${CHECK_EPISODES:-}" ] || continue
       phase "imagined against real over the flow checkpoints"
       python3 -m benchmarks.imagined_vs_real --world-model $root/world_model_head --calibration $root/calibrate \
-        --checkpoints $(ls -d $root/flow/checkpoints/0*) --episodes ${CHECK_EPISODES:-10} \
+        --checkpoints $(ls -d $root/flow/checkpoints/0*) --episodes $CHECK_EPISODES \
         --work-dir runs/imagined_vs_real --out $R/imagined_vs_real.json 2>&1 | quiet ;;
     eval_cut) eval_rl_cut ${PROTO:-ml45_multitask} ;;
     state) keep_state ${PROTO:-libero_object} ;;
