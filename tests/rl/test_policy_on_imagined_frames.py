@@ -14,9 +14,10 @@ from ript.model_loader import load_model
 pytestmark = pytest.mark.xdist_group("test_world_model_rl")
 
 
-def test_the_streams_share_the_first_decision_and_part_where_their_frames_do(stage1_run, world_model_run):
+@pytest.mark.parametrize("policy_run", ["stage1_run", "flow_run"])
+def test_the_streams_share_the_first_decision_and_part_where_their_frames_do(policy_run, world_model_run, request):
     model, config = load_model(world_model_run)
-    loaded = load_policy(str(stage1_run), "cpu", 0)
+    loaded = load_policy(str(request.getfixturevalue(policy_run)), "cpu", 0)
     per_decision = loaded.policy.action_horizon // model.chunk
     data = demo_dataset(config, 3 * per_decision, "all")
     starts = data.episode_start.unique()[:4]
