@@ -231,7 +231,8 @@ class Environment(Section):
     name: str
     checkpoint: str | None = None
     envs: Count = 64
-    success_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    # head: the threshold a head trained by `ript world-model-head` chose on its held-out episodes
+    success_threshold: Annotated[float, Field(gt=0, lt=1)] | Literal["head"] = 0.5
     calibration: str | None = None  # world model: a folder of calibration.json, whose threshold replaces it
     refresh_every: Size = 0
     refresh_episodes: Count = 4

@@ -84,12 +84,26 @@ def world_model(setting: EnvironmentSetting) -> Runner:
         workers = default_num_workers(setting.num_workers, episodes * len(setting.task_names))
         initial = InitialFrames(suite, setting.metadata["env_args"]["render"], horizon, workers,
                                 PoolSettings.from_config(setting.workers))
-    threshold = None if setting.to_the_horizon else float(env.success_threshold)
-    if env.get("calibration") and not setting.to_the_horizon:
-        threshold = calibrated_threshold(env.calibration, resolve_checkpoint_dir(env.checkpoint))
+    threshold = None if setting.to_the_horizon else success_threshold(env, config)
     options = ImaginationOptions(list(setting.task_names), horizon, int(env.envs), threshold, episodes,
                                  setting.seed, setting.n_videos)
     return ImaginedRunner(model, options, initial, setting.device)
+
+
+def success_threshold(env, config: dict) -> float:
+    """The success head's probability that ends an imagined episode with success: a calibration's (``calibration``),
+    else ``success_threshold``: a number, or ``head``, the threshold at which a head trained on the model's own
+    imagination (``ript world-model-head``) best told its held-out episodes' successes from their failures."""
+    if env.get("calibration"):
+        return calibrated_threshold(env.calibration, resolve_checkpoint_dir(env.checkpoint))
+    if env.success_threshold != "head":
+        return float(env.success_threshold)
+    head = (config.get("metadata") or {}).get("success_head") or {}
+    best = ((head.get("held_out") or {}).get("after") or {}).get("episode_best")
+    if not best:
+        raise RiptError(f"environment.success_threshold=head: environment.checkpoint={env.checkpoint} has no head "
+                        f"measured on held-out episodes of its own imagination (`ript world-model-head` writes it)")
+    return float(best["threshold"])
 
 
 def check_world_model(path: str, config: dict, setting: EnvironmentSetting) -> None:

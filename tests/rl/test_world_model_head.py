@@ -9,9 +9,11 @@ import shutil
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from ript.config import compose
+from ript.evaluation.environments import success_threshold
 from ript.model_loader import load_model
 from ript.rl.refresh import WorldModelRefresh
 from ript.stages import world_model, world_model_head
@@ -78,6 +80,10 @@ def test_the_head_alone_learns_and_the_world_model_with_it_is_a_checkpoint(world
     model, config = load_model(run, expect_stage="world_model")
     assert config["metadata"]["success_head"]["episodes_dirs"] == [str(failed_episodes)]
     assert config["metadata"]["files"] == json.loads((source / "config.json").read_text())["metadata"]["files"]
+    # environment.success_threshold=head: the threshold the head chose on the held-out episodes
+    best = results["held_out"]["after"]["episode_best"]["threshold"]
+    env = OmegaConf.create({"checkpoint": str(run), "success_threshold": "head", "calibration": None})
+    assert success_threshold(env, config) == best and 0 < best < 1
     # asked again: a finished run is left as it is with resume=true, refused without it
     written = (ckpt / "model.safetensors").stat().st_mtime_ns
     assert ript_here("world-model-head", *args, "resume=true")[0] == 0
@@ -87,6 +93,10 @@ def test_the_head_alone_learns_and_the_world_model_with_it_is_a_checkpoint(world
 
 def test_a_folder_of_other_tasks_or_a_checkpoint_of_another_stage_is_one_line(world_model_run, stage1_run,
                                                                               tmp_path):
+    assert_one_line_error(ript_here("eval", f"checkpoint={stage1_run}", "environment=world_model",
+                                    f"environment.checkpoint={world_model_run}", "environment.success_threshold=head",
+                                    f"out_dir={tmp_path / 'e'}"),
+                          "environment.success_threshold=head: ", "has no head measured on held-out episodes")
     assert_one_line_error(ript_here("world-model-head", f"checkpoint={stage1_run}", f"run_dir={tmp_path / 'a'}"),
                           "but a world_model checkpoint is needed here")
     assert not (tmp_path / "a").exists()
