@@ -113,7 +113,8 @@ def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_siz
             for name in ("imagined", "closed_loop"):
                 sums.add(f"{name}_state_rmse", d, state_rmse(model, obs[name], obs["real"]), live)
                 sums.add(f"{name}_psnr", d, psnr(images[name], images["real"]), live)
-            frames.append(torch.cat(list(images.values()), dim=2))  # stacked: real, imagined, closed loop
+            if videos < n_videos:  # stacked: real, imagined, closed loop; the batch's videos only, on the host
+                frames.append(torch.cat(list(images.values()), dim=2)[:n_videos - videos].byte().cpu())
             for c in range(per_decision):
                 k = d * per_decision + c
                 steps = slice(k * chunk, (k + 1) * chunk)
@@ -124,7 +125,7 @@ def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_siz
         for j in range(min(b, n_videos - videos)):
             shown = int((left[j] + policy.action_horizon - 1) // policy.action_horizon)  # decisions with real frames
             write_mp4(video_dir / f"episode{videos:03d}_real_imagined_closed_loop.mp4",
-                      [f[j].permute(1, 2, 0).byte().cpu().numpy() for f in frames[:max(1, shown)]], fps=4)
+                      [f[j].permute(1, 2, 0).numpy() for f in frames[:max(1, shown)]], fps=4)
             videos += 1
     return sums.table()
 
