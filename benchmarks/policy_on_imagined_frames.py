@@ -2,8 +2,8 @@
 parts from the simulator when the world model's open-loop fidelity looks good.
 
 Along each episode of a folder (a policy's own, ``ript eval record_episodes=true``; or the world model's held-out
-demos), from its first real frame, the policy decides on four streams of observations with the same noise (one
-episode key for all four, so that only the frames differ):
+demos), from its first real frame, the policy decides on six streams of observations with the same noise (one
+episode key for all six, so that only the frames differ):
 
 - ``real``: the episode's recorded frames, after its recorded actions;
 - ``imagined``: the world model's frames after the same recorded actions (open loop: the model's error alone);
@@ -81,7 +81,7 @@ def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_siz
     per_decision = policy.action_horizon // chunk  # world-model chunks per policy decision
     decisions = horizon // per_decision
     sums = Sums(decisions)
-    norm, videos = model.action_normalizer, 0
+    norm, videos, cameras = model.action_normalizer, 0, set(model.image_keys)
     for i in range(0, len(starts), batch_size):
         segments = starts[i:i + batch_size]
         batch = dataset.get_batch(segments)
@@ -96,7 +96,6 @@ def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_siz
                 policy.reset_env(s * b + j, model.task_names[int(task_ids[j])], int(segments[j]))
         frames: list[torch.Tensor] = []
         for d in range(decisions):
-            cameras = set(model.image_keys)
             obs["imagined_cameras"] = {k: (obs["imagined"] if k in cameras else obs["real"])[k] for k in first}
             obs["imagined_state"] = {k: (obs["real"] if k in cameras else obs["imagined"])[k] for k in first}
             for s, name in enumerate(STREAMS):
