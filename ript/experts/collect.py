@@ -37,7 +37,7 @@ from ript.experts.base import EpisodeSource
 from ript.registry import EXPERTS
 from ript.utils.locking import holding
 from ript.utils.logging import log
-from ript.utils.processes import die_with_parent
+from ript.utils.processes import die_with_parent, process_is_running
 
 
 @dataclass(frozen=True)
@@ -159,22 +159,13 @@ def _read_shard(path: Path) -> tuple[dict | None, int, int]:
 
 
 def remove_stale_temporaries(data_dir: Path) -> None:
-    """Delete the ``.<name>.<pid>.tmp`` files a killed writer left (writers still alive keep theirs)."""
+    """Delete the ``.<name>.<pid>.tmp`` files a killed writer left (writers still running keep theirs; a killed
+    worker that nobody reaped is a zombie and writes no more)."""
     for tmp in data_dir.glob(".*.tmp"):
         pid = tmp.name[:-len(".tmp")].rsplit(".", 1)[-1]
-        if pid.isdigit() and _alive(int(pid)):
+        if pid.isdigit() and process_is_running(int(pid)):
             continue
         tmp.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def plan_jobs(jobs: list[Job], data_dir: Path, tasks: list[str]) -> tuple[list[Job], dict[str, int], dict[str, int]]:

@@ -8,6 +8,7 @@ import faulthandler
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
@@ -17,6 +18,21 @@ def die_with_parent() -> None:
     workers (elsewhere this is a no-op; the workers then exit on their pipe's end of file)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def process_is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie: a killed process whose parent died first stays a
+    zombie until init reaps it, and in a container whose init never reaps it holds its pid for good."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    with contextlib.suppress(OSError, IndexError):  # no /proc (not Linux): the signal's answer stands
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] != "Z"  # the state follows the command name, which may hold spaces
+    return True
 
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
