@@ -11,6 +11,8 @@ no information about which episodes succeed, even when its success rate matches 
     # the same checkpoints in another world model, or at a calibrated threshold: the simulator's evaluations in
     # --work-dir are reused where they evaluated the same checkpoint on as many episodes
     python -m benchmarks.imagined_vs_real --world-model <another> --calibration runs/x/calibrate --checkpoints ...
+    # at the threshold the head chose on its own held-out imagined episodes (fitted to no policy's outcomes)
+    python -m benchmarks.imagined_vs_real --world-model <head> --imagined-overrides environment.success_threshold=head ...
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-model", required=True)
     p.add_argument("--calibration", default=None, help="a folder of calibration.json: its threshold (else 0.5)")
+    p.add_argument("--imagined-overrides", nargs="*", default=[],
+                   help="more settings of the imagined evaluation, e.g. environment.success_threshold=head")
     p.add_argument("--checkpoints", nargs="+", required=True)
     p.add_argument("--episodes", type=int, default=10, help="evaluation episodes per task, in each environment")
     p.add_argument("--workers", default="auto")
@@ -78,7 +82,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     imagined = ["environment=world_model", override("environment.checkpoint", args.world_model),
-                *([override("environment.calibration", args.calibration)] if args.calibration else [])]
+                *([override("environment.calibration", args.calibration)] if args.calibration else []),
+                *args.imagined_overrides]
     rows = []
     for i, ckpt in enumerate(args.checkpoints):
         real = evaluated(ckpt, args.work_dir / f"{i:02d}_real", args.episodes, args.workers, [], reuse=True)
@@ -91,7 +96,8 @@ def main() -> None:
               f"{100 * row['agreement']:.1f}% of {row['paired_episodes']} episodes (kappa {kappa})", flush=True)
     real, dream = np.array([r["real"] for r in rows]), np.array([r["imagined"] for r in rows])
     pearson = float(np.corrcoef(real, dream)[0, 1]) if len(rows) > 1 and real.std() and dream.std() else None
-    result = {"world_model": args.world_model, "calibration": args.calibration, "episodes_per_task": args.episodes,
+    result = {"world_model": args.world_model, "calibration": args.calibration,
+              "imagined_overrides": args.imagined_overrides, "episodes_per_task": args.episodes,
               "checkpoints": rows,
               "pearson": pearson, "mean_abs_gap": float(np.abs(real - dream).mean())}
     print(json.dumps({k: result[k] for k in ("pearson", "mean_abs_gap")}))
