@@ -32,9 +32,11 @@
 #                 with NO_CUT_EVAL=1, for a run whose state goes on to another machine); with
 #                 RL_BEST_HORIZON=1 RL samples at the action horizon of the best imitation evaluation (`sampling`'s
 #                 eval_h<N> folders beside the protocol's own)
-#   wm_checks     world-model protocol PROTO (libero_object_world_model) to its calibration, without RL, then
+#   wm_checks     world-model protocol PROTO (libero_object_world_model) to its calibration, without RL
+#                 (PROTOCOL_EXTRA adds overrides, e.g. +phases.world_model.algo.unroll=6), then
 #                 benchmarks/policy_on_imagined_frames.py on its recorded evaluation, and with CHECK_EPISODES set,
-#                 benchmarks/imagined_vs_real.py over its flow policy's five kept checkpoints (that many per task)
+#                 benchmarks/imagined_vs_real.py over its flow policy's five kept checkpoints (that many per task),
+#                 imagined at the head's own threshold (CHECK_THRESHOLD=calibrate: the calibration's)
 #   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
 #                 runs `rl` with NO_CUT_EVAL=1 and keeps its `state` before this evaluation)
 #   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the
@@ -273,14 +275,18 @@ for part in "$@"; do
       p=${PROTO:-libero_object_world_model} root=runs/protocols/${PROTO:-libero_object_world_model}
       phase "$p to its calibration"
       python3 -m ript.cli protocol $p $workers +phases.flow.progress=false +phases.world_model.progress=false \
-        +phases.flow.train.keep_last=5 phases.rl=null phases.eval_rl=null 2>&1 | quiet; keep $p
+        +phases.flow.train.keep_last=5 phases.rl=null phases.eval_rl=null ${PROTOCOL_EXTRA:-} 2>&1 | quiet; keep $p
       cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $R/ 2>/dev/null
       phase "policy on imagined frames"
       python3 -m benchmarks.policy_on_imagined_frames --world-model $root/world_model_head --policy $root/flow \
         --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
       [ -n "${CHECK_EPISODES:-}" ] || continue
       phase "imagined against real over the flow checkpoints"
-      python3 -m benchmarks.imagined_vs_real --world-model $root/world_model_head --calibration $root/calibrate \
+      case ${CHECK_THRESHOLD:-head} in
+        calibrate) threshold="--calibration $root/calibrate" ;;
+        *) threshold="--imagined-overrides environment.success_threshold=head" ;;
+      esac
+      python3 -m benchmarks.imagined_vs_real --world-model $root/world_model_head $threshold \
         --checkpoints $(ls -d $root/flow/checkpoints/0*) --episodes $CHECK_EPISODES \
         --work-dir runs/imagined_vs_real --out $R/imagined_vs_real.json 2>&1 | quiet ;;
     eval_cut) eval_rl_cut ${PROTO:-ml45_multitask} ;;
