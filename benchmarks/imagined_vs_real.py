@@ -12,7 +12,8 @@ no information about which episodes succeed, even when its success rate matches 
     # --work-dir are reused where they evaluated the same checkpoint on as many episodes
     python -m benchmarks.imagined_vs_real --world-model <another> --calibration runs/x/calibrate --checkpoints ...
     # at the threshold the head chose on its own held-out imagined episodes (fitted to no policy's outcomes)
-    python -m benchmarks.imagined_vs_real --world-model <head> --imagined-overrides environment.success_threshold=head ...
+    python -m benchmarks.imagined_vs_real --world-model <head> \
+        --imagined-overrides environment.success_threshold=head --checkpoints ...
 """
 
 from __future__ import annotations
