@@ -29,7 +29,7 @@ def process_is_running(pid: int) -> bool:
         return False
     except PermissionError:
         pass  # another user's process: it exists
-    with contextlib.suppress(OSError, IndexError):  # no /proc (not Linux): the signal's answer stands
+    with contextlib.suppress(OSError, ValueError, IndexError):  # no /proc (not Linux): the signal's answer stands
         stat = Path(f"/proc/{pid}/stat").read_text()
         return stat[stat.rindex(")") + 2] != "Z"  # the state follows the command name, which may hold spaces
     return True
