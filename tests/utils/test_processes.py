@@ -1,8 +1,8 @@
 """Which processes count as running when a killed run's leftovers are cleaned."""
 
+import os
 import subprocess
 import sys
-import time
 
 from ript.experts.collect import remove_stale_temporaries
 from ript.utils.processes import process_is_running
@@ -10,15 +10,10 @@ from ript.utils.processes import process_is_running
 
 def _zombie() -> subprocess.Popen:
     """A child that has exited and is not reaped yet: a zombie, as an orphaned worker is under an init that
-    never reaps."""
+    never reaps (``WNOWAIT`` waits for the exit and leaves the child unreaped)."""
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        with open(f"/proc/{proc.pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return proc
-        time.sleep(0.02)
-    raise AssertionError(f"process {proc.pid} did not exit")
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    return proc
 
 
 def test_a_zombie_is_not_running_and_its_temporaries_are_removed(tmp_path):
