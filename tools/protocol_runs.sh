@@ -280,6 +280,7 @@ for part in "$@"; do
       phase "policy on imagined frames"
       python3 -m benchmarks.policy_on_imagined_frames --world-model $root/world_model_head --policy $root/flow \
         --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
+      cp $R/policy_on_imagined_frames/*.mp4 $R/ 2>/dev/null  # a poll brings back the results folder's own files only
       [ -n "${CHECK_EPISODES:-}" ] || continue
       phase "imagined against real over the flow checkpoints"
       case ${CHECK_THRESHOLD:-head} in
