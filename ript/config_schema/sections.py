@@ -205,7 +205,9 @@ class WorldModelNet(Section):
     cond_dim: Count
     success_weight: Rate
     motion_weight: Scale
-    output: Literal["change", "warp"] = "change"
+    output: Literal["change", "warp", "diffusion"] = "change"
+    denoise_steps: Count = 3
+    cond_noise: Scale = 0.0
 
 
 class WorldModelAlgo(Section):

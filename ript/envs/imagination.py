@@ -27,11 +27,13 @@ class WorldModel(Protocol):
     chunk: int                 # actions per step
     image_keys: list[str]      # the cameras it predicts
     lowdim_keys: list[str]     # the low-dim keys it predicts
+    noise_shape: tuple[int, ...] | None  # the standard normal noise a step draws per env; None: none
 
     def task_index(self, name: str) -> int: ...  # RiptError for a task it was not trained on
 
-    def step(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, actions: torch.Tensor
-             ) -> tuple[dict[str, torch.Tensor], torch.Tensor]: ...  # the next observations, success probabilities
+    def step(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, actions: torch.Tensor,
+             noise: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]: ...
+    # the next observations and success probabilities
 
     def eval(self) -> WorldModel: ...
 
@@ -156,6 +158,9 @@ class Episodes:
         self.peak = [0.0] * n  # the success head's highest probability so far in each running episode
         self.frames: list[list[np.ndarray]] = [[] for _ in range(n)]
         self.current: list[dict[str, np.ndarray] | None] = [None] * n
+        # a model that draws noise draws each episode's from a stream of its own, seeded by the episode's name as
+        # the policy's is: an episode imagines the same whichever slot and batch it runs in, and resumes exactly
+        self.noise_streams: list[torch.Generator | None] = [None] * n
         self.episodes: list[dict] = []
         self.cancelled, self.env_steps, self.decisions = 0, 0, 0
         self.model_s, self.t0 = 0.0, time.perf_counter()
@@ -188,6 +193,8 @@ class Episodes:
         obs = {k: first[k] for k in self.runner.keys}
         self.running[s], self.steps[s], self.rewards[s], self.current[s] = spec, 0, [], obs
         self.peak[s] = 0.0
+        if self.model.noise_shape is not None:
+            self.noise_streams[s] = torch.Generator(self.runner.device).manual_seed(spec.key)
         self.frames[s] = [video_frame(obs, self.video_keys)] if spec.record else []
         self.policy.reset_env(s, spec.task_name, spec.key)
         self.policy.observe(s, obs)
@@ -214,7 +221,7 @@ class Episodes:
             alive = ~success & (taken < left)
             if not bool(alive.any()):
                 break
-            nxt, prob = self.model.step(obs, task_ids, actions[:, j * c:(j + 1) * c])
+            nxt, prob = self.model.step(obs, task_ids, actions[:, j * c:(j + 1) * c], self.noise(envs))
             obs = {k: torch.where(alive.view(-1, *[1] * (v.dim() - 1)), nxt[k].to(v.dtype), v) for k, v in obs.items()}
             taken += torch.minimum(torch.full_like(left, c), left - taken) * alive
             peak = torch.maximum(peak, torch.where(alive, prob.float(), 0.0))
@@ -226,6 +233,14 @@ class Episodes:
         host = {k: v.cpu().numpy() for k, v in obs.items()}
         self.model_s += time.perf_counter() - t0
         self.after_chunk(envs, host, taken.tolist(), success.tolist(), recorded, peak.tolist())
+
+    def noise(self, envs: list[int]) -> torch.Tensor | None:
+        """One world-model step's noise for ``envs``, each env's from its episode's stream (None: none drawn)."""
+        shape = self.model.noise_shape
+        if shape is None:
+            return None
+        return torch.stack([torch.randn(shape, device=self.runner.device, generator=self.noise_streams[s])
+                            for s in envs])
 
     def after_chunk(self, envs: list[int], host: dict[str, np.ndarray], taken: list[int], success: list[bool],
                     recorded: list[list[dict]], peak: list[float]) -> None:

@@ -19,12 +19,14 @@ from torch import nn
 
 from ript.data.normalize import Normalizer
 from ript.errors import RiptError
+from ript.models.world_model_diffusion import EDM, NOISE_FEATURES, noise_features
 from ript.registry import MODELS
 
 MOVED_LEVELS = 5  # of 255: a pixel one of whose channels changes by more moved (rendering is deterministic)
 # what the U-Net predicts per camera, and its channels: the pixels' change; or where each pixel comes from (a flow
-# field the frame is resampled along: what moves keeps its texture) and a change added after it
-OUTPUTS = {"change": 3, "warp": 5}
+# field the frame is resampled along: what moves keeps its texture) and a change added after it; or the next frame
+# denoised from the current one and a noisy next one (ript/models/world_model_diffusion.py)
+OUTPUTS = {"change": 3, "warp": 5, "diffusion": 3}
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -56,6 +58,7 @@ class ConditionedUNet(nn.Module):
 
     def __init__(self, channels: int, width: int, stages: int, cond_dim: int, out_channels: int | None = None):
         super().__init__()
+        out_channels = out_channels or channels
         widths = [width * min(2**i, 4) for i in range(stages + 1)]
         self.stem = nn.Conv2d(channels, widths[0], 3, 1, 1)
         # each level keeps its width; the strided conv below it widens (the full-resolution convs stay narrow)
@@ -64,7 +67,7 @@ class ConditionedUNet(nn.Module):
         self.middle = nn.ModuleList([FiLMBlock(widths[-1], widths[-1], cond_dim) for _ in range(2)])
         self.up = nn.ModuleList(FiLMBlock(widths[i + 1] + widths[i], widths[i], cond_dim)
                                 for i in reversed(range(stages)))
-        self.out_norm, self.out = _norm(widths[0]), nn.Conv2d(widths[0], out_channels or channels, 3, 1, 1)
+        self.out_norm, self.out = _norm(widths[0]), nn.Conv2d(widths[0], out_channels, 3, 1, 1)
         nn.init.zeros_(self.out.weight)  # starts as "nothing changes", the best guess before training
         nn.init.zeros_(self.out.bias)
         self.bottleneck_width = widths[-1]
@@ -115,7 +118,7 @@ class WorldModel(nn.Module):
     def __init__(self, task_names: list[str], image_keys: list[str], lowdim_dims: dict[str, int], image_size: int,
                  action_dim: int, chunk: int, lang_dim: int | None = 384, width: int = 64, stages: int = 3,
                  cond_dim: int = 256, success_weight: float = 5.0, motion_weight: float = 0.0,
-                 output: str = "change"):
+                 output: str = "change", denoise_steps: int = 3, cond_noise: float = 0.0):
         super().__init__()
         if not image_keys:
             raise RiptError("world model: the data has no camera images to predict")
@@ -126,6 +129,10 @@ class WorldModel(nn.Module):
         if output not in OUTPUTS:
             raise RiptError(f"world model: algo.model.output={output!r} is not one of {', '.join(OUTPUTS)}")
         self.output = output
+        # diffusion: EDM's sampler, and the noise the conditioning frame gets in training (at most cond_noise), so
+        # that the model learns to read frames as imperfect as its own
+        self.diffusion = EDM(steps=denoise_steps) if output == "diffusion" else None
+        self.cond_noise = cond_noise
         state_dim = sum(lowdim_dims.values())
         self.action_normalizer = Normalizer(action_dim, "minmax")
         self.state_normalizer = Normalizer(max(state_dim, 1), "meanstd")
@@ -138,7 +145,11 @@ class WorldModel(nn.Module):
         self.cond = nn.Sequential(nn.Linear(chunk * action_dim + state_dim + cond_dim, cond_dim), nn.SiLU(),
                                   nn.Linear(cond_dim, cond_dim), nn.SiLU())
         cameras = len(image_keys)
-        self.unet = ConditionedUNet(3 * cameras, width, stages, cond_dim, OUTPUTS[output] * cameras)
+        inputs = 3 * cameras * (2 if self.diffusion else 1)  # diffusion: the current frame beside the noisy next one
+        self.unet = ConditionedUNet(inputs, width, stages, cond_dim, OUTPUTS[output] * cameras)
+        if self.diffusion:
+            self.noise_embedding = nn.Sequential(nn.Linear(NOISE_FEATURES, cond_dim), nn.SiLU(),
+                                                 nn.Linear(cond_dim, cond_dim))
         pooled = self.unet.bottleneck_width + cond_dim
         self.state_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, state_dim))
         self.success_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, 1))
@@ -189,19 +200,59 @@ class WorldModel(nn.Module):
         return out
 
     # ----------------------------------------------------------------- one prediction
-    def predict(self, images: torch.Tensor, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor
-                ) -> Imagined:
-        """The observation after ``actions`` (B, chunk, A) from images in [-1, 1] and the normalised state."""
+    def predict(self, images: torch.Tensor, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor,
+                noise: torch.Tensor | None = None) -> Imagined:
+        """The observation after ``actions`` (B, chunk, A) from images in [-1, 1] and the normalised state
+        (diffusion: drawn from the standard normal ``noise`` of shape (B, *noise_shape); None: torch's own)."""
+        cond = self.conditioning(state, task_ids, actions)
+        if self.diffusion is None:
+            maps, pooled = self.unet(images, cond)
+            return self.heads(self.next_images(images, maps), state, pooled, cond)
+        drawn, pooled = self.sample(images, cond, noise)
+        return self.heads(drawn, state, pooled, cond)
+
+    def conditioning(self, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The vector every block is scaled and shifted by: the normalised actions, the state and the task."""
         if actions.shape[1:] != (self.chunk, self.action_dim):
             raise RiptError(f"world model: actions of shape {tuple(actions.shape[1:])}, expected ({self.chunk}, "
                             f"{self.action_dim}): it steps {self.chunk} actions at a time")
         task = self.task_proj(self.task_embeddings[task_ids]) if self.uses_language else self.task_table(task_ids)
         a = self.action_normalizer.normalize(actions.float()).flatten(1)
-        cond = self.cond(torch.cat([a.to(task.dtype), state.to(task.dtype), task], dim=-1))
-        maps, pooled = self.unet(images, cond)
+        return self.cond(torch.cat([a.to(task.dtype), state.to(task.dtype), task], dim=-1))
+
+    def heads(self, images: torch.Tensor, state: torch.Tensor, pooled: torch.Tensor, cond: torch.Tensor) -> Imagined:
         head_in = torch.cat([pooled, cond], dim=-1)
-        return Imagined(self.next_images(images, maps), state + self.state_head(head_in).to(state.dtype),
+        return Imagined(images, state + self.state_head(head_in).to(state.dtype),
                         self.success_head(head_in).squeeze(-1), head_in)
+
+    def denoiser(self, frame: torch.Tensor, noisy: torch.Tensor, sigma: torch.Tensor, cond: torch.Tensor,
+                 frame_noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Diffusion: the network's raw output for a noisy next frame at noise level ``sigma`` (B,), and the pooled
+        bottleneck, from the current ``frame`` (noised by ``frame_noise`` (B,) in training)."""
+        _, _, c_in = self.diffusion.precondition(sigma)
+        noise_cond = self.noise_embedding(noise_features(sigma, frame_noise)).to(cond.dtype)
+        return self.unet(torch.cat([frame, (c_in * noisy).to(frame.dtype)], dim=1), cond + noise_cond)
+
+    @property
+    def noise_shape(self) -> tuple[int, int, int] | None:
+        """The standard normal noise one imagined step draws per env (diffusion); None: the model draws none."""
+        return None if self.diffusion is None else (3 * len(self.image_keys), self.image_size, self.image_size)
+
+    def sample(self, images: torch.Tensor, cond: torch.Tensor, noise: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Diffusion: the next frame drawn along EDM's schedule with Euler steps from ``noise`` (the sampler adds
+        none after it: the last step lands on the denoised frame), and the pooled bottleneck of the last, least
+        noisy, call."""
+        sigmas = self.diffusion.schedule()
+        x = (torch.randn_like(images, dtype=torch.float32) if noise is None else noise.float()) * sigmas[0]
+        clean = torch.zeros(len(images), device=images.device)
+        for now, after in zip(sigmas[:-1], sigmas[1:]):
+            sigma = torch.full((len(images),), now, device=images.device)
+            raw, pooled = self.denoiser(images, x, sigma, cond, clean)
+            c_skip, c_out, _ = self.diffusion.precondition(sigma)
+            denoised = c_skip * x + c_out * raw.float()
+            x = denoised if after == 0 else x + (x - denoised) / now * (after - now)
+        return x.clamp(-1.0, 1.0), pooled
 
     def next_images(self, images: torch.Tensor, maps: torch.Tensor) -> torch.Tensor:
         """The predicted frame from the U-Net's output maps: the frame plus its change, or the frame resampled along
@@ -213,20 +264,20 @@ class WorldModel(nn.Module):
         return (warp(images, flow.to(images.dtype)) + change).clamp(-1.0, 1.0)
 
     @torch.no_grad()
-    def step(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, actions: torch.Tensor
-             ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def step(self, obs: dict[str, torch.Tensor], task_ids: torch.Tensor, actions: torch.Tensor,
+             noise: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One imagined step of a batch: (the next observations as a policy reads them, success probabilities).
-        On a GPU the convolutions run in bf16 (the frame itself is added up in fp32)."""
+        On a GPU the convolutions run in bf16 (the frame itself is added up in fp32). A diffusion model's frames
+        come from ``noise`` (B, *noise_shape), standard normal (None: drawn from torch's global generator)."""
         images, state = self.encode_observation(obs)
         with torch.autocast("cuda", torch.bfloat16, enabled=images.is_cuda):
-            out = self.predict(images, state, task_ids, actions)
+            out = self.predict(images, state, task_ids, actions, noise)
         return self.decode_observation(out), torch.sigmoid(out.success_logit.float())
 
     # ----------------------------------------------------------------- training
-    def pixel_error(self, predicted: torch.Tensor, target: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-        """Per sample, the mean absolute pixel error, the pixels that changed from ``before`` to ``target``
-        weighted ``1 + motion_weight`` (a weighted mean: the loss's scale stays that of plain L1)."""
-        error = (predicted - target).abs()
+    def pixel_error(self, error: torch.Tensor, target: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+        """Per sample, the mean of a per-pixel ``error`` map, the pixels that changed from ``before`` to ``target``
+        weighted ``1 + motion_weight`` (a weighted mean: the loss's scale stays that of the plain mean)."""
         if not self.motion_weight:
             return error.mean(dim=(1, 2, 3))
         moved = (target - before).abs().amax(dim=1, keepdim=True) > 2 * MOVED_LEVELS / 255  # images in [-1, 1]
@@ -234,10 +285,13 @@ class WorldModel(nn.Module):
         return (error * weight).mean(dim=(1, 2, 3)) / weight.mean(dim=(1, 2, 3))
 
     def loss(self, obs: dict[str, torch.Tensor], future_obs: dict[str, torch.Tensor], future_done: torch.Tensor,
-             actions: torch.Tensor, task_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+             actions: torch.Tensor, task_ids: torch.Tensor, draws: dict[str, torch.Tensor] | None = None
+             ) -> dict[str, torch.Tensor]:
         """The unrolled loss: obs (B, 1, ...) at t, the observations after each of R chunks (B, R, ...), whether each
         chunk finished the demo (B, R) and the R chunks' actions (B, R*chunk, A). Chunks after the demo's end
-        teach nothing (masked)."""
+        teach nothing (masked). A regressing model starts each chunk from its own prediction of the last; a
+        diffusion model from the real frame (noised by up to ``cond_noise``), with ``draws`` (``diffusion_draws``)
+        its noise, and its pixel term is EDM's denoising error."""
         images, state = self.encode_observation({k: v[:, 0] for k, v in obs.items()})
         rollout = future_done.shape[1]
         pixel = state_err = success = torch.zeros((), device=images.device)
@@ -246,9 +300,15 @@ class WorldModel(nn.Module):
         real = images  # the real frame before each chunk, against which the pixels that moved are found
         for r in range(rollout):
             target_images, target_state = self.encode_observation({k: v[:, r] for k, v in future_obs.items()})
-            out = self.predict(images, state, task_ids, actions[:, r * self.chunk:(r + 1) * self.chunk])
+            chunk = actions[:, r * self.chunk:(r + 1) * self.chunk]
+            if self.diffusion is None:
+                out = self.predict(images, state, task_ids, chunk)
+                error = (out.images.float() - target_images).abs()
+            else:
+                out, error = self.denoising(images, state, task_ids, chunk, target_images,
+                                            {k: v[:, r] for k, v in draws.items()})
             m = live.float()
-            pixel = pixel + (self.pixel_error(out.images.float(), target_images, real) * m).sum()
+            pixel = pixel + (self.pixel_error(error, target_images, real) * m).sum()
             real = target_images
             if self.lowdim_keys:
                 state_err = state_err + ((out.state.float() - target_state).pow(2).mean(-1) * m).sum()
@@ -258,7 +318,40 @@ class WorldModel(nn.Module):
                                                                     reduction="none") * m).sum()
             counted = counted + m.sum()
             live = live & ~future_done[:, r]
-            images, state = out.images.detach(), out.state.detach()  # fed back: the next chunk starts from it
+            if self.diffusion is None:  # fed back: the next chunk starts from the prediction
+                images, state = out.images.detach(), out.state.detach()
+            else:
+                images, state = target_images, target_state
         n = counted.clamp(min=1)
         pixel, state_err, success = pixel / n, state_err / n, success / n
-        return {"loss": pixel + state_err + success, "l1": pixel, "state_mse": state_err, "success_bce": success}
+        return {"loss": pixel + state_err + success, self.pixel_metric: pixel, "state_mse": state_err,
+                "success_bce": success}
+
+    @property
+    def pixel_metric(self) -> str:
+        return "l1" if self.diffusion is None else "denoise_mse"
+
+    def denoising(self, images: torch.Tensor, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor,
+                  target: torch.Tensor, draws: dict[str, torch.Tensor]) -> tuple[Imagined, torch.Tensor]:
+        """Diffusion, one chunk: the heads' outputs (read off the pooled bottleneck at the drawn noise level) and
+        the per-pixel squared error of the network against the output that denoises the target exactly."""
+        sigma, frame_noise = draws["sigma"], draws["frame_noise_level"]
+        noisy = target + sigma.view(-1, 1, 1, 1) * draws["noise"]
+        frame = images + frame_noise.view(-1, 1, 1, 1) * draws["frame_noise"]
+        cond = self.conditioning(state, task_ids, actions)
+        raw, pooled = self.denoiser(frame, noisy, sigma, cond, frame_noise)
+        c_skip, c_out, _ = self.diffusion.precondition(sigma)
+        error = (raw.float() - (target - c_skip * noisy) / c_out).square()
+        return self.heads(noisy, state, pooled, cond), error
+
+    def diffusion_draws(self, batch: int, rollout: int, device: torch.device, generator: torch.Generator
+                        ) -> dict[str, torch.Tensor]:
+        """Diffusion: the training noise of ``batch`` samples of ``rollout`` chunks (noise levels, the noise, the
+        conditioning frame's noise level and noise), drawn from ``generator``."""
+        frame = (batch, rollout, 3 * len(self.image_keys), self.image_size, self.image_size)
+        level = torch.rand((batch, rollout), device=device, generator=generator) * self.cond_noise
+        return {"sigma": self.diffusion.training_sigmas((batch, rollout), device, generator),
+                "noise": torch.randn(frame, device=device, generator=generator),
+                "frame_noise_level": level,
+                "frame_noise": torch.randn(frame, device=device, generator=generator) if self.cond_noise
+                else torch.zeros((batch, rollout, 1, 1, 1), device=device)}

@@ -20,7 +20,8 @@ from ript.utils.logging import setup_console_logging
 from ript.utils.run_dir import prepare_run_dir
 from ript.utils.seeding import seed_everything
 
-MODEL_KEYS = ("width", "stages", "cond_dim", "success_weight", "motion_weight", "output")
+MODEL_KEYS = ("width", "stages", "cond_dim", "success_weight", "motion_weight", "output", "denoise_steps",
+              "cond_noise")
 
 
 def run(cfg) -> str:
@@ -52,21 +53,32 @@ def run(cfg) -> str:
 
 
 class WorldModelObjective:
-    """The unrolled prediction loss (pixels, state, success) on the demos' own frames; nothing is drawn."""
+    """The unrolled prediction loss (pixels, state, success) on the demos' own frames; a diffusion model's noise is
+    drawn here, for the whole global batch, so that every rank's share is the same as in one process."""
     model_name = "world_model"
-    metrics = ("l1", "success_bce", "state_mse")
 
     def __init__(self, model: WorldModel, cfg, device: str):
-        self.model = model
+        self.model, self.batch_size = model, int(cfg.train.batch_size)
+        self.metrics = (model.pixel_metric, "success_bce", "state_mse")
         self.loss_fn = training.CompiledLoss(model.loss, cfg.train, device)
+
+    def draws(self, batch: dict, generator: torch.Generator, share: slice | None, total: int) -> dict | None:
+        if self.model.diffusion is None:
+            return None
+        rows, target = share if share is not None else slice(0, total), batch["actions"].device
+        drawn = self.model.diffusion_draws(total, batch["future_done"].shape[1], generator.device, generator)
+        return {k: v[rows].to(target) for k, v in drawn.items()}
 
     def loss(self, batch: dict, generator: torch.Generator, share: slice | None) -> dict:
         return self.loss_fn(batch["obs"], batch["future_obs"], batch["future_done"], batch["actions"],
-                            batch["task_ids"])
+                            batch["task_ids"], self.draws(batch, generator, share, self.batch_size))
 
     def validation(self, batch: dict) -> dict[str, torch.Tensor]:
+        # the same draws at every validation: the curve moves only with the model
+        generator = torch.Generator(device=batch["actions"].device).manual_seed(len(batch["actions"]))
+        draws = self.draws(batch, generator, None, len(batch["actions"]))
         out = self.model.loss(batch["obs"], batch["future_obs"], batch["future_done"], batch["actions"],
-                              batch["task_ids"])
+                              batch["task_ids"], draws)
         return {k: out[k] for k in self.metrics}
 
     def policy(self, metadata: dict, device: str, seed: int, cuda_graph: bool):

@@ -42,7 +42,8 @@ ADDED_SETTINGS = {"train.lr_scaling": "none", "environment.starts": "first_frame
                   "rl.kl_coef": 0.0, "rl.task_weighting_prior": False, "algo.image_aug_color": 0.0,
                   "policy.sde_first_steps": None, "rl.target_kl": None, "rl.target_eval_shift": None,
                   "rl.flow_matching_coef": 0.0, "rl.demo_coef": 0.0,
-                  "rl.loss_aggregation": "decisions", "train.ema_decay": None, "algo.model.output": "change"}
+                  "rl.loss_aggregation": "decisions", "train.ema_decay": None, "algo.model.output": "change",
+                  "algo.model.denoise_steps": 3, "algo.model.cond_noise": 0.0}
 # settings meaningless without the added setting they go with
 ADDED_ALONG = {"train.lr_reference_batch": "train.lr_scaling", "environment.start_chunks": "environment.starts",
                "rl.demo_batch": "rl.demo_coef"}

@@ -1,6 +1,7 @@
-"""The world model on small synthetic tensors: its loss falls on a fixed batch, chunks after a demo's end teach
-nothing, the pixels that moved weigh as set, a step returns what a policy reads, and observations or actions of
-the wrong shape are one line."""
+"""The world model on small synthetic tensors: its loss falls on a fixed batch (regressing or denoising), chunks
+after a demo's end teach nothing, the pixels that moved weigh as set, a step returns what a policy reads (a
+denoising one's the same for the same noise), EDM's preconditioning and schedule are the formulas', and
+observations or actions of the wrong shape are one line."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from ript.errors import RiptError
 from ript.models.world_model import WorldModel, warp
+from ript.models.world_model_diffusion import EDM
 
 KEYS = ["corner_rgb", "gripperPOV_rgb"]
 
@@ -33,22 +35,24 @@ def synthetic_batch(batch: int = 8, rollout: int = 2, chunk: int = 2):
     return obs, future, done, actions, torch.arange(batch) % 2
 
 
-@pytest.mark.parametrize("output", ["change", "warp"])
+@pytest.mark.parametrize("output", ["change", "warp", "diffusion"])
 def test_the_loss_falls_on_a_fixed_batch(output):
     model = tiny_model(output=output)
     obs, future, done, actions, task_ids = synthetic_batch()
     model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
+    draws = None if output != "diffusion" else model.diffusion_draws(8, 2, torch.device("cpu"),
+                                                                     torch.Generator().manual_seed(2))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     first = None
     for _ in range(60):
-        out = model.loss(obs, future, done, actions, task_ids)
+        out = model.loss(obs, future, done, actions, task_ids, draws)
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
         first = first if first is not None else {k: float(v.detach()) for k, v in out.items()}
-    last = {k: float(v.detach()) for k, v in model.loss(obs, future, done, actions, task_ids).items()}
+    last = {k: float(v.detach()) for k, v in model.loss(obs, future, done, actions, task_ids, draws).items()}
     assert last["loss"] < 0.6 * first["loss"], (first, last)
-    for name in ("l1", "state_mse", "success_bce"):
+    for name in (model.pixel_metric, "state_mse", "success_bce"):
         assert last[name] < first[name], name
 
 
@@ -77,10 +81,13 @@ def test_the_motion_weight_counts_the_pixels_that_moved_more_in_a_weighted_mean(
     on_still[0, 0, 1, 1] = 1.0
     plain, weighted = tiny_model(), tiny_model()
     weighted.motion_weight = 9.0
-    assert plain.pixel_error(on_moved, target, before).item() == pytest.approx(1 / 12)
-    assert weighted.pixel_error(on_moved, target, before).item() == pytest.approx(10 / 39)
-    assert weighted.pixel_error(on_still, target, before).item() == pytest.approx(1 / 39)
-    assert weighted.pixel_error(target, target, before).item() == 0.0
+    def error(predicted):
+        return (predicted - target).abs()
+
+    assert plain.pixel_error(error(on_moved), target, before).item() == pytest.approx(1 / 12)
+    assert weighted.pixel_error(error(on_moved), target, before).item() == pytest.approx(10 / 39)
+    assert weighted.pixel_error(error(on_still), target, before).item() == pytest.approx(1 / 39)
+    assert weighted.pixel_error(error(target), target, before).item() == 0.0
 
 
 def test_a_step_returns_the_observation_a_policy_reads_and_wrong_shapes_are_one_line():
@@ -123,5 +130,36 @@ def test_an_untrained_warping_model_predicts_that_nothing_moves_and_an_unknown_o
     after, _ = model.step(now, task_ids, actions[:, :2])
     for k in KEYS:
         assert torch.equal(after[k], now[k])
-    with pytest.raises(RiptError, match="algo.model.output='flow' is not one of change, warp"):
+    with pytest.raises(RiptError, match="algo.model.output='flow' is not one of change, warp, diffusion"):
         WorldModel(["a"], KEYS, {}, 16, 4, 2, lang_dim=None, width=8, stages=2, cond_dim=16, output="flow")
+
+
+def test_edm_preconditioning_and_schedule_are_the_formulas():
+    """sigma = sigma_data = 0.5: c_skip = 0.25 / 0.5, c_out = 0.25 / sqrt(0.5), c_in = 1 / sqrt(0.5); three steps
+    from sigma_max to sigma_min with Karras's rho = 7 spacing, then 0."""
+    edm = EDM(steps=3)
+    c_skip, c_out, c_in = edm.precondition(torch.tensor([0.5]))
+    assert (c_skip.item(), c_out.item(), c_in.item()) == pytest.approx((0.5, 0.25 / 0.5 ** 0.5, 1 / 0.5 ** 0.5))
+    middle = ((5.0 ** (1 / 7) + 2e-3 ** (1 / 7)) / 2) ** 7
+    assert edm.schedule() == pytest.approx([5.0, middle, 2e-3, 0.0])
+    assert EDM(steps=1).schedule() == [5.0, 0.0]
+    # a network that outputs 0 denoises every noisy frame to c_skip times it: from pure noise, near black
+    assert edm.precondition(torch.tensor([5.0]))[0].item() == pytest.approx(0.25 / 25.25)
+
+
+def test_a_denoising_step_is_the_same_for_the_same_noise_and_reads_as_a_policy_observation():
+    model = tiny_model(output="diffusion").eval()
+    obs, _, _, actions, task_ids = synthetic_batch(batch=3)
+    model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
+    current = {k: v[:, 0] for k, v in obs.items()}
+    assert model.noise_shape == (6, 16, 16)
+    noise = torch.randn(3, 6, 16, 16, generator=torch.Generator().manual_seed(0))
+    first, prob = model.step(current, task_ids, actions[:, :2], noise)
+    again, prob_again = model.step(current, task_ids, actions[:, :2], noise.clone())
+    other, _ = model.step(current, task_ids, actions[:, :2], -noise)
+    assert {k: (v.shape, v.dtype) for k, v in first.items()} == {
+        "corner_rgb": ((3, 16, 16, 3), torch.uint8), "gripperPOV_rgb": ((3, 16, 16, 3), torch.uint8),
+        "robot_states": ((3, 5), torch.float32)}
+    assert all(torch.equal(first[k], again[k]) for k in first) and torch.equal(prob, prob_again)
+    assert not torch.equal(first["corner_rgb"], other["corner_rgb"])
+    assert tiny_model(output="warp").noise_shape is None

@@ -1,6 +1,7 @@
 """RL in a world model instead of the simulator: imagined episodes start from the simulator's real first frames,
-step whole chunks and end on the success head or at the horizon; an RL iteration in imagination resumes exactly;
-a missing, foreign or mismatched world model is one line; ``ript world-model-eval`` measures one."""
+step whole chunks and end on the success head or at the horizon; an RL iteration in imagination resumes exactly,
+in a denoising world model too, whose episodes draw their noise alike in any env slot; a missing, foreign or
+mismatched world model is one line; ``ript world-model-eval`` measures one."""
 
 from __future__ import annotations
 
@@ -74,6 +75,39 @@ def test_an_imagined_episode_starts_from_the_simulators_first_frame_and_moves(im
     obs = {k: torch.from_numpy(np.stack([first[k]])) for k in (*model.image_keys, *model.lowdim_keys)}
     nxt, _ = model.step(obs, torch.tensor([model.task_index("drawer-close-v3")]), torch.ones(1, 2, 4))
     assert not torch.equal(nxt["robot_states"], obs["robot_states"])  # the state moves with the actions
+
+
+@pytest.fixture(scope="module")
+def denoising_world_model(tiny_data, tmp_path_factory) -> Path:
+    """A world model that draws its frames by denoising (``algo.model.output=diffusion``), a few steps trained."""
+    run_dir = tmp_path_factory.mktemp("runs") / "denoising_world_model"
+    settings = ["algo.model.output=diffusion", "algo.model.denoise_steps=2", "algo.model.cond_noise=0.05"]
+    world_model.run(compose("world_model", [*world_model_overrides(tiny_data, run_dir, 6), *settings]))
+    return run_dir
+
+
+def test_a_denoising_world_model_imagines_an_episode_alike_in_any_env_slot(imagined, denoising_world_model):
+    """Each episode draws its frames' noise from a stream of its own: run one at a time or three together, each
+    episode's success head sees the same frames (its highest probability is the same)."""
+    _, make, initial = imagined
+    model, _ = load_model(denoising_world_model)
+    peaks = []
+    for envs in (1, 3):
+        runner = ImaginedRunner(model, ImaginationOptions(["drawer-close-v3"], 13, envs, None), initial, "cpu")
+        peaks.append([e["success_peak"] for e in runner.run(make(), specs=SPECS)["episodes"]])
+    assert peaks[0] == pytest.approx(peaks[1], rel=1e-5)
+    assert len(set(peaks[0])) == len(SPECS)  # the frames, and so the head, differ from episode to episode
+
+
+def test_an_rl_iteration_in_a_denoising_world_model_resumes_exactly(stage1_run, denoising_world_model, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    rl.run(compose("rl", imagined_rl(stage1_run, denoising_world_model, full, 2)))
+    rl.run(compose("rl", imagined_rl(stage1_run, denoising_world_model, part, 1)))
+    rl.run(compose("rl", imagined_rl(stage1_run, denoising_world_model, part, 2, "resume=true")))
+    a = load_file(str(full / "checkpoints" / "last" / "model.safetensors"))
+    b = load_file(str(part / "checkpoints" / "last" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((full / "rl_history.json").read_text()) == json.loads((part / "rl_history.json").read_text())
 
 
 def imagined_rl(stage1_run, world_model_run, run_dir, iterations: int, *extra: str) -> list[str]:
