@@ -37,6 +37,12 @@
 #                 benchmarks/policy_on_imagined_frames.py on its recorded evaluation, and with CHECK_EPISODES set,
 #                 benchmarks/imagined_vs_real.py over its flow policy's five kept checkpoints (that many per task),
 #                 imagined at the head's own threshold (CHECK_THRESHOLD=calibrate: the calibration's)
+#   wm_beside     world-model protocol PROTO's demos, flow policy and recorded evaluation, with a world model of its
+#                 own (the protocol's warping model, or WM_SETTINGS over it, e.g. "algo.model.output=diffusion")
+#                 trained on the demos beside them for
+#                 WM_FIRST_MINUTES (6), then on the demos and the episodes for WM_MINUTES (6.5) while the flow
+#                 checkpoints run in the simulator; its head on its own imagination, imagined against real success
+#                 (CHECK_EPISODES per task, 10) at the head's threshold, the policy on its frames
 #   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
 #                 runs `rl` with NO_CUT_EVAL=1 and keeps its `state` before this evaluation)
 #   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the
@@ -290,6 +296,37 @@ for part in "$@"; do
       python3 -m benchmarks.imagined_vs_real --world-model $root/world_model_head $threshold \
         --checkpoints $(ls -d $root/flow/checkpoints/0*) --episodes $CHECK_EPISODES \
         --work-dir runs/imagined_vs_real --out $R/imagined_vs_real.json 2>&1 | quiet ;;
+    wm_beside)
+      p=${PROTO:-libero_object_world_model} root=runs/protocols/${PROTO:-libero_object_world_model}
+      only="phases.world_model=null phases.world_model_head=null phases.calibrate=null phases.rl=null phases.eval_rl=null"
+      wm="task=${p%_world_model} algo.chunk=4 algo.unroll=3 algo.model.width=32 algo.model.output=warp train.batch_size=64 train.lr=3e-4 train.warmup_steps=200 train.val_every=1000 \
+        train.save_every=500 train.log_every=250 progress=false ${WM_SETTINGS:-}"
+      phase "$p: collect"
+      python3 -m ript.cli protocol $p $workers $only phases.flow=null phases.eval=null 2>&1 | quiet
+      phase "world model on the demos beside the flow policy and its evaluation"
+      python3 -m ript.cli world-model $wm run_dir=$root/wm_demos train.steps=4000 \
+        train.stop_after_minutes=${WM_FIRST_MINUTES:-6} > $R/wm_demos.log 2>&1 &
+      first=$!
+      python3 -m ript.cli protocol $p $workers +phases.flow.progress=false +phases.flow.train.keep_last=5 $only 2>&1 \
+        | quiet; keep $p; wait $first; tail -3 $R/wm_demos.log
+      phase "world model on the demos and the episodes; the flow checkpoints in the simulator beside it"
+      ( i=0; for c in $(ls -d $root/flow/checkpoints/0*); do
+          python3 -m ript.cli eval policy=flow checkpoint=$c out_dir=runs/imagined_vs_real/$(printf %02d $i)_real \
+            episodes_per_task=${CHECK_EPISODES:-10} num_workers=12 n_videos=0 overwrite=true 2>&1 | grep "eval:"
+          i=$((i+1)); done ) > $R/real_evals.log 2>&1 &
+      reals=$!
+      python3 -m ript.cli world-model $wm run_dir=$root/wm init_checkpoint=$root/wm_demos train.steps=3000 \
+        "data.extra_dirs=[$root/eval/episodes]" train.stop_after_minutes=${WM_MINUTES:-6.5} 2>&1 | quiet
+      python3 -m ript.cli world-model-head checkpoint=$root/wm run_dir=$root/wm_head 2>&1 | quiet
+      cp $root/wm_head/success_head.json $R/ 2>/dev/null; wait $reals; cat $R/real_evals.log
+      phase "imagined against real"
+      python3 -m benchmarks.imagined_vs_real --world-model $root/wm_head \
+        --imagined-overrides environment.success_threshold=head --checkpoints $(ls -d $root/flow/checkpoints/0*) \
+        --episodes ${CHECK_EPISODES:-10} --work-dir runs/imagined_vs_real --out $R/imagined_vs_real.json 2>&1 | quiet
+      phase "policy on imagined frames"
+      python3 -m benchmarks.policy_on_imagined_frames --world-model $root/wm_head --policy $root/flow \
+        --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
+      cp $R/policy_on_imagined_frames/*.mp4 $R/ 2>/dev/null ;;
     eval_cut) eval_rl_cut ${PROTO:-ml45_multitask} ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
@@ -302,7 +339,7 @@ for part in "$@"; do
         cat $pieces | tar -xf - -C runs/protocols || exit 1
       done
       ls -la runs/protocols/* ;;
-    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, stage1_variants, steps, topk, sampling, rl, eval_cut, wm_checks, scaling, weights, actor, transfer, decision, state, resume)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, stage1_variants, steps, topk, sampling, rl, eval_cut, wm_checks, wm_beside, scaling, weights, actor, transfer, decision, state, resume)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
