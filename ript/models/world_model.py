@@ -19,7 +19,7 @@ from torch import nn
 
 from ript.data.normalize import Normalizer
 from ript.errors import RiptError
-from ript.models.world_model_diffusion import EDM, NOISE_FEATURES, noise_features
+from ript.models.world_model_diffusion import CHANGE_SCALE, EDM, NOISE_FEATURES, noise_features
 from ript.registry import MODELS
 
 MOVED_LEVELS = 5  # of 255: a pixel one of whose channels changes by more moved (rendering is deterministic)
@@ -240,9 +240,9 @@ class WorldModel(nn.Module):
 
     def sample(self, images: torch.Tensor, cond: torch.Tensor, noise: torch.Tensor | None
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Diffusion: the next frame drawn along EDM's schedule with Euler steps from ``noise`` (the sampler adds
-        none after it: the last step lands on the denoised frame), and the pooled bottleneck of the last, least
-        noisy, call."""
+        """Diffusion: the frame's change drawn along EDM's schedule with Euler steps from ``noise`` (the sampler
+        adds none after it: the last step lands on the denoised change), the next frame that change makes, and the
+        pooled bottleneck of the last, least noisy, call."""
         sigmas = self.diffusion.schedule()
         x = (torch.randn_like(images, dtype=torch.float32) if noise is None else noise.float()) * sigmas[0]
         clean = torch.zeros(len(images), device=images.device)
@@ -252,7 +252,7 @@ class WorldModel(nn.Module):
             c_skip, c_out, _ = self.diffusion.precondition(sigma)
             denoised = c_skip * x + c_out * raw.float()
             x = denoised if after == 0 else x + (x - denoised) / now * (after - now)
-        return x.clamp(-1.0, 1.0), pooled
+        return (images + x / CHANGE_SCALE).clamp(-1.0, 1.0), pooled
 
     def next_images(self, images: torch.Tensor, maps: torch.Tensor) -> torch.Tensor:
         """The predicted frame from the U-Net's output maps: the frame plus its change, or the frame resampled along
@@ -334,14 +334,15 @@ class WorldModel(nn.Module):
     def denoising(self, images: torch.Tensor, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor,
                   target: torch.Tensor, draws: dict[str, torch.Tensor]) -> tuple[Imagined, torch.Tensor]:
         """Diffusion, one chunk: the heads' outputs (read off the pooled bottleneck at the drawn noise level) and
-        the per-pixel squared error of the network against the output that denoises the target exactly."""
+        the per-pixel squared error of the network against the output that denoises the frame's change exactly."""
         sigma, frame_noise = draws["sigma"], draws["frame_noise_level"]
-        noisy = target + sigma.view(-1, 1, 1, 1) * draws["noise"]
+        change = (target - images) * CHANGE_SCALE
+        noisy = change + sigma.view(-1, 1, 1, 1) * draws["noise"]
         frame = images + frame_noise.view(-1, 1, 1, 1) * draws["frame_noise"]
         cond = self.conditioning(state, task_ids, actions)
         raw, pooled = self.denoiser(frame, noisy, sigma, cond, frame_noise)
         c_skip, c_out, _ = self.diffusion.precondition(sigma)
-        error = (raw.float() - (target - c_skip * noisy) / c_out).square()
+        error = (raw.float() - (change - c_skip * noisy) / c_out).square()
         return self.heads(noisy, state, pooled, cond), error
 
     def diffusion_draws(self, batch: int, rollout: int, device: torch.device, generator: torch.Generator

@@ -1,8 +1,8 @@
-"""The next frame drawn by denoising rather than regressed (``algo.model.output=diffusion``): EDM's preconditioning
-(Karras et al., 2022), which keeps the network's input and target at unit scale at every noise level, the noise
-levels it is trained at, and the few-step schedule it samples along (DIAMOND's choice for world models: 3 Euler
-steps). A regressed frame is the average of the frames the model thinks possible, so a thin moving part (a robot
-arm) fades into the background; a drawn frame is one of them, sharp.
+"""The next frame drawn by denoising its change rather than regressed (``algo.model.output=diffusion``): EDM's
+preconditioning (Karras et al., 2022), which keeps the network's input and target at unit scale at every noise
+level, the noise levels it is trained at, and the few-step schedule it samples along (DIAMOND's choice for world
+models: 3 Euler steps). A regressed frame is the average of the frames the model thinks possible, so a thin moving
+part (a robot arm) fades into the background; a drawn frame is one of them, sharp.
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+# what is denoised is the frame's change over the chunk, scaled to EDM's sigma_data: untrained, or at high noise,
+# the model then predicts the frame as it is (a denoised next frame has to learn to copy it first, and at 900 steps
+# drew it worse than the still frame: MetaWorld, 64 px); a chunk's change has a std near 0.12 in [-1, 1] there
+CHANGE_SCALE = 4.0
 NOISE_FREQUENCIES = 8  # sinusoids per scalar (the noise level, the conditioning frame's noise) fed to the network
 NOISE_FEATURES = 2 * 2 * NOISE_FREQUENCIES
 
