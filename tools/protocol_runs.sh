@@ -39,8 +39,8 @@
 #                 imagined at the head's own threshold (CHECK_THRESHOLD=calibrate: the calibration's)
 #   wm_beside     world-model protocol PROTO's demos, flow policy and recorded evaluation, with a world model of its
 #                 own (the protocol's warping model, or WM_SETTINGS over it, e.g. "algo.model.output=diffusion")
-#                 trained on the demos beside them for
-#                 WM_FIRST_MINUTES (6), then on the demos and the episodes for WM_MINUTES (6.5) while the flow
+#                 trained on the demos beside them for WM_FIRST_MINUTES (6), then on the demos and the episodes for
+#                 WM_MINUTES (6.5) while the flow
 #                 checkpoints run in the simulator; its head on its own imagination, imagined against real success
 #                 (CHECK_EPISODES per task, 10) at the head's threshold, the policy on its frames
 #   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
@@ -299,8 +299,9 @@ for part in "$@"; do
     wm_beside)
       p=${PROTO:-libero_object_world_model} root=runs/protocols/${PROTO:-libero_object_world_model}
       only="phases.world_model=null phases.world_model_head=null phases.calibrate=null phases.rl=null phases.eval_rl=null"
-      wm="task=${p%_world_model} algo.chunk=4 algo.unroll=3 algo.model.width=32 algo.model.output=warp train.batch_size=64 train.lr=3e-4 train.warmup_steps=200 train.val_every=1000 \
-        train.save_every=500 train.log_every=250 progress=false ${WM_SETTINGS:-}"
+      wm="task=${p%_world_model} algo.chunk=4 algo.unroll=3 algo.model.width=32 algo.model.output=warp \
+        train.batch_size=64 train.lr=3e-4 train.warmup_steps=200 train.val_every=1000 train.save_every=500 \
+        train.log_every=250 progress=false ${WM_SETTINGS:-}"
       phase "$p: collect"
       python3 -m ript.cli protocol $p $workers $only phases.flow=null phases.eval=null 2>&1 | quiet
       phase "world model on the demos beside the flow policy and its evaluation"

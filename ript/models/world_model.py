@@ -24,8 +24,8 @@ from ript.registry import MODELS
 
 MOVED_LEVELS = 5  # of 255: a pixel one of whose channels changes by more moved (rendering is deterministic)
 # what the U-Net predicts per camera, and its channels: the pixels' change; or where each pixel comes from (a flow
-# field the frame is resampled along: what moves keeps its texture) and a change added after it; or the next frame
-# denoised from the current one and a noisy next one (ript/models/world_model_diffusion.py)
+# field the frame is resampled along: what moves keeps its texture) and a change added after it; or the frame's
+# change denoised from the current frame and a noisy version of it (ript/models/world_model_diffusion.py)
 OUTPUTS = {"change": 3, "warp": 5, "diffusion": 3}
 
 
@@ -145,7 +145,7 @@ class WorldModel(nn.Module):
         self.cond = nn.Sequential(nn.Linear(chunk * action_dim + state_dim + cond_dim, cond_dim), nn.SiLU(),
                                   nn.Linear(cond_dim, cond_dim), nn.SiLU())
         cameras = len(image_keys)
-        inputs = 3 * cameras * (2 if self.diffusion else 1)  # diffusion: the current frame beside the noisy next one
+        inputs = 3 * cameras * (2 if self.diffusion else 1)  # diffusion: the current frame beside the noisy change
         self.unet = ConditionedUNet(inputs, width, stages, cond_dim, OUTPUTS[output] * cameras)
         if self.diffusion:
             self.noise_embedding = nn.Sequential(nn.Linear(NOISE_FEATURES, cond_dim), nn.SiLU(),
@@ -343,13 +343,13 @@ class WorldModel(nn.Module):
         raw, pooled = self.denoiser(frame, noisy, sigma, cond, frame_noise)
         c_skip, c_out, _ = self.diffusion.precondition(sigma)
         error = (raw.float() - (change - c_skip * noisy) / c_out).square()
-        return self.heads(noisy, state, pooled, cond), error
+        return self.heads(noisy, state, pooled, cond), error  # its images (the noisy change) are not read
 
     def diffusion_draws(self, batch: int, rollout: int, device: torch.device, generator: torch.Generator
                         ) -> dict[str, torch.Tensor]:
         """Diffusion: the training noise of ``batch`` samples of ``rollout`` chunks (noise levels, the noise, the
         conditioning frame's noise level and noise), drawn from ``generator``."""
-        frame = (batch, rollout, 3 * len(self.image_keys), self.image_size, self.image_size)
+        frame = (batch, rollout, *self.noise_shape)
         level = torch.rand((batch, rollout), device=device, generator=generator) * self.cond_noise
         return {"sigma": self.diffusion.training_sigmas((batch, rollout), device, generator),
                 "noise": torch.randn(frame, device=device, generator=generator),
