@@ -205,7 +205,7 @@ class WorldModelNet(Section):
     cond_dim: Count
     success_weight: Rate
     motion_weight: Scale
-    output: Literal["change", "warp", "diffusion"] = "change"
+    output: Literal["change", "warp", "diffusion", "warp_diffusion"] = "change"
     denoise_steps: Count = 3
     cond_noise: Scale = 0.0
 

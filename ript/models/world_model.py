@@ -3,10 +3,12 @@ policy's resolution and the robot state), the task and an executed run of ``chun
 after those actions and whether they finished the task.
 
 Pixel space, one prediction per chunk: a U-Net over the cameras stacked as channels predicts each camera's
-change, FiLM-conditioned on the actions, the state and the task; the state's change and the success logit come
-from its pooled bottleneck. The simulator is deterministic given the actions, so the model is too: trained with
-L1 on pixels, MSE on the normalised state and a weighted cross-entropy on success, over an unroll of a few
-chunks in which each prediction is fed back as the next input (so training sees the errors imagination makes).
+change (or a flow field to warp it along), FiLM-conditioned on the actions, the state and the task; the state's
+change and the success logit come from its pooled bottleneck. Trained with L1 on pixels, MSE on the normalised
+state and a weighted cross-entropy on success, over an unroll of a few chunks in which each prediction is fed back
+as the next input (so training sees the errors imagination makes). A regressed frame blurs what the model is not
+sure of; a denoiser (``ript.models.world_model_diffusion``) can draw the frame instead, or draw what the regressed
+frame lacks on top of it.
 """
 
 from __future__ import annotations
@@ -19,72 +21,18 @@ from torch import nn
 
 from ript.data.normalize import Normalizer
 from ript.errors import RiptError
-from ript.models.world_model_diffusion import CHANGE_SCALE, EDM, NOISE_FEATURES, noise_features
+from ript.models.conditioned_unet import ConditionedUNet
+from ript.models.world_model_diffusion import ChangeDenoiser
 from ript.registry import MODELS
 
 MOVED_LEVELS = 5  # of 255: a pixel one of whose channels changes by more moved (rendering is deterministic)
-# what the U-Net predicts per camera, and its channels: the pixels' change; or where each pixel comes from (a flow
-# field the frame is resampled along: what moves keeps its texture) and a change added after it; or the frame's
-# change denoised from the current frame and a noisy version of it (ript/models/world_model_diffusion.py)
-OUTPUTS = {"change": 3, "warp": 5, "diffusion": 3}
-
-
-def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(min(8, channels // 4) or 1, channels)
-
-
-class FiLMBlock(nn.Module):
-    """A residual conv block whose normalised features are scaled and shifted by the conditioning vector."""
-
-    def __init__(self, c_in: int, c_out: int, cond_dim: int):
-        super().__init__()
-        self.n1, self.conv1 = _norm(c_in), nn.Conv2d(c_in, c_out, 3, 1, 1)
-        self.n2, self.conv2 = _norm(c_out), nn.Conv2d(c_out, c_out, 3, 1, 1)
-        self.film = nn.Linear(cond_dim, 2 * c_out)
-        nn.init.zeros_(self.film.weight)
-        nn.init.zeros_(self.film.bias)
-        self.skip = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
-
-    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.n1(x)))
-        scale, shift = self.film(cond)[:, :, None, None].chunk(2, dim=1)
-        h = self.conv2(F.silu(self.n2(h) * (1 + scale) + shift))
-        return self.skip(x) + h
-
-
-class ConditionedUNet(nn.Module):
-    """(B, C, H, W) images and a (B, cond_dim) vector -> (``out_channels`` maps at full resolution, C by default:
-    the images' change; the pooled bottleneck (B, width*m))."""
-
-    def __init__(self, channels: int, width: int, stages: int, cond_dim: int, out_channels: int | None = None):
-        super().__init__()
-        out_channels = out_channels or channels
-        widths = [width * min(2**i, 4) for i in range(stages + 1)]
-        self.stem = nn.Conv2d(channels, widths[0], 3, 1, 1)
-        # each level keeps its width; the strided conv below it widens (the full-resolution convs stay narrow)
-        self.down = nn.ModuleList(FiLMBlock(widths[i], widths[i], cond_dim) for i in range(stages))
-        self.pool = nn.ModuleList(nn.Conv2d(widths[i], widths[i + 1], 3, 2, 1) for i in range(stages))
-        self.middle = nn.ModuleList([FiLMBlock(widths[-1], widths[-1], cond_dim) for _ in range(2)])
-        self.up = nn.ModuleList(FiLMBlock(widths[i + 1] + widths[i], widths[i], cond_dim)
-                                for i in reversed(range(stages)))
-        self.out_norm, self.out = _norm(widths[0]), nn.Conv2d(widths[0], out_channels, 3, 1, 1)
-        nn.init.zeros_(self.out.weight)  # starts as "nothing changes", the best guess before training
-        nn.init.zeros_(self.out.bias)
-        self.bottleneck_width = widths[-1]
-
-    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h, skips = self.stem(x), []
-        for block, pool in zip(self.down, self.pool):
-            h = block(h, cond)
-            skips.append(h)
-            h = pool(h)
-        for block in self.middle:
-            h = block(h, cond)
-        pooled = h.mean(dim=(2, 3))
-        for block in self.up:
-            skip = skips.pop()
-            h = block(torch.cat([F.interpolate(h, size=skip.shape[-2:], mode="nearest"), skip], dim=1), cond)
-        return self.out(F.silu(self.out_norm(h))), pooled
+# per output: what the regressing U-Net predicts per camera (the pixels' change; or where each pixel comes from, a
+# flow field the frame is resampled along so that what moves keeps its texture, and a change added after it; or
+# nothing), and whether a denoiser then draws the frame (ript/models/world_model_diffusion.py) from the current
+# frame or from the regressed one
+OUTPUTS = {"change": ("change", False), "warp": ("warp", False), "diffusion": (None, True),
+           "warp_diffusion": ("warp", True)}
+MAP_CHANNELS = {"change": 3, "warp": 5}  # the regressing U-Net's output channels per camera
 
 
 def warp(images: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
@@ -129,10 +77,7 @@ class WorldModel(nn.Module):
         if output not in OUTPUTS:
             raise RiptError(f"world model: algo.model.output={output!r} is not one of {', '.join(OUTPUTS)}")
         self.output = output
-        # diffusion: EDM's sampler, and the noise the conditioning frame gets in training (at most cond_noise), so
-        # that the model learns to read frames as imperfect as its own
-        self.diffusion = EDM(steps=denoise_steps) if output == "diffusion" else None
-        self.cond_noise = cond_noise
+        self.regressed, drawn = OUTPUTS[output]
         state_dim = sum(lowdim_dims.values())
         self.action_normalizer = Normalizer(action_dim, "minmax")
         self.state_normalizer = Normalizer(max(state_dim, 1), "meanstd")
@@ -144,13 +89,14 @@ class WorldModel(nn.Module):
             self.task_table = nn.Embedding(len(task_names), cond_dim)
         self.cond = nn.Sequential(nn.Linear(chunk * action_dim + state_dim + cond_dim, cond_dim), nn.SiLU(),
                                   nn.Linear(cond_dim, cond_dim), nn.SiLU())
-        cameras = len(image_keys)
-        inputs = 3 * cameras * (2 if self.diffusion else 1)  # diffusion: the current frame beside the noisy change
-        self.unet = ConditionedUNet(inputs, width, stages, cond_dim, OUTPUTS[output] * cameras)
-        if self.diffusion:
-            self.noise_embedding = nn.Sequential(nn.Linear(NOISE_FEATURES, cond_dim), nn.SiLU(),
-                                                 nn.Linear(cond_dim, cond_dim))
-        pooled = self.unet.bottleneck_width + cond_dim
+        channels = 3 * len(image_keys)
+        self.unet = (ConditionedUNet(channels, width, stages, cond_dim, MAP_CHANNELS[self.regressed] * len(image_keys))
+                     if self.regressed else None)
+        # the current frame noised by up to cond_noise in training, so that it learns to read frames as imperfect as
+        # its own; what it draws on the regressed frame also reads that frame
+        self.denoiser = (ChangeDenoiser(channels, 2 if self.regressed else 1, width, stages, cond_dim, denoise_steps,
+                                        cond_noise) if drawn else None)
+        pooled = (self.unet or self.denoiser.unet).bottleneck_width + cond_dim
         self.state_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, state_dim))
         self.success_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, 1))
 
@@ -205,11 +151,17 @@ class WorldModel(nn.Module):
         """The observation after ``actions`` (B, chunk, A) from images in [-1, 1] and the normalised state
         (diffusion: drawn from the standard normal ``noise`` of shape (B, *noise_shape); None: torch's own)."""
         cond = self.conditioning(state, task_ids, actions)
-        if self.diffusion is None:
-            maps, pooled = self.unet(images, cond)
-            return self.heads(self.next_images(images, maps), state, pooled, cond)
-        drawn, pooled = self.sample(images, cond, noise)
-        return self.heads(drawn, state, pooled, cond)
+        if self.unet is None:
+            drawn, pooled = self.denoiser.sample([images], images, cond, noise)
+            return self.heads(drawn, state, pooled, cond)
+        out = self.regress(images, state, cond)
+        if self.denoiser is not None:  # what the regressed frame lacks, drawn on it
+            out.images = self.denoiser.sample([images, out.images], out.images, cond, noise)[0]
+        return out
+
+    def regress(self, images: torch.Tensor, state: torch.Tensor, cond: torch.Tensor) -> Imagined:
+        maps, pooled = self.unet(images, cond)
+        return self.heads(self.next_images(images, maps), state, pooled, cond)
 
     def conditioning(self, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """The vector every block is scaled and shifted by: the normalised actions, the state and the task."""
@@ -225,41 +177,17 @@ class WorldModel(nn.Module):
         return Imagined(images, state + self.state_head(head_in).to(state.dtype),
                         self.success_head(head_in).squeeze(-1), head_in)
 
-    def denoiser(self, frame: torch.Tensor, noisy: torch.Tensor, sigma: torch.Tensor, cond: torch.Tensor,
-                 frame_noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Diffusion: the network's raw output for a noisy next frame at noise level ``sigma`` (B,), and the pooled
-        bottleneck, from the current ``frame`` (noised by ``frame_noise`` (B,) in training)."""
-        _, _, c_in = self.diffusion.precondition(sigma)
-        noise_cond = self.noise_embedding(noise_features(sigma, frame_noise)).to(cond.dtype)
-        return self.unet(torch.cat([frame, (c_in * noisy).to(frame.dtype)], dim=1), cond + noise_cond)
-
     @property
     def noise_shape(self) -> tuple[int, int, int] | None:
         """The standard normal noise one imagined step draws per env (diffusion); None: the model draws none."""
-        return None if self.diffusion is None else (3 * len(self.image_keys), self.image_size, self.image_size)
-
-    def sample(self, images: torch.Tensor, cond: torch.Tensor, noise: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Diffusion: the frame's change drawn along EDM's schedule with Euler steps from ``noise`` (the sampler
-        adds none after it: the last step lands on the denoised change), the next frame that change makes, and the
-        pooled bottleneck of the last, least noisy, call."""
-        sigmas = self.diffusion.schedule()
-        x = (torch.randn_like(images, dtype=torch.float32) if noise is None else noise.float()) * sigmas[0]
-        clean = torch.zeros(len(images), device=images.device)
-        for now, after in zip(sigmas[:-1], sigmas[1:]):
-            sigma = torch.full((len(images),), now, device=images.device)
-            raw, pooled = self.denoiser(images, x, sigma, cond, clean)
-            c_skip, c_out, _ = self.diffusion.precondition(sigma)
-            denoised = c_skip * x + c_out * raw.float()
-            x = denoised if after == 0 else x + (x - denoised) / now * (after - now)
-        return (images + x / CHANGE_SCALE).clamp(-1.0, 1.0), pooled
+        return None if self.denoiser is None else (3 * len(self.image_keys), self.image_size, self.image_size)
 
     def next_images(self, images: torch.Tensor, maps: torch.Tensor) -> torch.Tensor:
         """The predicted frame from the U-Net's output maps: the frame plus its change, or the frame resampled along
         the predicted flow plus a change (per camera: 2 flow channels, then 3 change channels)."""
-        if self.output == "change":
+        if self.regressed == "change":
             return (images + maps).clamp(-1.0, 1.0)
-        per_camera = maps.unflatten(1, (len(self.image_keys), OUTPUTS["warp"]))
+        per_camera = maps.unflatten(1, (len(self.image_keys), MAP_CHANNELS["warp"]))
         flow, change = per_camera[:, :, :2].flatten(1, 2), per_camera[:, :, 2:].flatten(1, 2)
         return (warp(images, flow.to(images.dtype)) + change).clamp(-1.0, 1.0)
 
@@ -289,26 +217,23 @@ class WorldModel(nn.Module):
              ) -> dict[str, torch.Tensor]:
         """The unrolled loss: obs (B, 1, ...) at t, the observations after each of R chunks (B, R, ...), whether each
         chunk finished the demo (B, R) and the R chunks' actions (B, R*chunk, A). Chunks after the demo's end
-        teach nothing (masked). A regressing model starts each chunk from its own prediction of the last; a
-        diffusion model from the real frame (noised by up to ``cond_noise``), with ``draws`` (``diffusion_draws``)
-        its noise, and its pixel term is EDM's denoising error."""
+        teach nothing (masked). A regressing model starts each chunk from its own prediction of the last; a model
+        that only draws, from the real frame (noised by up to ``cond_noise``). ``draws`` (``diffusion_draws``) is a
+        denoiser's noise; its pixel term is EDM's denoising error (``denoise_mse``, beside the regression's ``l1``)."""
         images, state = self.encode_observation({k: v[:, 0] for k, v in obs.items()})
         rollout = future_done.shape[1]
-        pixel = state_err = success = torch.zeros((), device=images.device)
-        counted = torch.zeros((), device=images.device)
+        pixels = {name: torch.zeros((), device=images.device) for name in self.pixel_metrics}
+        state_err = success = counted = torch.zeros((), device=images.device)
         live = torch.ones(len(images), dtype=torch.bool, device=images.device)
         real = images  # the real frame before each chunk, against which the pixels that moved are found
         for r in range(rollout):
             target_images, target_state = self.encode_observation({k: v[:, r] for k, v in future_obs.items()})
             chunk = actions[:, r * self.chunk:(r + 1) * self.chunk]
-            if self.diffusion is None:
-                out = self.predict(images, state, task_ids, chunk)
-                error = (out.images.float() - target_images).abs()
-            else:
-                out, error = self.denoising(images, state, task_ids, chunk, target_images,
-                                            {k: v[:, r] for k, v in draws.items()})
+            drawn = None if draws is None else {k: v[:, r] for k, v in draws.items()}
+            out, errors = self.chunk_errors(images, state, task_ids, chunk, target_images, drawn)
             m = live.float()
-            pixel = pixel + (self.pixel_error(error, target_images, real) * m).sum()
+            for name, error in errors.items():
+                pixels[name] = pixels[name] + (self.pixel_error(error, target_images, real) * m).sum()
             real = target_images
             if self.lowdim_keys:
                 state_err = state_err + ((out.state.float() - target_state).pow(2).mean(-1) * m).sum()
@@ -318,41 +243,41 @@ class WorldModel(nn.Module):
                                                                     reduction="none") * m).sum()
             counted = counted + m.sum()
             live = live & ~future_done[:, r]
-            if self.diffusion is None:  # fed back: the next chunk starts from the prediction
+            if self.unet is not None:  # fed back: the next chunk starts from the regressed prediction
                 images, state = out.images.detach(), out.state.detach()
             else:
                 images, state = target_images, target_state
         n = counted.clamp(min=1)
-        pixel, state_err, success = pixel / n, state_err / n, success / n
-        return {"loss": pixel + state_err + success, self.pixel_metric: pixel, "state_mse": state_err,
+        pixels, state_err, success = {k: v / n for k, v in pixels.items()}, state_err / n, success / n
+        return {"loss": sum(pixels.values()) + state_err + success, **pixels, "state_mse": state_err,
                 "success_bce": success}
 
     @property
-    def pixel_metric(self) -> str:
-        return "l1" if self.diffusion is None else "denoise_mse"
+    def pixel_metrics(self) -> tuple[str, ...]:
+        """The pixel terms of the loss: the regression's L1, a denoiser's EDM error, or both."""
+        return ("l1",) * (self.unet is not None) + ("denoise_mse",) * (self.denoiser is not None)
 
-    def denoising(self, images: torch.Tensor, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor,
-                  target: torch.Tensor, draws: dict[str, torch.Tensor]) -> tuple[Imagined, torch.Tensor]:
-        """Diffusion, one chunk: the heads' outputs (read off the pooled bottleneck at the drawn noise level) and
-        the per-pixel squared error of the network against the output that denoises the frame's change exactly."""
-        sigma, frame_noise = draws["sigma"], draws["frame_noise_level"]
-        change = (target - images) * CHANGE_SCALE
-        noisy = change + sigma.view(-1, 1, 1, 1) * draws["noise"]
-        frame = images + frame_noise.view(-1, 1, 1, 1) * draws["frame_noise"]
+    def chunk_errors(self, images: torch.Tensor, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor,
+                     target: torch.Tensor, draws: dict[str, torch.Tensor] | None
+                     ) -> tuple[Imagined, dict[str, torch.Tensor]]:
+        """One chunk in training: the heads' outputs (a regressing model's prediction among them) and the per-pixel
+        error maps of each pixel term. The denoiser learns the change from the regressed frame, which it does not
+        move (detached); a model that only draws reads its heads off the denoiser at the drawn noise level."""
         cond = self.conditioning(state, task_ids, actions)
-        raw, pooled = self.denoiser(frame, noisy, sigma, cond, frame_noise)
-        c_skip, c_out, _ = self.diffusion.precondition(sigma)
-        error = (raw.float() - (change - c_skip * noisy) / c_out).square()
-        return self.heads(noisy, state, pooled, cond), error  # its images (the noisy change) are not read
+        if self.unet is None:
+            error, pooled = self.denoiser.error([images], images, target, cond, draws)
+            return self.heads(images, state, pooled, cond), {"denoise_mse": error}  # its images are not read
+        out = self.regress(images, state, cond)
+        errors = {"l1": (out.images.float() - target).abs()}
+        if self.denoiser is not None:
+            regressed = out.images.detach()
+            errors["denoise_mse"] = self.denoiser.error([images, regressed], regressed, target, cond, draws)[0]
+        return out, errors
 
     def diffusion_draws(self, batch: int, rollout: int, device: torch.device, generator: torch.Generator
-                        ) -> dict[str, torch.Tensor]:
-        """Diffusion: the training noise of ``batch`` samples of ``rollout`` chunks (noise levels, the noise, the
-        conditioning frame's noise level and noise), drawn from ``generator``."""
-        frame = (batch, rollout, *self.noise_shape)
-        level = torch.rand((batch, rollout), device=device, generator=generator) * self.cond_noise
-        return {"sigma": self.diffusion.training_sigmas((batch, rollout), device, generator),
-                "noise": torch.randn(frame, device=device, generator=generator),
-                "frame_noise_level": level,
-                "frame_noise": torch.randn(frame, device=device, generator=generator) if self.cond_noise
-                else torch.zeros((batch, rollout, 1, 1, 1), device=device)}
+                        ) -> dict[str, torch.Tensor] | None:
+        """A denoiser's training noise for ``batch`` samples of ``rollout`` chunks, drawn from ``generator``;
+        None for a model without one."""
+        if self.denoiser is None:
+            return None
+        return self.denoiser.draws((batch, rollout, *self.noise_shape), device, generator)

@@ -59,14 +59,14 @@ class WorldModelObjective:
 
     def __init__(self, model: WorldModel, cfg, device: str):
         self.model, self.batch_size = model, int(cfg.train.batch_size)
-        self.metrics = (model.pixel_metric, "success_bce", "state_mse")
+        self.metrics = (*model.pixel_metrics, "success_bce", "state_mse")
         self.loss_fn = training.CompiledLoss(model.loss, cfg.train, device)
 
     def draws(self, batch: dict, generator: torch.Generator, share: slice | None, total: int) -> dict | None:
-        if self.model.diffusion is None:
+        drawn = self.model.diffusion_draws(total, batch["future_done"].shape[1], generator.device, generator)
+        if drawn is None:
             return None
         rows, target = share if share is not None else slice(0, total), batch["actions"].device
-        drawn = self.model.diffusion_draws(total, batch["future_done"].shape[1], generator.device, generator)
         return {k: v[rows].to(target) for k, v in drawn.items()}
 
     def loss(self, batch: dict, generator: torch.Generator, share: slice | None) -> dict:

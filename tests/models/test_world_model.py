@@ -35,13 +35,12 @@ def synthetic_batch(batch: int = 8, rollout: int = 2, chunk: int = 2):
     return obs, future, done, actions, torch.arange(batch) % 2
 
 
-@pytest.mark.parametrize("output", ["change", "warp", "diffusion"])
+@pytest.mark.parametrize("output", ["change", "warp", "diffusion", "warp_diffusion"])
 def test_the_loss_falls_on_a_fixed_batch(output):
     model = tiny_model(output=output)
     obs, future, done, actions, task_ids = synthetic_batch()
     model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
-    draws = None if output != "diffusion" else model.diffusion_draws(8, 2, torch.device("cpu"),
-                                                                     torch.Generator().manual_seed(2))
+    draws = model.diffusion_draws(8, 2, torch.device("cpu"), torch.Generator().manual_seed(2))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     first = None
     for _ in range(60):
@@ -52,7 +51,7 @@ def test_the_loss_falls_on_a_fixed_batch(output):
         first = first if first is not None else {k: float(v.detach()) for k, v in out.items()}
     last = {k: float(v.detach()) for k, v in model.loss(obs, future, done, actions, task_ids, draws).items()}
     assert last["loss"] < 0.6 * first["loss"], (first, last)
-    for name in (model.pixel_metric, "state_mse", "success_bce"):
+    for name in (*model.pixel_metrics, "state_mse", "success_bce"):
         assert last[name] < first[name], name
 
 
@@ -130,7 +129,8 @@ def test_an_untrained_warping_model_predicts_that_nothing_moves_and_an_unknown_o
     after, _ = model.step(now, task_ids, actions[:, :2])
     for k in KEYS:
         assert torch.equal(after[k], now[k])
-    with pytest.raises(RiptError, match="algo.model.output='flow' is not one of change, warp, diffusion"):
+    unknown = "algo.model.output='flow' is not one of change, warp, diffusion, warp_diffusion"
+    with pytest.raises(RiptError, match=unknown):
         WorldModel(["a"], KEYS, {}, 16, 4, 2, lang_dim=None, width=8, stages=2, cond_dim=16, output="flow")
 
 
@@ -147,8 +147,9 @@ def test_edm_preconditioning_and_schedule_are_the_formulas():
     assert edm.precondition(torch.tensor([5.0]))[0].item() == pytest.approx(0.25 / 25.25)
 
 
-def test_a_denoising_step_is_the_same_for_the_same_noise_and_reads_as_a_policy_observation():
-    model = tiny_model(output="diffusion").eval()
+@pytest.mark.parametrize("output", ["diffusion", "warp_diffusion"])
+def test_a_denoising_step_is_the_same_for_the_same_noise_and_reads_as_a_policy_observation(output):
+    model = tiny_model(output=output).eval()
     obs, _, _, actions, task_ids = synthetic_batch(batch=3)
     model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
     current = {k: v[:, 0] for k, v in obs.items()}
@@ -163,3 +164,23 @@ def test_a_denoising_step_is_the_same_for_the_same_noise_and_reads_as_a_policy_o
     assert all(torch.equal(first[k], again[k]) for k in first) and torch.equal(prob, prob_again)
     assert not torch.equal(first["corner_rgb"], other["corner_rgb"])
     assert tiny_model(output="warp").noise_shape is None
+
+
+def test_what_is_drawn_on_the_regressed_frame_leaves_the_regression_alone():
+    """warp_diffusion: with zero noise an untrained denoiser draws nothing, so the frame is the warping U-Net's (an
+    untrained one's: the current frame); the denoiser's error does not train the regressing U-Net, and both terms
+    are in the loss."""
+    model = tiny_model(output="warp_diffusion").eval()
+    assert model.pixel_metrics == ("l1", "denoise_mse")
+    obs, future, done, actions, task_ids = synthetic_batch(batch=3)
+    model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
+    current = {k: v[:, 0] for k, v in obs.items()}
+    after, _ = model.step(current, task_ids, actions[:, :2], torch.zeros(3, *model.noise_shape))
+    assert all(torch.equal(after[k], current[k]) for k in KEYS)
+    draws = model.diffusion_draws(3, 2, torch.device("cpu"), torch.Generator().manual_seed(2))
+    out = model.loss(obs, future, done, actions, task_ids, draws)
+    assert out["loss"].item() == pytest.approx(sum(out[k].item() for k in ("l1", "denoise_mse", "state_mse",
+                                                                           "success_bce")), rel=1e-5)
+    out["denoise_mse"].backward()
+    assert all(p.grad is None or not p.grad.any() for p in model.unet.parameters())
+    assert any(p.grad is not None and p.grad.any() for p in model.denoiser.parameters())
