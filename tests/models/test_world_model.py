@@ -134,17 +134,23 @@ def test_an_untrained_warping_model_predicts_that_nothing_moves_and_an_unknown_o
         WorldModel(["a"], KEYS, {}, 16, 4, 2, lang_dim=None, width=8, stages=2, cond_dim=16, output="flow")
 
 
-def test_edm_preconditioning_and_schedule_are_the_formulas():
+def test_edm_preconditioning_schedule_and_training_noise_are_the_formulas():
     """sigma = sigma_data = 0.5: c_skip = 0.25 / 0.5, c_out = 0.25 / sqrt(0.5), c_in = 1 / sqrt(0.5); three steps
-    from sigma_max to sigma_min with Karras's rho = 7 spacing, then 0."""
+    from sigma_max to sigma_min with Karras's rho = 7 spacing, then 0; training levels log-normal but for the
+    terminal share, at sigma_max."""
     edm = EDM(steps=3)
     c_skip, c_out, c_in = edm.precondition(torch.tensor([0.5]))
     assert (c_skip.item(), c_out.item(), c_in.item()) == pytest.approx((0.5, 0.25 / 0.5 ** 0.5, 1 / 0.5 ** 0.5))
-    middle = ((5.0 ** (1 / 7) + 2e-3 ** (1 / 7)) / 2) ** 7
-    assert edm.schedule() == pytest.approx([5.0, middle, 2e-3, 0.0])
-    assert EDM(steps=1).schedule() == [5.0, 0.0]
-    # a network that outputs 0 denoises every noisy frame to c_skip times it: from pure noise, near black
-    assert edm.precondition(torch.tensor([5.0]))[0].item() == pytest.approx(0.25 / 25.25)
+    middle = ((80.0 ** (1 / 7) + 2e-3 ** (1 / 7)) / 2) ** 7
+    assert edm.schedule() == pytest.approx([80.0, middle, 2e-3, 0.0])
+    assert EDM(steps=1).schedule() == [80.0, 0.0]
+    # a network that outputs 0 denoises every noisy change to c_skip times it: from pure noise, nearly no change
+    assert edm.precondition(torch.tensor([80.0]))[0].item() == pytest.approx(0.25 / 6400.25)
+    sigmas = edm.training_sigmas((20000,), torch.device("cpu"), torch.Generator().manual_seed(0))
+    terminal = sigmas == 80.0
+    assert terminal.float().mean().item() == pytest.approx(0.1, abs=0.01)
+    assert sigmas[~terminal].log().mean().item() == pytest.approx(-0.4, abs=0.03)
+    assert sigmas[~terminal].log().std().item() == pytest.approx(1.2, abs=0.03)
 
 
 @pytest.mark.parametrize("output", ["diffusion", "warp_diffusion"])
