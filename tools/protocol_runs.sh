@@ -38,7 +38,7 @@
 #                 benchmarks/imagined_vs_real.py over its flow policy's five kept checkpoints (that many per task),
 #                 imagined at the head's own threshold (CHECK_THRESHOLD=calibrate: the calibration's)
 #   wm_beside     world-model protocol PROTO's demos, flow policy and recorded evaluation, with a world model of its
-#                 own (the protocol's warping model, or WM_SETTINGS over it, e.g. "algo.model.output=diffusion")
+#                 own (the protocol's warping model, or WM_SETTINGS over it, e.g. "algo.model.output=warp_diffusion")
 #                 trained on the demos beside them for WM_FIRST_MINUTES (6), then on the demos and the episodes for
 #                 WM_MINUTES (6.5) while the flow
 #                 checkpoints run in the simulator; its head on its own imagination, imagined against real success
