@@ -76,7 +76,6 @@ class WorldModel(nn.Module):
         self.success_weight, self.motion_weight = success_weight, motion_weight
         if output not in OUTPUTS:
             raise RiptError(f"world model: algo.model.output={output!r} is not one of {', '.join(OUTPUTS)}")
-        self.output = output
         self.regressed, drawn = OUTPUTS[output]
         state_dim = sum(lowdim_dims.values())
         self.action_normalizer = Normalizer(action_dim, "minmax")
