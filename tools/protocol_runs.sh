@@ -43,6 +43,11 @@
 #                 WM_MINUTES (6.5) while the flow
 #                 checkpoints run in the simulator; its head on its own imagination, imagined against real success
 #                 (CHECK_EPISODES per task, 10) at the head's threshold, the policy on its frames
+#   wm_rl         world-model protocol PROTO to its end in one device call: its demos, then a world model of its
+#                 own (WM_SETTINGS as for wm_beside) on the demos beside the flow policy (FLOW_STEPS, 5000) and its
+#                 recorded evaluation, then the protocol's world_model phase going on from it for WM_STEPS (2000)
+#                 on the demos and the episodes, the head on its own imagination, the calibration, RL in the model
+#                 (RL_ITERATIONS, 10) and the evaluation after it; then the policy on the model's frames
 #   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
 #                 runs `rl` with NO_CUT_EVAL=1 and keeps its `state` before this evaluation)
 #   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the
@@ -326,6 +331,31 @@ for part in "$@"; do
         --episodes ${CHECK_EPISODES:-10} --work-dir runs/imagined_vs_real --out $R/imagined_vs_real.json 2>&1 | quiet
       phase "policy on imagined frames"
       python3 -m benchmarks.policy_on_imagined_frames --world-model $root/wm_head --policy $root/flow \
+        --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
+      cp $R/policy_on_imagined_frames/*.mp4 $R/ 2>/dev/null ;;
+    wm_rl)
+      p=${PROTO:-libero_object_world_model} root=runs/protocols/${PROTO:-libero_object_world_model}
+      only="phases.world_model=null phases.world_model_head=null phases.calibrate=null phases.rl=null phases.eval_rl=null"
+      flow="phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false"
+      wm="task=${p%_world_model} algo.chunk=4 algo.unroll=3 algo.model.width=32 algo.model.output=warp \
+        train.batch_size=64 train.lr=3e-4 train.warmup_steps=200 progress=false ${WM_SETTINGS:-}"
+      # the same model settings for the protocol's own world_model phase, which goes on from the first one's weights
+      wm_phase="phases.world_model.train.steps=${WM_STEPS:-2000} +phases.world_model.init_checkpoint=$root/wm_demos \
+        +phases.world_model.progress=false $(for s in ${WM_SETTINGS:-}; do printf '++phases.world_model.%s ' $s; done)"
+      phase "$p: collect"
+      python3 -m ript.cli protocol $p $workers $only phases.flow=null phases.eval=null 2>&1 | quiet
+      phase "world model on the demos beside the flow policy and its evaluation"
+      python3 -m ript.cli world-model $wm run_dir=$root/wm_demos train.steps=4000 train.val_every=1000 \
+        train.save_every=500 train.log_every=250 train.stop_after_minutes=${WM_FIRST_MINUTES:-6} > $R/wm_demos.log 2>&1 &
+      first=$!
+      python3 -m ript.cli protocol $p $workers $flow $only 2>&1 | quiet; keep $p; wait $first; tail -3 $R/wm_demos.log
+      phase "the protocol on: world model, head, calibration, RL in the model, evaluation"
+      python3 -m ript.cli protocol $p $workers $flow $wm_phase phases.rl.rl.iterations=${RL_ITERATIONS:-10} \
+        ${RL_EXTRA:-} 2>&1 | quiet; keep $p
+      cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $root/rl/rl_history.json $R/ \
+        2>/dev/null
+      phase "policy on imagined frames"
+      python3 -m benchmarks.policy_on_imagined_frames --world-model $root/world_model_head --policy $root/flow \
         --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
       cp $R/policy_on_imagined_frames/*.mp4 $R/ 2>/dev/null ;;
     eval_cut) eval_rl_cut ${PROTO:-ml45_multitask} ;;
