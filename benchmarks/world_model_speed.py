@@ -4,6 +4,7 @@ AdamW on a GPU). Compare the env steps/s with the simulator's floor on the same 
 (``benchmarks.libero_step_speed``) and the samples/s with the steps a training run takes.
 
     python -m benchmarks.world_model_speed --envs 64,256,1024 --out benchmarks/results/<file>.json
+    python -m benchmarks.world_model_speed --width 32 --output warp_diffusion --envs 64,256 --out <file>.json
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def build(args, device: str) -> WorldModel:
     torch.manual_seed(0)
     model = WorldModel([f"task{i}" for i in range(10)], ["agentview_rgb", "eye_in_hand_rgb"], LIBERO_STATE,
                        args.image_size, 7, args.chunk, lang_dim=384, width=args.width, stages=args.stages,
-                       cond_dim=args.cond_dim)
+                       cond_dim=args.cond_dim, output=args.output, denoise_steps=args.denoise_steps)
     return model.to(device)
 
 
@@ -54,10 +55,12 @@ def training_rate(model: WorldModel, batch: int, unroll: int, steps: int, device
     done = torch.zeros(batch, unroll, dtype=torch.bool, device=device)
     actions = torch.rand(batch, unroll * model.chunk, 7, device=device) * 2 - 1
     task_ids = torch.arange(batch, device=device) % 10
+    generator = torch.Generator(device=device).manual_seed(0)
 
     def step() -> None:
+        draws = model.diffusion_draws(batch, unroll, torch.device(device), generator)  # None: a regressing output
         with torch.autocast("cuda", torch.bfloat16, enabled=device.startswith("cuda")):
-            loss = model.loss(obs, future, done, actions, task_ids)["loss"]
+            loss = model.loss(obs, future, done, actions, task_ids, draws)["loss"]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -84,6 +87,8 @@ def main() -> None:
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--stages", type=int, default=3)
     p.add_argument("--cond-dim", type=int, default=256)
+    p.add_argument("--output", default="change", help="algo.model.output: change, warp, diffusion, warp_diffusion")
+    p.add_argument("--denoise-steps", type=int, default=3, help="network calls per chunk of a denoising output")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--unroll", type=int, default=3)
     p.add_argument("--train-steps", type=int, default=20)

@@ -2,6 +2,9 @@
 # Reference protocols and their variants on a GPU host, as a detached job (`ript protocol`, see docs/protocols.md):
 #   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering every 8th
 #                 step (LIBERO_SPEED_ARGS replaces these, e.g. "--suite libero_10 --procs 1,32 --render-every 0,2")
+#   wm_speed      a world model's imagined env steps/s and training steps/s at LIBERO's size, random weights
+#                 (WM_SPEED_ARGS, default width 32, warp_diffusion, 64/256/1,024 envs), and the simulator floor
+#                 beside it: 16 processes stepping and rendering every 4th step (a chunk of 4)
 #   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
 #                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps VIDEO_COUNT (3) videos of
 #                 the tasks VIDEOS finds (a regular expression; LIBERO-Object's bottles by default), or with CKPT=1
@@ -180,6 +183,12 @@ for part in "$@"; do
       phase "libero_speed"
       MUJOCO_GL=egl python3 -m benchmarks.libero_step_speed ${LIBERO_SPEED_ARGS:---procs 1,16 --render-every 0,8} \
         --seconds 8 --out $R/libero_step_speed.json 2>&1 | grep -v -i warning ;;
+    wm_speed)
+      phase "wm_speed"
+      python3 -m benchmarks.world_model_speed ${WM_SPEED_ARGS:---width 32 --output warp_diffusion --envs 64,256,1024} \
+        --out $R/world_model_speed.json | tail -30
+      MUJOCO_GL=egl python3 -m benchmarks.libero_step_speed --procs 16 --render-every 4 --seconds 8 \
+        --out $R/libero_floor_render_every_4.json 2>&1 | grep -v -i warning ;;
     libero)
       s=${LIBERO_SUITE:-libero_object}
       phase "$s"
