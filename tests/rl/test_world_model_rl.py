@@ -79,9 +79,10 @@ def test_an_imagined_episode_starts_from_the_simulators_first_frame_and_moves(im
 
 @pytest.fixture(scope="module")
 def denoising_world_model(tiny_data, tmp_path_factory) -> Path:
-    """A world model that draws its frames by denoising (``algo.model.output=diffusion``), a few steps trained."""
+    """A world model that draws what its warped frame lacks by denoising (``algo.model.output=warp_diffusion``, which
+    runs both the regressing and the denoising network), a few steps trained."""
     run_dir = tmp_path_factory.mktemp("runs") / "denoising_world_model"
-    settings = ["algo.model.output=diffusion", "algo.model.denoise_steps=2", "algo.model.cond_noise=0.05"]
+    settings = ["algo.model.output=warp_diffusion", "algo.model.denoise_steps=2", "algo.model.cond_noise=0.05"]
     world_model.run(compose("world_model", [*world_model_overrides(tiny_data, run_dir, 6), *settings]))
     return run_dir
 
