@@ -50,7 +50,8 @@
 #                 own (WM_SETTINGS as for wm_beside) on the demos beside the flow policy (FLOW_STEPS, 5000) and its
 #                 recorded evaluation, then the protocol's world_model phase going on from it for WM_STEPS (2000)
 #                 on the demos and the episodes, the head on its own imagination, the calibration, RL in the model
-#                 (RL_ITERATIONS, 10) and the evaluation after it; then the policy on the model's frames
+#                 (RL_ITERATIONS, 15, or RL_MINUTES, 4, whichever ends first) and the evaluation after it; then the
+#                 policy on the model's frames. About 26 minutes on one H200 with FLOW_STEPS=2000
 #   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
 #                 runs `rl` with NO_CUT_EVAL=1 and keeps its `state` before this evaluation)
 #   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the
@@ -359,8 +360,9 @@ for part in "$@"; do
       first=$!
       python3 -m ript.cli protocol $p $workers $flow $only 2>&1 | quiet; keep $p; wait $first; tail -3 $R/wm_demos.log
       phase "the protocol on: world model, head, calibration, RL in the model, evaluation"
-      python3 -m ript.cli protocol $p $workers $flow $wm_phase phases.rl.rl.iterations=${RL_ITERATIONS:-10} \
-        ${RL_EXTRA:-} 2>&1 | quiet; keep $p
+      python3 -m ript.cli protocol $p $workers $flow $wm_phase phases.rl.rl.iterations=${RL_ITERATIONS:-15} \
+        +phases.rl.rl.stop_after_minutes=${RL_MINUTES:-4} ${RL_EXTRA:-} 2>&1 | quiet; keep $p
+      RL_CUT_EVAL=policy=flow eval_rl_cut $p  # RL stopped by its time limit ends the protocol before its evaluation
       cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $root/rl/rl_history.json $R/ \
         2>/dev/null
       phase "policy on imagined frames"
