@@ -42,6 +42,7 @@ from tests.helpers.cli import assert_one_line_error, ript_here, task_overrides, 
     ("rl", "workers.decisions=sometimes", "workers.decisions='sometimes'"),
     ("quickstart", "stage1.steps=0", "stage1.steps=0"),
     ("world_model_head", "steps=0", "steps=0"),
+    ("world_model_eval", "denoise_steps=0", "denoise_steps=0"),
     ("world_model_head", "lr=nan", "lr=nan"),
     ("collect", "task.task_names=[]", "an empty list names no task"),
     ("stage0", "task.task_names=[button-press-v3,drawer-close-v3,button-press-v3]", "button-press-v3 listed more"),
@@ -50,10 +51,19 @@ from tests.helpers.cli import assert_one_line_error, ript_here, task_overrides, 
 def test_out_of_range_values_are_refused_with_the_key(job, override, fragment):
     from ript.config import compose
 
-    extra = ["checkpoint=somewhere"] if job in ("eval", "rl") else []
+    extra = ["checkpoint=somewhere"] if job in ("eval", "rl", "world_model_eval") else []
     with pytest.raises(RiptError, match="out of range") as e:
         compose(job, [override, *extra])
     assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("job", ["rl", "eval"])
+def test_a_world_models_denoising_steps_out_of_range_are_refused_with_the_key(job):
+    from ript.config import compose
+
+    with pytest.raises(RiptError, match="out of range") as e:
+        compose(job, ["environment=world_model", "environment.denoise_steps=0", "checkpoint=somewhere"])
+    assert "environment.denoise_steps=0" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_invalid_value_through_the_cli_creates_nothing(tmp_path):

@@ -118,6 +118,7 @@ class WorldModelEvalJob(Section):
     episodes_dir: str | None
     horizon_chunks: Count
     starts_per_demo: Count
+    denoise_steps: Count | None = None
     success_threshold: Annotated[float, Field(gt=0, lt=1)]
     speed_envs: Count
     speed_chunks: Count

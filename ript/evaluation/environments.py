@@ -73,6 +73,8 @@ def world_model(setting: EnvironmentSetting) -> Runner:
         raise RiptError("environment=world_model needs environment.checkpoint=<a `ript world-model` run>")
     model, config = load_model(env.checkpoint, expect_stage="world_model", device=setting.device)
     check_world_model(str(env.checkpoint), config, setting)
+    if env.get("denoise_steps") is not None:
+        model.set_denoise_steps(int(env.denoise_steps))
     suite = setting.metadata["suite"]
     episodes = int(setting.episodes_per_task or get_suite(suite).standard_episodes)
     horizon = setting.horizon

@@ -99,6 +99,19 @@ class WorldModel(nn.Module):
         self.state_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, state_dim))
         self.success_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, 1))
 
+    @property
+    def sampling_steps(self) -> int | None:
+        """Denoising network calls per imagined chunk (None: the frame is regressed in one call)."""
+        return None if self.denoiser is None else self.denoiser.edm.steps
+
+    def set_denoise_steps(self, steps: int) -> None:
+        """Draw each imagined chunk's frame in ``steps`` denoising steps instead of the ``denoise_steps`` it was
+        built with (fewer: faster imagination; more: closer to what was learnt)."""
+        if self.denoiser is None:
+            raise RiptError(f"denoise_steps={steps}: this world model regresses its frames (algo.model.output="
+                            f"{self.regressed}); only the diffusion and warp_diffusion outputs denoise")
+        self.denoiser.set_steps(int(steps))
+
     # ----------------------------------------------------------------- data in and out
     def set_task_embeddings(self, embeddings: torch.Tensor | None) -> None:
         if embeddings is not None:

@@ -12,7 +12,7 @@ denoiser only draws what it lacks, as corrective diffusion does on top of a regr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -86,6 +86,10 @@ class ChangeDenoiser(nn.Module):
         self.unet = ConditionedUNet(channels * (context + 1), width, stages, cond_dim, channels)
         self.noise_embedding = nn.Sequential(nn.Linear(NOISE_FEATURES, cond_dim), nn.SiLU(),
                                              nn.Linear(cond_dim, cond_dim))
+
+    def set_steps(self, steps: int) -> None:
+        """Sample with ``steps`` network calls per chunk from now on (training does not depend on it)."""
+        self.edm = replace(self.edm, steps=steps)
 
     def network(self, context: list[torch.Tensor], noisy: torch.Tensor, sigma: torch.Tensor, cond: torch.Tensor,
                 frame_noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

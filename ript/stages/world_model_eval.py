@@ -38,6 +38,8 @@ def run(cfg) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     model, config = load_model(cfg.checkpoint, expect_stage="world_model", device=device)
     model.eval()
+    if cfg.denoise_steps is not None:
+        model.set_denoise_steps(int(cfg.denoise_steps))
     ckpt = Path(config["checkpoint_dir"])
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.parent.parent / "world_model_eval" / ckpt.name
     # another folder's episodes are checked before anything is written, and measured whole
@@ -53,7 +55,7 @@ def run(cfg) -> dict[str, Any]:
         results = {"checkpoint": str(ckpt), "split": split, "episodes_dir": cfg.episodes_dir,
                    "demos": dataset.num_demos, "successful_demos": int(dataset.episode_success[
                        dataset.episode_start.unique()].sum()),
-                   "chunk": model.chunk, "success_threshold": threshold,
+                   "chunk": model.chunk, "success_threshold": threshold, "denoise_steps": model.sampling_steps,
                    **imagined_segments(model, dataset, segment_starts(dataset, int(cfg.starts_per_demo)), threshold,
                                        device, n_videos=int(cfg.n_videos), video_dir=out_dir / "videos"),
                    "head_on_real": head_on_real(model, dataset, threshold, device),

@@ -190,3 +190,26 @@ def test_what_is_drawn_on_the_regressed_frame_leaves_the_regression_alone():
     out["denoise_mse"].backward()
     assert all(p.grad is None or not p.grad.any() for p in model.unet.parameters())
     assert any(p.grad is not None and p.grad.any() for p in model.denoiser.parameters())
+
+
+@pytest.mark.parametrize("steps", [1, 2, 5])
+def test_the_denoising_steps_are_chosen_at_sampling_time_and_a_regressing_model_refuses_them(steps):
+    """set_denoise_steps: that many denoiser calls per imagined chunk, one regressing call (warp_diffusion) before
+    them, and another frame from the same noise; a model that only regresses has no steps to set (one line)."""
+    model = tiny_model(output="warp_diffusion").eval()
+    obs, _, _, actions, task_ids = synthetic_batch(batch=2)
+    model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
+    current = {k: v[:, 0] for k, v in obs.items()}
+    noise = torch.randn(2, *model.noise_shape, generator=torch.Generator().manual_seed(0))
+    for p in model.denoiser.parameters():  # an untrained denoiser's output layer is zero: it would draw nothing
+        torch.nn.init.normal_(p, std=0.3, generator=torch.Generator().manual_seed(3))
+    three, _ = model.step(current, task_ids, actions[:, :2], noise)
+    calls = {"denoiser": 0, "regression": 0}
+    model.denoiser.unet.register_forward_hook(lambda *_: calls.__setitem__("denoiser", calls["denoiser"] + 1))
+    model.unet.register_forward_hook(lambda *_: calls.__setitem__("regression", calls["regression"] + 1))
+    model.set_denoise_steps(steps)
+    drawn, _ = model.step(current, task_ids, actions[:, :2], noise)
+    assert model.sampling_steps == steps and calls == {"denoiser": steps, "regression": 1}
+    assert not torch.equal(drawn["corner_rgb"], three["corner_rgb"])
+    with pytest.raises(RiptError, match=r"denoise_steps=2: this world model regresses its frames"):
+        tiny_model(output="warp").set_denoise_steps(2)
