@@ -45,7 +45,8 @@
 #                 trained on the demos beside them for WM_FIRST_MINUTES (6), then on the demos and the episodes for
 #                 WM_MINUTES (6.5) while the flow
 #                 checkpoints run in the simulator; its head on its own imagination, imagined against real success
-#                 (CHECK_EPISODES per task, 10) at the head's threshold, the policy on its frames
+#                 (CHECK_EPISODES per task, 10) at the head's threshold (and again drawn in each of
+#                 CHECK_DENOISE_STEPS's step counts, e.g. "1 5"), the policy on its frames
 #   wm_rl         world-model protocol PROTO to its end in one device call: its demos, then a world model of its
 #                 own (WM_SETTINGS as for wm_beside) on the demos beside the flow policy (FLOW_STEPS, 5000) and its
 #                 recorded evaluation, then the protocol's world_model phase going on from it for WM_STEPS (2000)
@@ -339,6 +340,11 @@ for part in "$@"; do
       python3 -m benchmarks.imagined_vs_real --world-model $root/wm_head \
         --imagined-overrides environment.success_threshold=head --checkpoints $(ls -d $root/flow/checkpoints/0*) \
         --episodes ${CHECK_EPISODES:-10} --work-dir runs/imagined_vs_real --out $R/imagined_vs_real.json 2>&1 | quiet
+      for k in ${CHECK_DENOISE_STEPS:-}; do  # the same, drawn in k denoising steps (the simulator's runs reused)
+        python3 -m benchmarks.imagined_vs_real --world-model $root/wm_head --imagined-overrides \
+          environment.success_threshold=head environment.denoise_steps=$k --checkpoints $(ls -d $root/flow/checkpoints/0*) \
+          --episodes ${CHECK_EPISODES:-10} --work-dir runs/imagined_vs_real --out $R/imagined_vs_real_k$k.json 2>&1 | quiet
+      done
       phase "policy on imagined frames"
       python3 -m benchmarks.policy_on_imagined_frames --world-model $root/wm_head --policy $root/flow \
         --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
