@@ -109,6 +109,8 @@ class ImaginedRunner:
         """Go on in another world model of the same tasks, in the same order (a refreshed one)."""
         if {name: model.task_index(name) for name in self.options.task_names} != self.task_ids:
             raise RiptError("the refreshed world model numbers its tasks otherwise than the one it replaces")
+        if self.model.sampling_steps is not None:  # drawn in as many steps as the one it replaces (a setting)
+            model.set_denoise_steps(self.model.sampling_steps)
         self.model = model.eval()
 
     @property

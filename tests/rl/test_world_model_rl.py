@@ -100,6 +100,18 @@ def test_a_denoising_world_model_imagines_an_episode_alike_in_any_env_slot(imagi
     assert len(set(peaks[0])) == len(SPECS)  # the frames, and so the head, differ from episode to episode
 
 
+def test_a_refreshed_denoising_world_model_is_drawn_in_the_steps_set_for_the_one_it_replaces(imagined,
+                                                                                             denoising_world_model):
+    _, _, initial = imagined
+    model, _ = load_model(denoising_world_model)
+    model.set_denoise_steps(1)
+    runner = ImaginedRunner(model, ImaginationOptions(["drawer-close-v3"], 13, 2, None), initial, "cpu")
+    refreshed, _ = load_model(denoising_world_model)
+    assert refreshed.sampling_steps == 2
+    runner.use_model(refreshed)
+    assert runner.model is refreshed and refreshed.sampling_steps == 1
+
+
 def test_an_rl_iteration_in_a_denoising_world_model_resumes_exactly(stage1_run, denoising_world_model, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     rl.run(compose("rl", imagined_rl(stage1_run, denoising_world_model, full, 2)))
