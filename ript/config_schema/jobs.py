@@ -130,6 +130,7 @@ class WorldModelHeadJob(Section):
     run_dir: str
     resume: bool
     episodes_dirs: list[str]
+    denoise_steps: Count | None = None
     device: str
     seed: Seed
     steps: Count

@@ -163,6 +163,9 @@ def run(cfg) -> dict[str, Any]:
     seed_everything(int(cfg.seed))
     model, config = load_model(cfg.checkpoint, expect_stage="world_model", device=device)
     model.eval().requires_grad_(False)
+    if cfg.denoise_steps is not None:  # the head learns the frames drawn so, and the model keeps drawing them so
+        model.set_denoise_steps(int(cfg.denoise_steps))
+        config = {**config, "model_kwargs": {**config["model_kwargs"], "denoise_steps": int(cfg.denoise_steps)}}
     run_dir, source = Path(cfg.run_dir), Path(config["checkpoint_dir"])
     extra = extra_data_files(list(model.task_names), list(cfg.episodes_dirs), "episodes_dirs")
     files = [Path(f) for f in config["metadata"]["files"]] + extra
@@ -185,7 +188,8 @@ def run(cfg) -> dict[str, Any]:
         results = {"source": str(source), "episodes": {"train": int(len(train_chunks.success)),
                                                        "held_out": int(len(val_chunks.success)) if val_chunks else 0},
                    "imagined_chunks": int(len(train_chunks.labels)), "losses": losses, "held_out": held_out,
-                   "settings": {k: cfg[k] for k in ("steps", "batch_size", "lr", "ignore_chunks", "seed")},
+                   "settings": {k: cfg[k] for k in ("steps", "batch_size", "lr", "ignore_chunks", "seed")}
+                   | {"denoise_steps": model.sampling_steps},
                    "episodes_dirs": list(cfg.episodes_dirs)}
         metadata = {**config["metadata"], "success_head": {k: v for k, v in results.items() if k != "losses"}}
         saved = {k: v for k, v in config.items() if k not in ("checkpoint_dir", "step")}

@@ -26,7 +26,7 @@ from ript.errors import RiptError
 from ript.evaluation.imagination import THRESHOLDS, demo_dataset, moved_error, segment_starts, threshold_curve
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
-from ript.stages import rl, world_model
+from ript.stages import rl, world_model, world_model_head
 from ript.stages.evaluate import run as evaluate
 from tests.helpers.cli import assert_one_line_error, ript_here, rl_overrides, world_model_overrides
 
@@ -110,6 +110,17 @@ def test_a_refreshed_denoising_world_model_is_drawn_in_the_steps_set_for_the_one
     assert refreshed.sampling_steps == 2
     runner.use_model(refreshed)
     assert runner.model is refreshed and refreshed.sampling_steps == 1
+
+
+def test_a_head_learnt_on_frames_drawn_in_fewer_steps_keeps_them_as_its_world_models_own(denoising_world_model,
+                                                                                          tmp_path):
+    run = tmp_path / "head"
+    results = world_model_head.run(compose("world_model_head", [f"checkpoint={denoising_world_model}",
+                                                                f"run_dir={run}", "denoise_steps=1", "steps=20"]))
+    assert results["settings"]["denoise_steps"] == 1
+    model, config = load_model(run)
+    assert model.sampling_steps == 1 and config["model_kwargs"]["denoise_steps"] == 1
+    assert load_model(denoising_world_model)[0].sampling_steps == 2  # the source is left as it was
 
 
 def test_an_rl_iteration_in_a_denoising_world_model_resumes_exactly(stage1_run, denoising_world_model, tmp_path):
