@@ -123,6 +123,10 @@ class WorldModelRefresh:
         cfg.device = self.device
         cfg.train.steps = self.steps
         cfg.train.warmup_steps = 0  # it goes on: no second warm-up
+        # the sampling steps of the model it goes on from (its head may have been trained on frames drawn in others)
+        drawn_in = read_checkpoint_config(resolve_checkpoint_dir(current))["model_kwargs"].get("denoise_steps")
+        if drawn_in is not None:
+            cfg.algo.model.denoise_steps = drawn_in
         cfg.train.stop_after_minutes = None
         self.train_world_model(cfg)
         if head:  # trained on real frames again, the head learns on the refreshed model's imagination again

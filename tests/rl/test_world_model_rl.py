@@ -26,6 +26,7 @@ from ript.errors import RiptError
 from ript.evaluation.imagination import THRESHOLDS, demo_dataset, moved_error, segment_starts, threshold_curve
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
+from ript.rl.refresh import WorldModelRefresh
 from ript.stages import rl, world_model, world_model_head
 from ript.stages.evaluate import run as evaluate
 from tests.helpers.cli import assert_one_line_error, ript_here, rl_overrides, world_model_overrides
@@ -112,8 +113,9 @@ def test_a_refreshed_denoising_world_model_is_drawn_in_the_steps_set_for_the_one
     assert runner.model is refreshed and refreshed.sampling_steps == 1
 
 
-def test_a_head_learnt_on_frames_drawn_in_fewer_steps_keeps_them_as_its_world_models_own(denoising_world_model,
-                                                                                          tmp_path):
+def test_a_head_learnt_on_frames_drawn_in_fewer_steps_keeps_them_as_its_world_models_own(
+        stage1_run, tiny_data, denoising_world_model, tmp_path):
+    """...and a two-phase refresh of that world model goes on from it, its head learning on one-step frames again."""
     run = tmp_path / "head"
     results = world_model_head.run(compose("world_model_head", [f"checkpoint={denoising_world_model}",
                                                                 f"run_dir={run}", "denoise_steps=1", "steps=20"]))
@@ -121,6 +123,15 @@ def test_a_head_learnt_on_frames_drawn_in_fewer_steps_keeps_them_as_its_world_mo
     model, config = load_model(run)
     assert model.sampling_steps == 1 and config["model_kwargs"]["denoise_steps"] == 1
     assert load_model(denoising_world_model)[0].sampling_steps == 2  # the source is left as it was
+    cfg = compose("rl", [*rl_overrides(stage1_run, tmp_path / "rl", 2), "environment=world_model",
+                         f"environment.checkpoint={run}", "environment.refresh_every=1", "environment.refresh_steps=2"])
+    refresh = WorldModelRefresh(cfg, tmp_path / "rl", {}, ["drawer-close-v3"], "cpu", 1, world_model.run,
+                                world_model_head.run)
+    out = refresh.folder_of(1)
+    (out / "episodes").mkdir(parents=True)  # the demos of one task stand for the simulator's episodes of the refresh
+    shutil.copy(next(tiny_data.glob("drawer-close-v3*.hdf5")), out / "episodes" / "drawer-close-v3.hdf5")
+    refresh.train(1, out)
+    assert load_model(out / "world_model")[0].sampling_steps == 1
 
 
 def test_an_rl_iteration_in_a_denoising_world_model_resumes_exactly(stage1_run, denoising_world_model, tmp_path):
