@@ -49,10 +49,10 @@
 #                 CHECK_DENOISE_STEPS's step counts, e.g. "1 5"), the policy on its frames
 #   wm_rl         world-model protocol PROTO to its end in one device call: its demos, then a world model of its
 #                 own (WM_SETTINGS as for wm_beside) on the demos beside the flow policy (FLOW_STEPS, 5000) and its
-#                 recorded evaluation, then the protocol's world_model phase going on from it for WM_STEPS (2000)
+#                 recorded evaluation, then the protocol's world_model phase going on from it for WM_STEPS (1500)
 #                 on the demos and the episodes, the head on its own imagination, the calibration, RL in the model
-#                 (RL_ITERATIONS, 15, or RL_MINUTES, 4, whichever ends first) and the evaluation after it; then the
-#                 policy on the model's frames. About 26 minutes on one H200 with FLOW_STEPS=2000
+#                 (RL_ITERATIONS, 15, or RL_MINUTES, 3, whichever ends first) and the evaluation after it; then the
+#                 policy on the model's frames. About 24 minutes on one H200 with FLOW_STEPS=2000
 #   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
 #                 runs `rl` with NO_CUT_EVAL=1 and keeps its `state` before this evaluation)
 #   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the
@@ -356,7 +356,7 @@ for part in "$@"; do
       wm="task=${p%_world_model} algo.chunk=4 algo.unroll=3 algo.model.width=32 algo.model.output=warp \
         train.batch_size=64 train.lr=3e-4 train.warmup_steps=200 progress=false ${WM_SETTINGS:-}"
       # the same model settings for the protocol's own world_model phase, which goes on from the first one's weights
-      wm_phase="phases.world_model.train.steps=${WM_STEPS:-2000} +phases.world_model.init_checkpoint=$root/wm_demos \
+      wm_phase="phases.world_model.train.steps=${WM_STEPS:-1500} +phases.world_model.init_checkpoint=$root/wm_demos \
         +phases.world_model.progress=false $(for s in ${WM_SETTINGS:-}; do printf '++phases.world_model.%s ' $s; done)"
       phase "$p: collect"
       python3 -m ript.cli protocol $p $workers $only phases.flow=null phases.eval=null 2>&1 | quiet
@@ -367,7 +367,7 @@ for part in "$@"; do
       python3 -m ript.cli protocol $p $workers $flow $only 2>&1 | quiet; keep $p; wait $first; tail -3 $R/wm_demos.log
       phase "the protocol on: world model, head, calibration, RL in the model, evaluation"
       python3 -m ript.cli protocol $p $workers $flow $wm_phase phases.rl.rl.iterations=${RL_ITERATIONS:-15} \
-        +phases.rl.rl.stop_after_minutes=${RL_MINUTES:-4} ${RL_EXTRA:-} 2>&1 | quiet; keep $p
+        +phases.rl.rl.stop_after_minutes=${RL_MINUTES:-3} ${RL_EXTRA:-} 2>&1 | quiet; keep $p
       RL_CUT_EVAL=policy=flow eval_rl_cut $p  # RL stopped by its time limit ends the protocol before its evaluation
       cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $root/rl/rl_history.json $R/ \
         2>/dev/null
