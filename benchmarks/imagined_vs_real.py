@@ -1,6 +1,7 @@
 """Does imagined success track real success? Each checkpoint (at least five: a run's imitation steps, its RL
 iterations, other runs of the suite) is evaluated on the same initial conditions in the simulator and in a world
-model; the table gives both success rates per checkpoint and their Pearson correlation, and each checkpoint's
+model; the table gives both success rates per checkpoint and their Pearson correlation (and, task by task over
+the checkpoints, whether the model ranks the tasks as the simulator does), and each checkpoint's
 episode-level agreement: of the episodes run from the same initial condition in both, how many ended the same way,
 and Cohen's kappa (agreement beyond what the two success rates give by chance: 0 for a model whose outcomes carry
 no information about which episodes succeed, even when its success rate matches the simulator's).
@@ -70,6 +71,32 @@ def kappa_of(pairs: list[tuple[bool, bool]]) -> dict:
     return {"paired_episodes": len(pairs), "agreement": agree, "kappa": kappa, **counts}
 
 
+def correlation(a: list[float], b: list[float]) -> float | None:
+    """Pearson's r, None where it is undefined (fewer than two values, or one side constant)."""
+    x, y = np.array(a, dtype=float), np.array(b, dtype=float)
+    return float(np.corrcoef(x, y)[0, 1]) if len(x) > 1 and x.std() and y.std() else None
+
+
+def task_ranking(rows: list[dict]) -> dict:
+    """Does the model tell the hard tasks from the easy ones? Each task's real and imagined success over all the
+    checkpoints, their correlation across tasks, and across every checkpoint-task cell (which the checkpoints'
+    own rise also drives)."""
+    cells = {}  # task -> [(real, imagined) per checkpoint]
+    for row in rows:
+        for task, c in row["per_task"].items():
+            n = max(1, c["paired_episodes"])
+            real = (c["real_success_imagined_success"] + c["real_success_imagined_failure"]) / n
+            imagined = (c["real_success_imagined_success"] + c["real_failure_imagined_success"]) / n
+            cells.setdefault(task, []).append((real, imagined))
+    per_task = {t: {"real": float(np.mean([r for r, _ in v])), "imagined": float(np.mean([i for _, i in v]))}
+                for t, v in cells.items()}
+    flat = [pair for v in cells.values() for pair in v]
+    return {"per_task": per_task,
+            "pearson_across_tasks": correlation([v["real"] for v in per_task.values()],
+                                                [v["imagined"] for v in per_task.values()]),
+            "pearson_across_cells": correlation([r for r, _ in flat], [i for _, i in flat])}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world-model", required=True)
@@ -96,12 +123,15 @@ def main() -> None:
         print(f"{ckpt}: real {100 * row['real']:.1f}%, imagined {100 * row['imagined']:.1f}%, the same outcome in "
               f"{100 * row['agreement']:.1f}% of {row['paired_episodes']} episodes (kappa {kappa})", flush=True)
     real, dream = np.array([r["real"] for r in rows]), np.array([r["imagined"] for r in rows])
-    pearson = float(np.corrcoef(real, dream)[0, 1]) if len(rows) > 1 and real.std() and dream.std() else None
+    ranking = task_ranking(rows)
     result = {"world_model": args.world_model, "calibration": args.calibration,
               "imagined_overrides": args.imagined_overrides, "episodes_per_task": args.episodes,
               "checkpoints": rows,
-              "pearson": pearson, "mean_abs_gap": float(np.abs(real - dream).mean())}
-    print(json.dumps({k: result[k] for k in ("pearson", "mean_abs_gap")}))
+              "pearson": correlation(real, dream), "mean_abs_gap": float(np.abs(real - dream).mean()),
+              "tasks": ranking}
+    summary = ("pearson", "mean_abs_gap")
+    print(json.dumps({**{k: result[k] for k in summary},
+                      **{k: ranking[k] for k in ("pearson_across_tasks", "pearson_across_cells")}}))
     if args.out is not None:
         atomic_write_text(Path(args.out), json.dumps(result, indent=2))
 
