@@ -18,8 +18,10 @@ def test_kappa_is_zero_for_outcomes_that_carry_no_information_and_one_for_the_sa
 
 def test_the_tasks_are_ranked_by_their_success_over_all_checkpoints():
     # task a: real 1/2 then 2/2, imagined 2/2 both times; task b: real 0/2 then 1/2, imagined 0/2 then 1/2
-    rows = [{"per_task": {"a": kappa_of([(True, True), (False, True)]), "b": kappa_of([(False, False), (False, False)])}},
-            {"per_task": {"a": kappa_of([(True, True), (True, True)]), "b": kappa_of([(True, True), (False, False)])}}]
+    rows = [{"per_task": {"a": kappa_of([(True, True), (False, True)]),
+                          "b": kappa_of([(False, False), (False, False)])}},
+            {"per_task": {"a": kappa_of([(True, True), (True, True)]),
+                          "b": kappa_of([(True, True), (False, False)])}}]
     ranking = task_ranking(rows)
     assert ranking["per_task"] == {"a": {"real": 0.75, "imagined": 1.0}, "b": {"real": 0.25, "imagined": 0.25}}
     assert ranking["pearson_across_tasks"] == pytest.approx(1.0)  # two tasks, ordered alike
