@@ -10,6 +10,7 @@ data itself plus a demo or two (joining per-demo arrays needed 1.5x). Every chec
 
 from __future__ import annotations
 
+import gc
 import mmap
 import multiprocessing as mp
 import os
@@ -74,12 +75,25 @@ def _fill(arrays: SplitArrays, files: list[int], first_rows: list[int], read: Ca
 
 
 def _child(arrays, files, first_rows, read, errors) -> None:
+    gc.disable()  # the parent's objects are not this process's to collect (see start_forked)
     try:
         _fill(arrays, files, first_rows, read)
     except Exception as e:  # noqa: BLE001 - reported to the parent as the one line it raises
         errors.put(str(e) if isinstance(e, RiptError) else f"{type(e).__name__}: {e}")
         os._exit(1)
     os._exit(0)  # no atexit handlers or inherited finalisers of the parent
+
+
+def start_forked(procs: list) -> None:
+    """Fork the readers with every object of the parent out of the garbage collector's reach: a cycle collected in a
+    child runs destructors of objects whose threads did not survive the fork (a torch.distributed gloo group left
+    from an earlier run waits forever for them)."""
+    gc.freeze()
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        gc.unfreeze()
 
 
 def load_split(files: list[Path], obs_keys: dict[str, str], max_demos: int | None, action_dim: int | None,
@@ -111,8 +125,7 @@ def load_split(files: list[Path], obs_keys: dict[str, str], max_demos: int | Non
     shares = balanced_shares(rows, workers)
     procs = [ctx.Process(target=_child, args=(arrays, share, first_rows, read, errors), daemon=True)
              for share in shares if share]
-    for p in procs:
-        p.start()
+    start_forked(procs)
     for p in procs:
         p.join()
     if not errors.empty():

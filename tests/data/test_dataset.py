@@ -1,3 +1,9 @@
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
@@ -155,6 +161,46 @@ def test_files_read_by_several_processes_equal_one_process(tmp_path):
             assert torch.equal(getattr(one, name), getattr(many, name)), name
         assert all(torch.equal(one.obs[k], many.obs[k]) for k in one.obs)
         assert many.num_demos == one.num_demos and many.task_names == one.task_names
+
+
+LEFT_BEHIND_GROUP = """
+import gc, sys, tempfile
+from pathlib import Path
+import torch, torch.distributed as dist
+import ript.data.loading as loading
+from tests.data.test_dataset import spec, write_synthetic
+from ript.data.dataset import ChunkDataset
+gc.disable()  # the group below stays garbage until a collection, as it may in a long-running process
+store = dist.FileStore(tempfile.mktemp(), 1)
+group = dist.ProcessGroupGloo(store, 0, 1)
+group.allreduce([torch.ones(2)]).wait()  # its threads run now
+class Holder: pass
+holder = Holder(); holder.group, holder.me = group, holder  # garbage only the collector frees
+del holder, group
+fill = loading._fill
+def collecting_fill(*args):
+    gc.collect()  # in the reader, what an automatic collection there may do
+    fill(*args)
+loading._fill = collecting_fill
+files = [write_synthetic(Path(sys.argv[1]) / f"t{i}.hdf5") for i in range(3)]
+print(ChunkDataset(spec(files, load_workers=2), "all").num_demos)
+"""
+
+
+def test_reader_processes_finish_with_a_gloo_group_left_as_garbage(tmp_path):
+    """A forked reader must not collect the parent's garbage: a gloo group's destructor there waits forever for
+    threads that did not survive the fork (the reading ran in a process of its own, cut off if it hangs)."""
+    proc = subprocess.Popen([sys.executable, "-c", LEFT_BEHIND_GROUP, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2],
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the readers too
+        proc.communicate()
+        pytest.fail("reading with forked processes hung with a gloo group left as garbage")
+    assert proc.returncode == 0, err
+    assert out.split()[-1] == "6"
 
 
 def test_a_bad_file_read_by_a_worker_process_is_one_line_naming_it(tmp_path):
