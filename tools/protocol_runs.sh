@@ -155,6 +155,31 @@ PY
 # ML45 few-shot as variant $1 with overrides $2...
 # each ';'-separated variant of $1 ("tag args...;tag ...") through the function $2, as $2 <tag> <args...>
 for_variants() { local v variants; IFS=';' read -ra variants <<< "$1"; for v in "${variants[@]}"; do $2 $v; done; }
+# world-model protocol $1's demos, then a world model of its own on them (`ript world-model` settings $2) beside
+# the protocol's flow policy and its recorded evaluation ($3: the flow phase's overrides)
+wm_demos_beside_flow() {
+  local p=$1 wm=$2 flow=$3 root=runs/protocols/$1 first
+  local only="phases.world_model=null phases.world_model_head=null phases.calibrate=null phases.rl=null phases.eval_rl=null"
+  phase "$p: collect"
+  python3 -m ript.cli protocol $p $workers $only phases.flow=null phases.eval=null 2>&1 | quiet
+  phase "world model on the demos beside the flow policy and its evaluation"
+  python3 -m ript.cli world-model $wm run_dir=$root/wm_demos train.steps=4000 \
+    train.stop_after_minutes=${WM_FIRST_MINUTES:-6} > $R/wm_demos.log 2>&1 &
+  first=$!
+  python3 -m ript.cli protocol $p $workers $flow $only 2>&1 | quiet; keep $p; wait $first; tail -3 $R/wm_demos.log; }
+# benchmarks/policy_on_imagined_frames.py: protocol folder $2's flow policy on world model $1's frames
+policy_on_frames() {
+  phase "policy on imagined frames"
+  python3 -m benchmarks.policy_on_imagined_frames --world-model $1 --policy $2/flow --episodes-dir $2/eval/episodes \
+    --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
+  cp $R/policy_on_imagined_frames/*.mp4 $R/ 2>/dev/null; }  # a poll brings back the results folder's own files only
+# benchmarks/imagined_vs_real.py at world model $1's head threshold over protocol folder $2's flow checkpoints, into
+# $3, with more imagined overrides $4...
+imagined_against_real() {
+  local wm=$1 root=$2 out=$3; shift 3
+  python3 -m benchmarks.imagined_vs_real --world-model $wm --imagined-overrides environment.success_threshold=head \
+    "$@" --checkpoints $(ls -d $root/flow/checkpoints/0*) --episodes ${CHECK_EPISODES:-10} \
+    --work-dir runs/imagined_vs_real --out $out 2>&1 | quiet; }
 # benchmarks/profile_rollout.py as variant $1 with its arguments $2...
 profile_variant() {
   local tag=$1; shift
@@ -299,10 +324,7 @@ for part in "$@"; do
       python3 -m ript.cli protocol $p $workers +phases.flow.progress=false +phases.world_model.progress=false \
         +phases.flow.train.keep_last=5 phases.rl=null phases.eval_rl=null ${PROTOCOL_EXTRA:-} 2>&1 | quiet; keep $p
       cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $R/ 2>/dev/null
-      phase "policy on imagined frames"
-      python3 -m benchmarks.policy_on_imagined_frames --world-model $root/world_model_head --policy $root/flow \
-        --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
-      cp $R/policy_on_imagined_frames/*.mp4 $R/ 2>/dev/null  # a poll brings back the results folder's own files only
+      policy_on_frames $root/world_model_head $root
       [ -n "${CHECK_EPISODES:-}" ] || continue
       phase "imagined against real over the flow checkpoints"
       case ${CHECK_THRESHOLD:-head} in
@@ -314,18 +336,10 @@ for part in "$@"; do
         --work-dir runs/imagined_vs_real --out $R/imagined_vs_real.json 2>&1 | quiet ;;
     wm_beside)
       p=${PROTO:-libero_object_world_model} root=runs/protocols/${PROTO:-libero_object_world_model}
-      only="phases.world_model=null phases.world_model_head=null phases.calibrate=null phases.rl=null phases.eval_rl=null"
       wm="task=${p%_world_model} algo.chunk=4 algo.unroll=3 algo.model.width=32 algo.model.output=warp \
         train.batch_size=64 train.lr=3e-4 train.warmup_steps=200 train.val_every=1000 train.save_every=500 \
         train.log_every=250 progress=false ${WM_SETTINGS:-}"
-      phase "$p: collect"
-      python3 -m ript.cli protocol $p $workers $only phases.flow=null phases.eval=null 2>&1 | quiet
-      phase "world model on the demos beside the flow policy and its evaluation"
-      python3 -m ript.cli world-model $wm run_dir=$root/wm_demos train.steps=4000 \
-        train.stop_after_minutes=${WM_FIRST_MINUTES:-6} > $R/wm_demos.log 2>&1 &
-      first=$!
-      python3 -m ript.cli protocol $p $workers +phases.flow.progress=false +phases.flow.train.keep_last=5 $only 2>&1 \
-        | quiet; keep $p; wait $first; tail -3 $R/wm_demos.log
+      wm_demos_beside_flow $p "$wm" "+phases.flow.progress=false +phases.flow.train.keep_last=5"
       phase "world model on the demos and the episodes; the flow checkpoints in the simulator beside it"
       ( i=0; for c in $(ls -d $root/flow/checkpoints/0*); do
           python3 -m ript.cli eval policy=flow checkpoint=$c out_dir=runs/imagined_vs_real/$(printf %02d $i)_real \
@@ -337,44 +351,28 @@ for part in "$@"; do
       python3 -m ript.cli world-model-head checkpoint=$root/wm run_dir=$root/wm_head 2>&1 | quiet
       cp $root/wm_head/success_head.json $R/ 2>/dev/null; wait $reals; cat $R/real_evals.log
       phase "imagined against real"
-      python3 -m benchmarks.imagined_vs_real --world-model $root/wm_head \
-        --imagined-overrides environment.success_threshold=head --checkpoints $(ls -d $root/flow/checkpoints/0*) \
-        --episodes ${CHECK_EPISODES:-10} --work-dir runs/imagined_vs_real --out $R/imagined_vs_real.json 2>&1 | quiet
+      imagined_against_real $root/wm_head $root $R/imagined_vs_real.json
       for k in ${CHECK_DENOISE_STEPS:-}; do  # the same, drawn in k denoising steps (the simulator's runs reused)
-        python3 -m benchmarks.imagined_vs_real --world-model $root/wm_head --imagined-overrides \
-          environment.success_threshold=head environment.denoise_steps=$k --checkpoints $(ls -d $root/flow/checkpoints/0*) \
-          --episodes ${CHECK_EPISODES:-10} --work-dir runs/imagined_vs_real --out $R/imagined_vs_real_k$k.json 2>&1 | quiet
+        imagined_against_real $root/wm_head $root $R/imagined_vs_real_k$k.json environment.denoise_steps=$k
       done
-      phase "policy on imagined frames"
-      python3 -m benchmarks.policy_on_imagined_frames --world-model $root/wm_head --policy $root/flow \
-        --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
-      cp $R/policy_on_imagined_frames/*.mp4 $R/ 2>/dev/null ;;
+      policy_on_frames $root/wm_head $root ;;
     wm_rl)
       p=${PROTO:-libero_object_world_model} root=runs/protocols/${PROTO:-libero_object_world_model}
-      only="phases.world_model=null phases.world_model_head=null phases.calibrate=null phases.rl=null phases.eval_rl=null"
       flow="phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false"
       wm="task=${p%_world_model} algo.chunk=4 algo.unroll=3 algo.model.width=32 algo.model.output=warp \
-        train.batch_size=64 train.lr=3e-4 train.warmup_steps=200 progress=false ${WM_SETTINGS:-}"
+        train.batch_size=64 train.lr=3e-4 train.warmup_steps=200 train.val_every=1000 train.save_every=500 \
+        train.log_every=250 progress=false ${WM_SETTINGS:-}"
       # the same model settings for the protocol's own world_model phase, which goes on from the first one's weights
       wm_phase="phases.world_model.train.steps=${WM_STEPS:-1500} +phases.world_model.init_checkpoint=$root/wm_demos \
         +phases.world_model.progress=false $(for s in ${WM_SETTINGS:-}; do printf '++phases.world_model.%s ' $s; done)"
-      phase "$p: collect"
-      python3 -m ript.cli protocol $p $workers $only phases.flow=null phases.eval=null 2>&1 | quiet
-      phase "world model on the demos beside the flow policy and its evaluation"
-      python3 -m ript.cli world-model $wm run_dir=$root/wm_demos train.steps=4000 train.val_every=1000 \
-        train.save_every=500 train.log_every=250 train.stop_after_minutes=${WM_FIRST_MINUTES:-6} > $R/wm_demos.log 2>&1 &
-      first=$!
-      python3 -m ript.cli protocol $p $workers $flow $only 2>&1 | quiet; keep $p; wait $first; tail -3 $R/wm_demos.log
+      wm_demos_beside_flow $p "$wm" "$flow"
       phase "the protocol on: world model, head, calibration, RL in the model, evaluation"
       python3 -m ript.cli protocol $p $workers $flow $wm_phase phases.rl.rl.iterations=${RL_ITERATIONS:-15} \
         +phases.rl.rl.stop_after_minutes=${RL_MINUTES:-3} ${RL_EXTRA:-} 2>&1 | quiet; keep $p
       RL_CUT_EVAL=policy=flow eval_rl_cut $p  # RL stopped by its time limit ends the protocol before its evaluation
       cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $root/rl/rl_history.json $R/ \
         2>/dev/null
-      phase "policy on imagined frames"
-      python3 -m benchmarks.policy_on_imagined_frames --world-model $root/world_model_head --policy $root/flow \
-        --episodes-dir $root/eval/episodes --horizon-chunks ${CHECK_CHUNKS:-24} --out $R/policy_on_imagined_frames.json
-      cp $R/policy_on_imagined_frames/*.mp4 $R/ 2>/dev/null ;;
+      policy_on_frames $root/world_model_head $root ;;
     eval_cut) eval_rl_cut ${PROTO:-ml45_multitask} ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
