@@ -104,21 +104,41 @@ def threshold_row(threshold: float, imagined: np.ndarray, won: np.ndarray) -> di
             "agreement": float((imagined == won).mean())}
 
 
-def calibrated_threshold(folder: str | Path, world_model: Path) -> float:
-    """The threshold ``calibration.json`` in ``folder`` chose, refused unless it was measured for ``world_model``
-    (a world-model checkpoint's step folder)."""
+def read_calibration(folder: str | Path) -> dict[str, Any]:
+    """``calibration.json`` in ``folder``; missing or unreadable is a RiptError naming it."""
     path = Path(folder) / CALIBRATION_FILE
     try:
-        found = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         raise RiptError(f"environment.calibration={folder}: no {CALIBRATION_FILE} there (`ript eval "
                         f"calibrate_against=...` writes it)") from None
     except json.JSONDecodeError as e:
         raise RiptError(f"environment.calibration={folder}: {path} is not valid JSON ({e})") from None
+
+
+def calibrated_threshold(folder: str | Path, world_model: Path) -> float:
+    """The threshold ``calibration.json`` in ``folder`` chose, refused unless it was measured for ``world_model``
+    (a world-model checkpoint's step folder)."""
+    found = read_calibration(folder)
     if Path(found.get("world_model", "")).resolve() != Path(world_model).resolve():
         raise RiptError(f"environment.calibration={folder} was measured in world model {found.get('world_model')}, "
                         f"not {world_model}")
     return float(found["threshold"])
+
+
+def check_rewards_follow_simulator(env) -> None:
+    """RL in a world model whose calibration found the head's verdicts no better than ``min_calibrated_accuracy``
+    at telling the policy's real successes from its failures is refused: its rewards would not follow the
+    simulator's, and RL learns whatever the model draws as success (LIBERO-Object lost 5.8 points so,
+    docs/world_model.md). A world model without a calibration is not checked."""
+    if env.name != "world_model" or not env.get("calibration") or not env.min_calibrated_accuracy:
+        return
+    accuracy = float(read_calibration(env.calibration)["balanced_accuracy"])
+    if accuracy < float(env.min_calibrated_accuracy):
+        raise RiptError(f"environment.calibration={env.calibration}: the head told the policy's real successes from "
+                        f"its failures at balanced accuracy {accuracy:.1%}, below environment.min_calibrated_accuracy="
+                        f"{env.min_calibrated_accuracy:g}; rewards in this world model do not follow the simulator's "
+                        f"(train it longer or on the policy's episodes; min_calibrated_accuracy=0 runs RL anyway)")
 
 
 def calibration_line(c: dict[str, Any]) -> str:

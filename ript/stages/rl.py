@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ript.envs.seeds import rank_seed
+from ript.evaluation.calibration import check_rewards_follow_simulator
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
 from ript.rl import compile_ahead
@@ -30,6 +31,7 @@ def run(cfg) -> str:
     device, info = init_rank(cfg)  # first: the model is built on this rank's device
     check_overlap(cfg)
     check_fsdp(cfg)
+    check_rewards_follow_simulator(cfg.environment)
     kind = placement_kind(cfg)  # an unknown placement is one line before the model loads
     loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
     placement = kind(cfg=cfg, info=info, loaded=loaded, device=device)  # where the rank's rollouts run

@@ -15,7 +15,7 @@ from ript.evaluation.environments import EnvironmentSetting, build_environment
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
 from ript.utils.checkpoint import resolve_checkpoint_dir
-from tests.helpers.cli import assert_one_line_error, ript_here
+from tests.helpers.cli import assert_one_line_error, ript_here, rl_overrides
 
 pytestmark = pytest.mark.xdist_group("test_world_model_rl")  # the same process as the world model's other tests
 
@@ -114,3 +114,24 @@ def test_a_policy_calibrates_the_head_and_an_imagined_run_reads_it(stage1_run, w
         calibrated_threshold(other, resolve_checkpoint_dir(world_model_run))
     assert_one_line_error(ript_here("eval", *common, f"calibrate_against={real}", f"out_dir={tmp_path / 'y'}"),
                           "calibrate_against=<a simulator evaluation> calibrates a world model")
+
+
+def test_rl_in_a_world_model_whose_calibration_is_at_chance_is_refused_in_one_line(stage1_run, world_model_run,
+                                                                                   tmp_path):
+    """RL reads the calibration's balanced accuracy before anything loads: below min_calibrated_accuracy it stops
+    in one line naming the folder and leaves no run folder; 0 lets it run."""
+    calibrated = tmp_path / "calibrated"
+    calibrated.mkdir()
+    (calibrated / "calibration.json").write_text(json.dumps(
+        {"threshold": 0.06, "balanced_accuracy": 0.478, "world_model": str(resolve_checkpoint_dir(world_model_run))}))
+    run_dir = tmp_path / "r"
+    base = [*rl_overrides(stage1_run, run_dir, 1), "environment=world_model",
+            f"environment.checkpoint={world_model_run}", "environment.envs=4", f"environment.calibration={calibrated}"]
+    assert_one_line_error(ript_here("rl", *base), f"environment.calibration={calibrated}: the head told the policy's "
+                          "real successes from its failures at balanced accuracy 47.8%, below "
+                          "environment.min_calibrated_accuracy=0.6")
+    assert not run_dir.exists()
+    code, _, err = ript_here("rl", *base, "environment.min_calibrated_accuracy=0")
+    assert code == 0, err
+    with pytest.raises(RiptError, match="environment.min_calibrated_accuracy"):
+        compose("rl", [*base, "environment.min_calibrated_accuracy=1.5"])
