@@ -51,8 +51,10 @@
 #                 own (WM_SETTINGS as for wm_beside) on the demos beside the flow policy (FLOW_STEPS, 5000) and its
 #                 recorded evaluation, then the protocol's world_model phase going on from it for WM_STEPS (1500)
 #                 on the demos and the episodes, the head on its own imagination, the calibration, RL in the model
-#                 (RL_ITERATIONS, 15, or RL_MINUTES, 3, whichever ends first) and the evaluation after it; then the
-#                 policy on the model's frames. About 24 minutes on one H200 with FLOW_STEPS=2000
+#                 (RL_ITERATIONS, 15, or RL_MINUTES, 3, whichever ends first; refused where the calibration is below
+#                 environment.min_calibrated_accuracy, RL_EXTRA=phases.rl.environment.min_calibrated_accuracy=0 runs
+#                 it anyway) and the evaluation after it; then the policy on the model's frames. About 24 minutes on
+#                 one H200 with FLOW_STEPS=2000
 #   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
 #                 runs `rl` with NO_CUT_EVAL=1 and keeps its `state` before this evaluation)
 #   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the

@@ -208,6 +208,7 @@ class WorldModelNet(Section):
     output: Literal["change", "warp", "diffusion", "warp_diffusion"] = "change"
     denoise_steps: Count = 3
     cond_noise: Scale = 0.0
+    state_head: Literal["bottleneck", "dynamics"] = "bottleneck"
 
 
 class WorldModelAlgo(Section):

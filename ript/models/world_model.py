@@ -33,6 +33,11 @@ MOVED_LEVELS = 5  # of 255: a pixel one of whose channels changes by more moved 
 OUTPUTS = {"change": ("change", False), "warp": ("warp", False), "diffusion": (None, True),
            "warp_diffusion": ("warp", True)}
 MAP_CHANNELS = {"change": 3, "warp": 5}  # the regressing U-Net's output channels per camera
+# what the state's change is read from: the U-Net's pooled bottleneck beside the conditioning vector it shares with
+# the frame (bottleneck), or a network of its own over the normalised state, the actions and the task as they are,
+# learning from the state's error alone (dynamics: the arm's motion is the actions' far more than the frame's; on
+# LIBERO-Object its error was 17-29% lower over 1-8 chunks, docs/world_model.md)
+STATE_HEADS = ("bottleneck", "dynamics")
 
 
 def warp(images: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
@@ -66,7 +71,8 @@ class WorldModel(nn.Module):
     def __init__(self, task_names: list[str], image_keys: list[str], lowdim_dims: dict[str, int], image_size: int,
                  action_dim: int, chunk: int, lang_dim: int | None = 384, width: int = 64, stages: int = 3,
                  cond_dim: int = 256, success_weight: float = 5.0, motion_weight: float = 0.0,
-                 output: str = "change", denoise_steps: int = 3, cond_noise: float = 0.0):
+                 output: str = "change", denoise_steps: int = 3, cond_noise: float = 0.0,
+                 state_head: str = "bottleneck"):
         super().__init__()
         if not image_keys:
             raise RiptError("world model: the data has no camera images to predict")
@@ -77,6 +83,9 @@ class WorldModel(nn.Module):
         if output not in OUTPUTS:
             raise RiptError(f"world model: algo.model.output={output!r} is not one of {', '.join(OUTPUTS)}")
         self.regressed, drawn = OUTPUTS[output]
+        if state_head not in STATE_HEADS:
+            raise RiptError(f"world model: algo.model.state_head={state_head!r} is not one of {', '.join(STATE_HEADS)}")
+        self.state_from = state_head
         state_dim = sum(lowdim_dims.values())
         self.action_normalizer = Normalizer(action_dim, "minmax")
         self.state_normalizer = Normalizer(max(state_dim, 1), "meanstd")
@@ -96,7 +105,11 @@ class WorldModel(nn.Module):
         self.denoiser = (ChangeDenoiser(channels, 2 if self.regressed else 1, width, stages, cond_dim, denoise_steps,
                                         cond_noise) if drawn else None)
         pooled = (self.unet or self.denoiser.unet).bottleneck_width + cond_dim
-        self.state_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, state_dim))
+        inputs = chunk * action_dim + state_dim + cond_dim  # what the conditioning vector is made from
+        self.state_head = (nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, state_dim))
+                           if state_head == "bottleneck" else
+                           nn.Sequential(nn.Linear(inputs, cond_dim), nn.SiLU(),
+                                         nn.Linear(cond_dim, cond_dim), nn.SiLU(), nn.Linear(cond_dim, state_dim)))
         self.success_head = nn.Sequential(nn.Linear(pooled, cond_dim), nn.SiLU(), nn.Linear(cond_dim, 1))
 
     @property
@@ -162,31 +175,38 @@ class WorldModel(nn.Module):
                 noise: torch.Tensor | None = None) -> Imagined:
         """The observation after ``actions`` (B, chunk, A) from images in [-1, 1] and the normalised state
         (diffusion: drawn from the standard normal ``noise`` of shape (B, *noise_shape); None: torch's own)."""
-        cond = self.conditioning(state, task_ids, actions)
+        cond, inputs = self.conditioning(state, task_ids, actions)
         if self.unet is None:
             drawn, pooled = self.denoiser.sample([images], images, cond, noise)
-            return self.heads(drawn, state, pooled, cond)
-        out = self.regress(images, state, cond)
+            return self.heads(drawn, state, pooled, cond, inputs)
+        out = self.regress(images, state, cond, inputs)
         if self.denoiser is not None:  # what the regressed frame lacks, drawn on it
             out.images = self.denoiser.sample([images, out.images], out.images, cond, noise)[0]
         return out
 
-    def regress(self, images: torch.Tensor, state: torch.Tensor, cond: torch.Tensor) -> Imagined:
+    def regress(self, images: torch.Tensor, state: torch.Tensor, cond: torch.Tensor, inputs: torch.Tensor
+                ) -> Imagined:
         maps, pooled = self.unet(images, cond)
-        return self.heads(self.next_images(images, maps), state, pooled, cond)
+        return self.heads(self.next_images(images, maps), state, pooled, cond, inputs)
 
-    def conditioning(self, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """The vector every block is scaled and shifted by: the normalised actions, the state and the task."""
+    def conditioning(self, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The vector every block is scaled and shifted by, and what it is made from: the normalised actions, the
+        state and the task."""
         if actions.shape[1:] != (self.chunk, self.action_dim):
             raise RiptError(f"world model: actions of shape {tuple(actions.shape[1:])}, expected ({self.chunk}, "
                             f"{self.action_dim}): it steps {self.chunk} actions at a time")
         task = self.task_proj(self.task_embeddings[task_ids]) if self.uses_language else self.task_table(task_ids)
         a = self.action_normalizer.normalize(actions.float()).flatten(1)
-        return self.cond(torch.cat([a.to(task.dtype), state.to(task.dtype), task], dim=-1))
+        inputs = torch.cat([a.to(task.dtype), state.to(task.dtype), task], dim=-1)
+        return self.cond(inputs), inputs
 
-    def heads(self, images: torch.Tensor, state: torch.Tensor, pooled: torch.Tensor, cond: torch.Tensor) -> Imagined:
+    def heads(self, images: torch.Tensor, state: torch.Tensor, pooled: torch.Tensor, cond: torch.Tensor,
+              inputs: torch.Tensor) -> Imagined:
         head_in = torch.cat([pooled, cond], dim=-1)
-        return Imagined(images, state + self.state_head(head_in).to(state.dtype),
+        # a dynamics head reads no frame and learns from the state's error alone (the frame's networks, the frame's)
+        state_in = head_in if self.state_from == "bottleneck" else inputs.detach().to(pooled.dtype)
+        return Imagined(images, state + self.state_head(state_in).to(state.dtype),
                         self.success_head(head_in).squeeze(-1), head_in)
 
     @property
@@ -275,11 +295,11 @@ class WorldModel(nn.Module):
         """One chunk in training: the heads' outputs (a regressing model's prediction among them) and the per-pixel
         error maps of each pixel term. The denoiser learns the change from the regressed frame, which it does not
         move (detached); a model that only draws reads its heads off the denoiser at the drawn noise level."""
-        cond = self.conditioning(state, task_ids, actions)
+        cond, inputs = self.conditioning(state, task_ids, actions)
         if self.unet is None:
             error, pooled = self.denoiser.error([images], images, target, cond, draws)
-            return self.heads(images, state, pooled, cond), {"denoise_mse": error}  # its images are not read
-        out = self.regress(images, state, cond)
+            return self.heads(images, state, pooled, cond, inputs), {"denoise_mse": error}  # its images are not read
+        out = self.regress(images, state, cond, inputs)
         errors = {"l1": (out.images.float() - target).abs()}
         if self.denoiser is not None:
             regressed = out.images.detach()

@@ -33,6 +33,7 @@ RUN_CONTROL_KEYS = (
     "rl.channels_last",
     "rl.micro_batch",
     "rl.iterations",  # RL's schedule does not depend on it: more iterations extend the same run
+    "environment.min_calibrated_accuracy",  # checked before a run starts
 )
 
 
@@ -43,7 +44,8 @@ ADDED_SETTINGS = {"train.lr_scaling": "none", "environment.starts": "first_frame
                   "policy.sde_first_steps": None, "rl.target_kl": None, "rl.target_eval_shift": None,
                   "rl.flow_matching_coef": 0.0, "rl.demo_coef": 0.0,
                   "rl.loss_aggregation": "decisions", "train.ema_decay": None, "algo.model.output": "change",
-                  "algo.model.denoise_steps": 3, "algo.model.cond_noise": 0.0}
+                  "algo.model.denoise_steps": 3, "algo.model.cond_noise": 0.0,
+                  "algo.model.state_head": "bottleneck"}
 # settings meaningless without the added setting they go with
 ADDED_ALONG = {"train.lr_reference_batch": "train.lr_scaling", "environment.start_chunks": "environment.starts",
                "rl.demo_batch": "rl.demo_coef"}

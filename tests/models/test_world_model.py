@@ -15,10 +15,10 @@ from ript.models.world_model_diffusion import EDM
 KEYS = ["corner_rgb", "gripperPOV_rgb"]
 
 
-def tiny_model(chunk: int = 2, output: str = "change") -> WorldModel:
+def tiny_model(chunk: int = 2, output: str = "change", state_head: str = "bottleneck") -> WorldModel:
     torch.manual_seed(0)
     model = WorldModel(["a", "b"], KEYS, {"robot_states": 5}, 16, 4, chunk, lang_dim=None, width=8, stages=2,
-                       cond_dim=16, output=output)
+                       cond_dim=16, output=output, state_head=state_head)
     return model
 
 
@@ -35,9 +35,11 @@ def synthetic_batch(batch: int = 8, rollout: int = 2, chunk: int = 2):
     return obs, future, done, actions, torch.arange(batch) % 2
 
 
-@pytest.mark.parametrize("output", ["change", "warp", "diffusion", "warp_diffusion"])
-def test_the_loss_falls_on_a_fixed_batch(output):
-    model = tiny_model(output=output)
+@pytest.mark.parametrize("output,state_head", [("change", "bottleneck"), ("warp", "bottleneck"),
+                                               ("diffusion", "bottleneck"), ("warp_diffusion", "bottleneck"),
+                                               ("warp", "dynamics"), ("diffusion", "dynamics")])
+def test_the_loss_falls_on_a_fixed_batch(output, state_head):
+    model = tiny_model(output=output, state_head=state_head)
     obs, future, done, actions, task_ids = synthetic_batch()
     model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
     draws = model.diffusion_draws(8, 2, torch.device("cpu"), torch.Generator().manual_seed(2))
@@ -213,3 +215,19 @@ def test_the_denoising_steps_are_chosen_at_sampling_time_and_a_regressing_model_
     assert not torch.equal(drawn["corner_rgb"], three["corner_rgb"])
     with pytest.raises(RiptError, match=r"denoise_steps=2: this world model regresses its frames"):
         tiny_model(output="warp").set_denoise_steps(2)
+
+
+def test_a_dynamics_state_head_learns_from_the_states_error_alone_and_an_unknown_one_is_one_line():
+    """The state's error reaches the U-Net and the conditioning network through a bottleneck head, and only the
+    head's own weights through a dynamics head (which reads the state, the actions and the task, not the frame)."""
+    obs, future, done, actions, task_ids = synthetic_batch(batch=4, rollout=1)
+    for state_head, reaches_the_frames_networks in (("bottleneck", True), ("dynamics", False)):
+        model = tiny_model(output="warp", state_head=state_head)
+        model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
+        model.loss(obs, future, done, actions, task_ids)["state_mse"].backward()
+        for part in (model.unet, model.cond):
+            reached = any(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters())
+            assert reached == reaches_the_frames_networks, (state_head, part)
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.state_head.parameters())
+    with pytest.raises(RiptError, match="algo.model.state_head='joints' is not one of bottleneck, dynamics"):
+        tiny_model(state_head="joints")
