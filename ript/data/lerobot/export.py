@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +51,15 @@ class _VideoWriter:
         self.stream.height, self.stream.width = size
         self.stream.pix_fmt = "yuv420p"
         self.stream.options = {"crf": str(crf), "g": "2"}  # a key frame every 2 frames: fast random access
-        self.av = av
+        self.av, self.fps, self.frames = av, fps, 0
 
     def add(self, frames: np.ndarray) -> None:
         for frame in frames:
-            for packet in self.stream.encode(self.av.VideoFrame.from_ndarray(frame, format="rgb24")):
+            video_frame = self.av.VideoFrame.from_ndarray(frame, format="rgb24")
+            # each frame's timestamp given (its index at fps), not inferred: a muxer refuses a non-increasing one
+            video_frame.pts, video_frame.time_base = self.frames, Fraction(1, self.fps)
+            self.frames += 1
+            for packet in self.stream.encode(video_frame):
                 self.container.mux(packet)
 
     def close(self) -> None:
