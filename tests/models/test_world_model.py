@@ -229,5 +229,14 @@ def test_a_dynamics_state_head_learns_from_the_states_error_alone_and_an_unknown
             reached = any(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters())
             assert reached == reaches_the_frames_networks, (state_head, part)
         assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.state_head.parameters())
+    # imagined: the dynamics head's state follows the actions and the state, whatever the frame
+    model = tiny_model(output="warp_diffusion", state_head="dynamics").eval()
+    model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
+    current = {k: v[:, 0] for k, v in obs.items()}
+    other_frame = {**current, "corner_rgb": 255 - current["corner_rgb"]}
+    noise = torch.zeros(4, *model.noise_shape)
+    state = model.step(current, task_ids, actions, noise)[0]["robot_states"]
+    assert torch.equal(model.step(other_frame, task_ids, actions, noise)[0]["robot_states"], state)
+    assert not torch.equal(model.step(current, task_ids, -actions, noise)[0]["robot_states"], state)
     with pytest.raises(RiptError, match="algo.model.state_head='joints' is not one of bottleneck, dynamics"):
         tiny_model(state_head="joints")
