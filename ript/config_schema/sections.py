@@ -215,6 +215,7 @@ class WorldModelAlgo(Section):
     chunk: Count
     unroll: Count
     frame_stack: Literal[1]
+    state_steps: Size = 0
     model: WorldModelNet
 
 

@@ -167,6 +167,24 @@ class ChunkDataset:
             batch["future_done"] = (future >= end) & self.episode_success[idx, None]
         return batch
 
+    def state_steps(self, count: int, ahead: int, keys: list[str], generator: torch.Generator
+                    ) -> dict[str, torch.Tensor]:
+        """``count`` steps drawn by ``generator`` from those with ``ahead`` more steps in their episode: the low-dim
+        observations ``keys`` there (``obs``) and ``ahead`` steps later (``next_obs``), the actions between
+        (count, ahead, A) and the task; no image is read (a world model's state network learns on many of them)."""
+        storage = self.actions.device
+        steps = torch.arange(len(self.actions), device=storage)
+        valid = steps[steps + ahead < self.episode_end]
+        if not len(valid):
+            raise RiptError(f"no episode of this split is longer than {ahead} steps")
+        drawn = torch.randint(len(valid), (count,), generator=generator, device=generator.device)
+        idx = valid[drawn.to(storage)]
+        between = idx[:, None] + torch.arange(ahead, device=storage)
+        batch = {"obs": {k: self.obs[k][idx] for k in keys}, "next_obs": {k: self.obs[k][idx + ahead] for k in keys},
+                 "actions": self.actions[between], "task_ids": self.task_ids[idx]}
+        return {k: {n: t.to(self.device) for n, t in v.items()} if isinstance(v, dict) else v.to(self.device)
+                for k, v in batch.items()}
+
     def obs_shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape[1:]) for k, v in self.obs.items()}
 

@@ -36,7 +36,7 @@ MAP_CHANNELS = {"change": 3, "warp": 5}  # the regressing U-Net's output channel
 # what the state's change is read from: the U-Net's pooled bottleneck beside the conditioning vector it shares with
 # the frame (bottleneck), or a network of its own over the normalised state, the actions and the task as they are,
 # learning from the state's error alone (dynamics: the arm's motion is the actions' far more than the frame's; on
-# LIBERO-Object its error was 17-29% lower over 1-8 chunks, docs/world_model.md)
+# LIBERO-Object its error was 17-29% lower over 1-8 chunks, 31-41% with algo.state_steps, docs/world_model.md)
 STATE_HEADS = ("bottleneck", "dynamics")
 
 
@@ -196,10 +196,24 @@ class WorldModel(nn.Module):
         if actions.shape[1:] != (self.chunk, self.action_dim):
             raise RiptError(f"world model: actions of shape {tuple(actions.shape[1:])}, expected ({self.chunk}, "
                             f"{self.action_dim}): it steps {self.chunk} actions at a time")
+        inputs = self.condition_inputs(state, task_ids, actions)
+        return self.cond(inputs), inputs
+
+    def condition_inputs(self, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         task = self.task_proj(self.task_embeddings[task_ids]) if self.uses_language else self.task_table(task_ids)
         a = self.action_normalizer.normalize(actions.float()).flatten(1)
-        inputs = torch.cat([a.to(task.dtype), state.to(task.dtype), task], dim=-1)
-        return self.cond(inputs), inputs
+        return torch.cat([a.to(task.dtype), state.to(task.dtype), task], dim=-1)
+
+    def state_steps_loss(self, obs: dict[str, torch.Tensor], next_obs: dict[str, torch.Tensor],
+                         actions: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+        """The dynamics head's MSE on steps drawn apart from the frames' batch (low-dim observations before and
+        after ``actions`` (B, chunk, A)): reading no frame, it can learn on many more of them per step."""
+        if self.state_from != "dynamics":
+            raise RiptError("world model: state steps train only a state_head=dynamics head")
+        state = self.normalized_state(obs)
+        inputs = self.condition_inputs(state, task_ids, actions).detach()
+        predicted = state + self.state_head(inputs).to(state.dtype)
+        return (predicted.float() - self.normalized_state(next_obs)).pow(2).mean()
 
     def heads(self, images: torch.Tensor, state: torch.Tensor, pooled: torch.Tensor, cond: torch.Tensor,
               inputs: torch.Tensor) -> Imagined:

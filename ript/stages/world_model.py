@@ -41,6 +41,9 @@ def run(cfg) -> str:
     kwargs = {**{k: conditioning[k] for k in ("task_names", "image_keys", "lowdim_dims", "lang_dim")},
               "image_size": sizes.pop(), "action_dim": int(cfg.task.action_dim), "chunk": chunk,
               **{k: cfg.algo.model[k] for k in MODEL_KEYS}}
+    if int(cfg.algo.state_steps) and (cfg.algo.model.state_head != "dynamics" or not kwargs["lowdim_dims"]):
+        raise RiptError(f"algo.state_steps={cfg.algo.state_steps} trains a state network of its own: it needs "
+                        f"algo.model.state_head=dynamics (not {cfg.algo.model.state_head}) and a low-dim state")
     model = WorldModel(**kwargs)
     model.set_task_embeddings(embeddings)
     if cfg.init_checkpoint:  # go on from a world model (its normalisation too: what it has learnt is in its units)
@@ -48,7 +51,7 @@ def run(cfg) -> str:
     else:
         model.fit_normalizers(train_set.obs, train_set.actions)
     metadata = {**train_set.metadata(cfg.task), "world_model": {"chunk": chunk, "unroll": unroll}}
-    return train_imitation(cfg, WorldModelObjective(model, cfg, device), model, kwargs, train_set, val_set,
+    return train_imitation(cfg, WorldModelObjective(model, cfg, device, train_set), model, kwargs, train_set, val_set,
                            "world_model", metadata, device, info)
 
 
@@ -57,10 +60,13 @@ class WorldModelObjective:
     drawn here, for the whole global batch, so that every rank's share is the same as in one process."""
     model_name = "world_model"
 
-    def __init__(self, model: WorldModel, cfg, device: str):
+    def __init__(self, model: WorldModel, cfg, device: str, train_set):
         self.model, self.batch_size = model, int(cfg.train.batch_size)
-        self.metrics = (*model.pixel_metrics, "success_bce", "state_mse")
+        self.metrics = (*model.pixel_metrics, "success_bce", "state_mse", "state_steps_mse")
         self.loss_fn = training.CompiledLoss(model.loss, cfg.train, device)
+        # steps of the state alone for a dynamics head, the same draws on every rank (their gradients average to
+        # one process's)
+        self.state_steps, self.train_set = int(cfg.algo.state_steps), train_set
 
     def draws(self, batch: dict, generator: torch.Generator, share: slice | None, total: int) -> dict | None:
         drawn = self.model.diffusion_draws(total, batch["future_done"].shape[1], generator.device, generator)
@@ -70,8 +76,13 @@ class WorldModelObjective:
         return {k: v[rows].to(target) for k, v in drawn.items()}
 
     def loss(self, batch: dict, generator: torch.Generator, share: slice | None) -> dict:
-        return self.loss_fn(batch["obs"], batch["future_obs"], batch["future_done"], batch["actions"],
-                            batch["task_ids"], self.draws(batch, generator, share, self.batch_size))
+        out = self.loss_fn(batch["obs"], batch["future_obs"], batch["future_done"], batch["actions"],
+                           batch["task_ids"], self.draws(batch, generator, share, self.batch_size))
+        if not self.state_steps:
+            return out
+        steps = self.train_set.state_steps(self.state_steps, self.model.chunk, self.model.lowdim_keys, generator)
+        extra = self.model.state_steps_loss(steps["obs"], steps["next_obs"], steps["actions"], steps["task_ids"])
+        return {**out, "loss": out["loss"] + extra, "state_steps_mse": extra}
 
     def validation(self, batch: dict) -> dict[str, torch.Tensor]:
         # the same draws at every validation: the curve moves only with the model
@@ -79,7 +90,7 @@ class WorldModelObjective:
         draws = self.draws(batch, generator, None, len(batch["actions"]))
         out = self.model.loss(batch["obs"], batch["future_obs"], batch["future_done"], batch["actions"],
                               batch["task_ids"], draws)
-        return {k: out[k] for k in self.metrics}
+        return {k: out[k] for k in self.metrics if k in out}
 
     def policy(self, metadata: dict, device: str, seed: int, cuda_graph: bool):
         raise RiptError("a world model has no policy to evaluate in the simulator (eval.every must stay 0)")
