@@ -85,6 +85,7 @@ class ChunkDataset:
         self.fingerprint = [{"file": layout.path.name, "demos": len(layout.names), "samples": sum(layout.lengths),
                              "bytes": layout.path.stat().st_size} for layout in arrays.layouts]
         self._serve_device: torch.device | None = None  # batches delivered elsewhere than the storage (serve_to)
+        self._steps_with_ahead: dict[tuple[int, torch.device], torch.Tensor] = {}  # state_steps' draws, per device
 
     def _split_indices(self, n: int, split: str, task_id: int) -> list[int]:
         """Split by demo, the same way every time for a given seed. A task with so few demos that its share
@@ -173,8 +174,10 @@ class ChunkDataset:
         observations ``keys`` there (``obs``) and ``ahead`` steps later (``next_obs``), the actions between
         (count, ahead, A) and the task; no image is read (a world model's state network learns on many of them)."""
         storage = self.actions.device
-        steps = torch.arange(len(self.actions), device=storage)
-        valid = steps[steps + ahead < self.episode_end]
+        valid = self._steps_with_ahead.get((ahead, storage))
+        if valid is None:  # found once: a boolean index waits for the GPU
+            steps = torch.arange(len(self.actions), device=storage)
+            valid = self._steps_with_ahead[(ahead, storage)] = steps[steps + ahead < self.episode_end]
         if not len(valid):
             raise RiptError(f"no episode of this split is longer than {ahead} steps")
         drawn = torch.randint(len(valid), (count,), generator=generator, device=generator.device)

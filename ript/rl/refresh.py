@@ -31,6 +31,7 @@ from ript.policies.base import ChunkingPolicy
 from ript.utils.atomic import atomic_write_text
 from ript.utils.checkpoint import read_checkpoint_config, resolve_checkpoint_dir
 from ript.utils.logging import log
+from ript.utils.run_dir import with_added_settings
 from ript.utils.seeding import rng_state, set_rng_state
 
 # layout seeds of the real episodes: apart from the demos' and RL's own draws (LIBERO takes them modulo its 50
@@ -114,7 +115,7 @@ class WorldModelRefresh:
         current = self.world_model_before(iteration)
         base = read_checkpoint_config(resolve_checkpoint_dir(self.base))
         recorded, head = base["cfg"], base["metadata"].get("success_head")
-        cfg = OmegaConf.create(recorded)
+        cfg = OmegaConf.create(with_added_settings(recorded))  # a model older than a setting trains as it did
         dirs = [str(self.folder_of(k) / "episodes") for k in range(self.every, iteration, self.every)]
         cfg.data.extra_dirs = [*list(recorded.get("data", {}).get("extra_dirs") or []), *dirs,
                                str(out / "episodes")]

@@ -51,6 +51,20 @@ ADDED_ALONG = {"train.lr_reference_batch": "train.lr_scaling", "environment.star
                "rl.demo_batch": "rl.demo_coef"}
 
 
+def with_added_settings(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A run's recorded config with each added setting it lacks at the value that computes what it computed
+    (where the section that holds it is there): a config to train again as that run trained."""
+    out = json.loads(json.dumps(recorded))
+    for key, value in ADDED_SETTINGS.items():
+        *parents, name = key.split(".")
+        section = out
+        for part in parents:
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict) and name not in section:
+            section[name] = value
+    return out
+
+
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(d, dict):
         return {prefix: d}

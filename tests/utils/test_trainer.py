@@ -200,3 +200,17 @@ def test_weight_average_follows_the_warmed_up_decay_and_swaps_back_exactly():
     assert torch.equal(model.weight, trained)
     with pytest.raises(RiptError, match="no trained weight 'weight'"):
         average.restore({"bias": model.bias.detach()}, "ckpt")
+
+
+def test_a_config_recorded_before_a_setting_was_added_gets_the_value_it_ran_with():
+    """An older world model's recorded config, trained again (the two-phase loop), lacks the settings added since:
+    each is filled with the value that computes what the run computed, only where its section is there."""
+    from ript.utils.run_dir import with_added_settings
+
+    recorded = {"algo": {"chunk": 4, "model": {"width": 8, "output": "warp"}}, "train": {"steps": 2}}
+    filled = with_added_settings(recorded)
+    assert filled["algo"]["model"] == {"width": 8, "output": "warp", "denoise_steps": 3, "cond_noise": 0.0,
+                                       "state_head": "bottleneck"}
+    assert filled["algo"]["state_steps"] == 0 and filled["train"]["lr_scaling"] == "none"
+    assert "rl" not in filled and "environment" not in filled  # no section of its own to fill
+    assert recorded["algo"]["model"] == {"width": 8, "output": "warp"}  # the recorded config itself is left alone
