@@ -178,10 +178,10 @@ policy_on_frames() {
 # benchmarks/imagined_vs_real.py at world model $1's head threshold over protocol folder $2's flow checkpoints, into
 # $3, with more imagined overrides $4...
 imagined_against_real() {
-  local wm=$1 root=$2 out=$3; shift 3
+  local wm=$1 root=$2 results=$3; shift 3
   python3 -m benchmarks.imagined_vs_real --world-model $wm --imagined-overrides environment.success_threshold=head \
     "$@" --checkpoints $(ls -d $root/flow/checkpoints/0*) --episodes ${CHECK_EPISODES:-10} \
-    --work-dir runs/imagined_vs_real --out $out 2>&1 | quiet; }
+    --work-dir runs/imagined_vs_real --out $results 2>&1 | quiet; }
 # benchmarks/profile_rollout.py as variant $1 with its arguments $2...
 profile_variant() {
   local tag=$1; shift
