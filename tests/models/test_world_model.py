@@ -241,7 +241,7 @@ def test_a_dynamics_state_head_learns_from_the_states_error_alone_and_an_unknown
     # steps of the state alone: the dynamics head's error on them, refused for a bottleneck head
     steps = {"obs": {"robot_states": obs["robot_states"][:, 0]},
              "next_obs": {"robot_states": future["robot_states"][:, 0]}, "actions": actions, "task_ids": task_ids}
-    assert float(model.state_steps_loss(**steps)) > 0
+    assert float(model.state_steps_loss(**steps).detach()) > 0
     with pytest.raises(RiptError, match="state steps train only a state_head=dynamics head"):
         tiny_model().state_steps_loss(**steps)
     with pytest.raises(RiptError, match="algo.model.state_head='joints' is not one of bottleneck, dynamics"):
