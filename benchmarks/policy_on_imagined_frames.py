@@ -11,7 +11,9 @@ episode key for all six, so that only the frames differ):
   evaluation run it;
 - ``still``: the first frame held (what the policy does when nothing it reads moves);
 - ``imagined_cameras`` and ``imagined_state``: the imagined stream's cameras with the real robot state, and the
-  real cameras with the imagined state: which of the two the policy's difference on imagined frames comes from.
+  real cameras with the imagined state: which of the two the policy's difference on imagined frames comes from;
+- ``imagined_<camera>`` for each camera of a model with more than one: that camera imagined, everything else real
+  (which camera it is).
 
 Per decision of the horizon: the root mean square difference of each stream's chunk from the ``real`` one (the
 world model's normalised action units), the share of gripper commands of the same sign, and for the closed loop
@@ -45,6 +47,12 @@ from ript.utils.video import write_mp4
 STREAMS = ("real", "imagined", "closed_loop", "still", "imagined_cameras", "imagined_state")
 
 
+def streams_of(model) -> tuple[str, ...]:
+    """``STREAMS`` and, for a model of several cameras, one stream per camera imagined alone."""
+    cameras = list(model.image_keys)
+    return STREAMS + (tuple(f"imagined_{k}" for k in cameras) if len(cameras) > 1 else ())
+
+
 def load_policy(checkpoint: str, device: str, seed: int, overrides: list[str] = ()):
     """The policy of ``checkpoint`` as ``ript eval`` decodes it with ``overrides`` (e.g. sampling.greedy=true)."""
     family = checkpoint_model(checkpoint)
@@ -75,13 +83,13 @@ class Sums:
 @torch.no_grad()
 def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_size: int, n_videos: int = 0,
             video_dir: Path | None = None) -> list[dict]:
-    """Each decision's comparisons of ``STREAMS`` over the episodes that start at ``starts`` (the first
+    """Each decision's comparisons of the streams (``streams_of``) over the episodes that start at ``starts`` (the first
     ``n_videos`` also as videos: real frames above, open-loop imagined in the middle, closed loop below)."""
     chunk, horizon = model.chunk, dataset.spec.future_count
     per_decision = policy.action_horizon // chunk  # world-model chunks per policy decision
     decisions = horizon // per_decision
     sums = Sums(decisions)
-    norm, videos, cameras = model.action_normalizer, 0, set(model.image_keys)
+    norm, videos, cameras, streams = model.action_normalizer, 0, set(model.image_keys), streams_of(model)
     for i in range(0, len(starts), batch_size):
         segments = starts[i:i + batch_size]
         batch = dataset.get_batch(segments)
@@ -89,21 +97,24 @@ def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_siz
         left = (dataset.episode_end[segments] - segments).to(device)
         task_ids, recorded = batch["task_ids"].to(device), batch["actions"].to(device)
         first = {k: v[:, 0].to(device) for k, v in batch["obs"].items() if k in model.image_keys + model.lowdim_keys}
-        obs = {name: dict(first) for name in STREAMS}
-        policy.reset(len(STREAMS) * b)
-        for s in range(len(STREAMS)):
+        obs = {name: dict(first) for name in streams}
+        policy.reset(len(streams) * b)
+        for s in range(len(streams)):
             for j in range(b):  # one key per segment in every stream: the same noise, other frames
                 policy.reset_env(s * b + j, model.task_names[int(task_ids[j])], int(segments[j]))
         frames: list[torch.Tensor] = []
         for d in range(decisions):
             obs["imagined_cameras"] = {k: (obs["imagined"] if k in cameras else obs["real"])[k] for k in first}
             obs["imagined_state"] = {k: (obs["real"] if k in cameras else obs["imagined"])[k] for k in first}
-            for s, name in enumerate(STREAMS):
+            for name in streams[len(STREAMS):]:
+                camera = name.removeprefix("imagined_")
+                obs[name] = {k: (obs["imagined"] if k == camera else obs["real"])[k] for k in first}
+            for s, name in enumerate(streams):
                 for j in range(b):
                     policy.observe(s * b + j, host(obs[name], j))
-            planned = policy.act_chunk([True] * (len(STREAMS) * b))
+            planned = policy.act_chunk([True] * (len(streams) * b))
             chunks = {name: torch.from_numpy(np.stack(planned[s * b:(s + 1) * b])).to(device)
-                      for s, name in enumerate(STREAMS)}
+                      for s, name in enumerate(streams)}
             live = d * policy.action_horizon < left
             sums.n[d] += float(live.sum())
             span = slice(d * policy.action_horizon, (d + 1) * policy.action_horizon)
@@ -137,7 +148,7 @@ def cast(predicted: dict[str, torch.Tensor], like: dict[str, torch.Tensor]) -> d
 def compare_chunks(sums: Sums, d: int, norm, chunks: dict[str, torch.Tensor], recorded: torch.Tensor,
                    live: torch.Tensor) -> None:
     real = norm.normalize(chunks["real"].float())
-    others = {name: chunks[name] for name in STREAMS[1:]}
+    others = {name: chunk for name, chunk in chunks.items() if name != "real"}
     others["recorded"] = recorded[:, :real.shape[1]]
     for name, chunk in others.items():
         moved = norm.normalize(chunk.float())
@@ -146,7 +157,8 @@ def compare_chunks(sums: Sums, d: int, norm, chunks: dict[str, torch.Tensor], re
         sums.add(f"{name}_gripper_agreement", d, same, live)
 
 
-def print_table(rows: list[dict]) -> None:
+def print_table(rows: list[dict], cameras: list[str]) -> None:
+    """The rows, then each camera imagined alone (``cameras``: those streams' names after ``imagined_``)."""
     print("decision  action RMSE vs real: recorded imagined (cameras state) closed-loop still  gripper agree: "
           "imagined closed  state RMSE: imagined closed  PSNR: imagined closed  segments")
     for r in rows:
@@ -157,6 +169,13 @@ def print_table(rows: list[dict]) -> None:
               f"{r['imagined_state_rmse']:>20.3f} {r['closed_loop_state_rmse']:>6.3f}  {r['imagined_psnr']:>14.2f} "
               f"{r['closed_loop_psnr']:>6.2f}  "
               f"{r['segments']:>8}")
+    if cameras:
+        print("decision  one camera imagined, the rest real: action RMSE vs real, gripper agreement: "
+              + "  ".join(cameras))
+        for r in rows:
+            print(f"{r['decision']:>8}  " + "  ".join(
+                f"{k}: {r[f'imagined_{k}_action_rmse']:.3f} {100 * r[f'imagined_{k}_gripper_agreement']:.1f}%"
+                for k in cameras))
 
 
 def main() -> None:
@@ -186,7 +205,7 @@ def main() -> None:
     starts = dataset.episode_start.unique()[:args.max_episodes]
     video_dir = Path(args.out).with_suffix("") if args.out else Path("policy_on_imagined_frames")
     rows = measure(model, dataset, loaded.policy, starts, device, args.batch_size, args.n_videos, video_dir)
-    print_table(rows)
+    print_table(rows, [name.removeprefix("imagined_") for name in streams_of(model)[len(STREAMS):]])
     write_or_print({"measures": __doc__.split("\n")[0], "world_model": args.world_model, "policy": args.policy,
                     "policy_overrides": args.policy_overrides,
                     "episodes_dir": args.episodes_dir, "episodes": int(len(starts)),

@@ -88,7 +88,7 @@ def main() -> None:
     p.add_argument("--stages", type=int, default=3)
     p.add_argument("--cond-dim", type=int, default=256)
     p.add_argument("--output", default="change", help="algo.model.output: change, warp, diffusion, warp_diffusion")
-    p.add_argument("--denoise-steps", type=int, default=3, help="network calls per chunk of a denoising output")
+    p.add_argument("--denoise-steps", type=int, default=1, help="network calls per chunk of a denoising output")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--unroll", type=int, default=3)
     p.add_argument("--train-steps", type=int, default=20)

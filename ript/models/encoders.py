@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ript.errors import RiptError
+
 
 def _norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(min(32, channels // 4), channels)
@@ -70,12 +72,18 @@ class ResNetEncoder(nn.Module):
                 layers.append(BasicBlock(c, c_out, 2 if (j == 0 and i > 0) else 1))
                 c = c_out
         self.layers = nn.Sequential(*layers)
+        self.stages = stages
         self.pool = SpatialSoftmax(c, num_kp)
         self.proj = nn.Linear(2 * num_kp, out_dim)
 
     def forward(self, img: torch.Tensor) -> torch.Tensor:
         x = img.permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        return self.proj(self.pool(self.layers(self.stem(x))))
+        features = self.layers(self.stem(x))
+        if features.shape[-2:] == (1, 1):  # the keypoints of a single cell sit still: the image would not be seen
+            raise RiptError(f"image encoder: {img.shape[1]}x{img.shape[2]} images leave a 1x1 feature map after "
+                            f"{self.stages} ResNet stages, so the policy would not see them; keep fewer stages "
+                            f"(algo.model.encoder_stages / algo.prior.encoder_stages) or render larger images")
+        return self.proj(self.pool(features))
 
 
 class MLPEncoder(nn.Module):

@@ -11,6 +11,7 @@ AE = dict(action_dim=4, chunk_size=16, downsample=4, dim=32, n_head=2, enc_layer
 
 def make_prior(**kw):
     torch.manual_seed(0)
+    kw.setdefault("encoder_stages", 2)  # 32 px images: four stages would leave a single cell
     return SkillPrior(autoencoder=AE, task_names=["a", "b"], image_keys=["cam_rgb"], lowdim_dims={"state": 3},
                       lang_dim=8, frame_stack=2, dim=32, n_layer=2, n_head=2, dropout=0.0, encoder_width=8,
                       num_kp=4, **kw).eval()
@@ -124,6 +125,18 @@ def test_fewer_encoder_stages_leave_a_finer_keypoint_map():
     assert prior.image_encoders["cam_rgb"].layers[-1].conv2.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="stages must be 1-4"):
         ResNetEncoder(16, stages=5)
+
+
+def test_an_encoder_whose_map_comes_down_to_one_cell_is_refused_in_one_line():
+    """Four stages leave a 32 px image a single cell, on which the keypoints cannot move: the encoder's output would
+    be the same for every image. Two stages leave 4x4, and different images give different features."""
+    torch.manual_seed(0)
+    images = torch.randint(0, 255, (2, 32, 32, 3), dtype=torch.uint8)
+    with pytest.raises(RiptError, match=r"32x32 images leave a 1x1 feature map after 4 ResNet stages") as e:
+        ResNetEncoder(16, width=8, num_kp=8, stages=4)(images)
+    assert "\n" not in str(e.value)
+    out = ResNetEncoder(16, width=8, num_kp=8, stages=2)(images)
+    assert not torch.allclose(out[0], out[1])
 
 
 def test_random_shift_keeps_shape_and_content_range():

@@ -45,7 +45,7 @@ def test_recorded_log_probs_and_values_equal_the_recomputed_ones(flow_run, metho
     learner = FlowLearner(model, denoising, 4, True, level, CRITIC, position)
     torch.nn.init.normal_(learner.critic.mlp[-1].weight)  # a fresh critic predicts 0 everywhere: not a test
     learner.attach(policy)
-    decisions = two_recorded_episodes(policy, model, ckpt, 12, 7)
+    decisions = two_recorded_episodes(policy, model, ckpt, 12, 8)
     assert len(decisions) == 2 * 3  # 12 steps, a new chunk every 4
     data = learner.collate(decisions, "cpu")
     with torch.no_grad():
@@ -199,8 +199,9 @@ def test_the_update_stops_early_at_its_kl_or_evaluation_shift_target(flow_run, t
     steps = {}
     for tag, extra in (("plain", ()), ("shift", ("rl.target_eval_shift=1e-9",)), ("kl", ("rl.target_kl=1e-12",))):
         # the probe runs in the update's micro-batches of 16 (up to 24 decisions here)
+        # GAE on dense rewards: every group is kept and moves the policy, whatever its episodes' outcomes
         rl.run(compose("rl", flow_rl_overrides(flow_run, tmp_path / tag, 1, "rl.micro_batch=16",
-                                               "rl.max_sampling_rounds=3", *extra)))
+                                               "rl.max_sampling_rounds=3", "rl.advantage=gae", *extra)))
         (entry,) = json.loads((tmp_path / tag / "rl_history.json").read_text())
         steps[tag] = entry["update"]["optimizer_steps"]
     assert steps["plain"] == 4 and steps["shift"] == 1 and 1 <= steps["kl"] <= 2

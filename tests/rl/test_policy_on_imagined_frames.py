@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.policy_on_imagined_frames import STREAMS, load_policy, measure
+from benchmarks.policy_on_imagined_frames import STREAMS, load_policy, measure, streams_of
 from ript.evaluation.imagination import demo_dataset
 from ript.model_loader import load_model
 
@@ -26,8 +26,13 @@ def test_the_streams_share_the_first_decision_and_part_where_their_frames_do(pol
     assert [r["decision"] for r in rows] == [0, 1, 2] and rows[0]["segments"] == 4
     first, later = rows[0], rows[1:]
     # one frame and one noise key for every stream: the same chunk, to the last bit
-    for name in STREAMS[1:]:
+    streams = streams_of(model)
+    assert len(model.image_keys) == 2 and streams[len(STREAMS):] == tuple(f"imagined_{k}" for k in model.image_keys)
+    for name in streams[1:]:
         assert first[f"{name}_action_rmse"] == 0.0 and first[f"{name}_gripper_agreement"] == 1.0
+    # the imagined cameras with the real state, and each camera imagined alone, move the policy's chunk
+    assert any(r["imagined_cameras_action_rmse"] > 0 for r in later)
+    assert any(r[f"imagined_{camera}_action_rmse"] > 0 for r in later for camera in model.image_keys)
     # the first frame held is not what the demos saw next, and a world model trained for a few steps is not either
     assert any(r["still_action_rmse"] > 0 for r in later)
     assert any(r["imagined_action_rmse"] > 0 for r in later) and any(r["closed_loop_state_rmse"] > 0 for r in later)

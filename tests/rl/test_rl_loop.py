@@ -144,7 +144,7 @@ def test_streamed_groups_keep_the_same_data_on_any_layout(stage1_run):
     for workers, per_worker in ((1, 1), (2, 4), (2, 2)):
         policy = make_policy(model, settings, "cpu", seed=7)
         policy.start_recording()
-        runner = EnvRunner(RunnerOptions("metaworld", ["drawer-close-v3"], render, 36, 1, num_workers=workers,
+        runner = EnvRunner(RunnerOptions("metaworld", ["drawer-close-v3"], render, 60, 1, num_workers=workers,
                                          envs_per_worker=per_worker, episodes_at_once=12))
         sampler = InitialConditionSampler(["drawer-close-v3"], seed=2, k=2)
         batches = []
