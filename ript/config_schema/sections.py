@@ -209,6 +209,7 @@ class WorldModelNet(Section):
     denoise_steps: Count = 3
     cond_noise: Scale = 0.0
     state_head: Literal["bottleneck", "dynamics"] = "bottleneck"
+    feed_back: Literal["regressed", "drawn"] = "regressed"
 
 
 class WorldModelAlgo(Section):

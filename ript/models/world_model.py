@@ -38,6 +38,9 @@ MAP_CHANNELS = {"change": 3, "warp": 5}  # the regressing U-Net's output channel
 # learning from the state's error alone (dynamics: the arm's motion is the actions' far more than the frame's; on
 # LIBERO-Object its error was 17-29% lower over 1-8 chunks, 31-41% with algo.state_steps, docs/world_model.md)
 STATE_HEADS = ("bottleneck", "dynamics")
+# what the next chunk of a training unroll starts from (a regressing model): its regressed frame, or for
+# warp_diffusion the frame drawn on it, which is what imagination feeds back
+FEED_BACK = ("regressed", "drawn")
 
 
 def warp(images: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
@@ -72,7 +75,7 @@ class WorldModel(nn.Module):
                  action_dim: int, chunk: int, lang_dim: int | None = 384, width: int = 64, stages: int = 3,
                  cond_dim: int = 256, success_weight: float = 5.0, motion_weight: float = 0.0,
                  output: str = "change", denoise_steps: int = 3, cond_noise: float = 0.0,
-                 state_head: str = "bottleneck"):
+                 state_head: str = "bottleneck", feed_back: str = "regressed"):
         super().__init__()
         if not image_keys:
             raise RiptError("world model: the data has no camera images to predict")
@@ -86,6 +89,10 @@ class WorldModel(nn.Module):
         if state_head not in STATE_HEADS:
             raise RiptError(f"world model: algo.model.state_head={state_head!r} is not one of {', '.join(STATE_HEADS)}")
         self.state_from = state_head
+        if feed_back not in FEED_BACK or (feed_back == "drawn" and output != "warp_diffusion"):
+            raise RiptError(f"world model: algo.model.feed_back={feed_back!r} with output={output!r}: 'regressed', or "
+                            f"'drawn' for warp_diffusion (the only output that both regresses and draws)")
+        self.feed_back = feed_back
         state_dim = sum(lowdim_dims.values())
         self.action_normalizer = Normalizer(action_dim, "minmax")
         self.state_normalizer = Normalizer(max(state_dim, 1), "meanstd")
@@ -289,14 +296,25 @@ class WorldModel(nn.Module):
                                                                     reduction="none") * m).sum()
             counted = counted + m.sum()
             live = live & ~future_done[:, r]
-            if self.unet is not None:  # fed back: the next chunk starts from the regressed prediction
-                images, state = out.images.detach(), out.state.detach()
+            if self.unet is not None:  # fed back: the next chunk starts from the regressed (or drawn) prediction
+                images, state = self.fed_back(images, state, task_ids, chunk, out, drawn), out.state.detach()
             else:
                 images, state = target_images, target_state
         n = counted.clamp(min=1)
         pixels, state_err, success = {k: v / n for k, v in pixels.items()}, state_err / n, success / n
         return {"loss": sum(pixels.values()) + state_err + success, **pixels, "state_mse": state_err,
                 "success_bce": success}
+
+    @torch.no_grad()
+    def fed_back(self, images: torch.Tensor, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor,
+                 out: Imagined, drawn: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        """The frame the unroll's next chunk starts from: the regressed prediction, or (``feed_back=drawn``) the
+        frame drawn on it from the draws' own sampling noise, as imagination draws it."""
+        if self.feed_back == "regressed":
+            return out.images.detach()
+        cond, _ = self.conditioning(state, task_ids, actions)
+        base = out.images.detach()
+        return self.denoiser.sample([images, base], base, cond, drawn["sample_noise"])[0].to(base.dtype)
 
     @property
     def pixel_metrics(self) -> tuple[str, ...]:
@@ -326,4 +344,8 @@ class WorldModel(nn.Module):
         None for a model without one."""
         if self.denoiser is None:
             return None
-        return self.denoiser.draws((batch, rollout, *self.noise_shape), device, generator)
+        frame = (batch, rollout, *self.noise_shape)
+        draws = self.denoiser.draws(frame, device, generator)
+        if self.feed_back == "drawn":  # the noise the fed-back frames are drawn from
+            draws["sample_noise"] = torch.randn(frame, device=device, generator=generator)
+        return draws

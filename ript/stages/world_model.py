@@ -21,7 +21,7 @@ from ript.utils.run_dir import prepare_run_dir
 from ript.utils.seeding import seed_everything
 
 MODEL_KEYS = ("width", "stages", "cond_dim", "success_weight", "motion_weight", "output", "denoise_steps",
-              "cond_noise", "state_head")
+              "cond_noise", "state_head", "feed_back")
 
 
 def run(cfg) -> str:

@@ -15,10 +15,11 @@ from ript.models.world_model_diffusion import EDM
 KEYS = ["corner_rgb", "gripperPOV_rgb"]
 
 
-def tiny_model(chunk: int = 2, output: str = "change", state_head: str = "bottleneck") -> WorldModel:
+def tiny_model(chunk: int = 2, output: str = "change", state_head: str = "bottleneck",
+               feed_back: str = "regressed") -> WorldModel:
     torch.manual_seed(0)
     model = WorldModel(["a", "b"], KEYS, {"robot_states": 5}, 16, 4, chunk, lang_dim=None, width=8, stages=2,
-                       cond_dim=16, output=output, state_head=state_head)
+                       cond_dim=16, output=output, state_head=state_head, feed_back=feed_back)
     return model
 
 
@@ -35,11 +36,12 @@ def synthetic_batch(batch: int = 8, rollout: int = 2, chunk: int = 2):
     return obs, future, done, actions, torch.arange(batch) % 2
 
 
-@pytest.mark.parametrize("output,state_head", [("change", "bottleneck"), ("warp", "bottleneck"),
-                                               ("diffusion", "bottleneck"), ("warp_diffusion", "bottleneck"),
-                                               ("warp", "dynamics"), ("diffusion", "dynamics")])
-def test_the_loss_falls_on_a_fixed_batch(output, state_head):
-    model = tiny_model(output=output, state_head=state_head)
+@pytest.mark.parametrize("output,state_head,feed_back", [
+    ("change", "bottleneck", "regressed"), ("warp", "bottleneck", "regressed"), ("diffusion", "bottleneck", "regressed"),
+    ("warp_diffusion", "bottleneck", "regressed"), ("warp", "dynamics", "regressed"),
+    ("diffusion", "dynamics", "regressed"), ("warp_diffusion", "bottleneck", "drawn")])
+def test_the_loss_falls_on_a_fixed_batch(output, state_head, feed_back):
+    model = tiny_model(output=output, state_head=state_head, feed_back=feed_back)
     obs, future, done, actions, task_ids = synthetic_batch()
     model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
     draws = model.diffusion_draws(8, 2, torch.device("cpu"), torch.Generator().manual_seed(2))
@@ -246,3 +248,26 @@ def test_a_dynamics_state_head_learns_from_the_states_error_alone_and_an_unknown
         tiny_model().state_steps_loss(**steps)
     with pytest.raises(RiptError, match="algo.model.state_head='joints' is not one of bottleneck, dynamics"):
         tiny_model(state_head="joints")
+
+
+def test_a_drawn_frame_fed_back_starts_the_unrolls_next_chunk_and_only_warp_diffusion_draws_one():
+    """feed_back=drawn: the second chunk starts from the frame drawn on the regressed one (from the draws' own
+    sampling noise, so the loss is repeatable); the first chunk's terms are the regressed feed-back's, the second's
+    differ. Another output with it is a one-line error."""
+    obs, future, done, actions, task_ids = synthetic_batch()
+    losses = {}
+    for feed_back in ("regressed", "drawn"):
+        model = tiny_model(output="warp_diffusion", feed_back=feed_back)
+        model.fit_normalizers({"robot_states": obs["robot_states"][:, 0]}, actions)
+        draws = model.diffusion_draws(8, 2, torch.device("cpu"), torch.Generator().manual_seed(2))
+        assert ("sample_noise" in draws) == (feed_back == "drawn")
+        one = model.loss(obs, {k: v[:, :1] for k, v in future.items()}, done[:, :1], actions[:, :2], task_ids,
+                         {k: v[:, :1] for k, v in draws.items()})
+        with torch.no_grad():
+            two = [model.loss(obs, future, done, actions, task_ids, draws)["l1"] for _ in range(2)]
+        assert torch.equal(two[0], two[1])
+        losses[feed_back] = (float(one["l1"]), float(two[0]))
+    assert losses["regressed"][0] == losses["drawn"][0] and losses["regressed"][1] != losses["drawn"][1]
+    with pytest.raises(RiptError, match=r"feed_back='drawn' with output='warp'") as e:
+        tiny_model(output="warp", feed_back="drawn")
+    assert "\n" not in str(e.value)
