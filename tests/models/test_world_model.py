@@ -37,9 +37,10 @@ def synthetic_batch(batch: int = 8, rollout: int = 2, chunk: int = 2):
 
 
 @pytest.mark.parametrize("output,state_head,feed_back", [
-    ("change", "bottleneck", "regressed"), ("warp", "bottleneck", "regressed"), ("diffusion", "bottleneck", "regressed"),
-    ("warp_diffusion", "bottleneck", "regressed"), ("warp", "dynamics", "regressed"),
-    ("diffusion", "dynamics", "regressed"), ("warp_diffusion", "bottleneck", "drawn")])
+    ("change", "bottleneck", "regressed"), ("warp", "bottleneck", "regressed"),
+    ("diffusion", "bottleneck", "regressed"), ("warp_diffusion", "bottleneck", "regressed"),
+    ("warp", "dynamics", "regressed"), ("diffusion", "dynamics", "regressed"),
+    ("warp_diffusion", "bottleneck", "drawn")])
 def test_the_loss_falls_on_a_fixed_batch(output, state_head, feed_back):
     model = tiny_model(output=output, state_head=state_head, feed_back=feed_back)
     obs, future, done, actions, task_ids = synthetic_batch()
