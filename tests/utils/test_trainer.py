@@ -210,7 +210,7 @@ def test_a_config_recorded_before_a_setting_was_added_gets_the_value_it_ran_with
     recorded = {"algo": {"chunk": 4, "model": {"width": 8, "output": "warp"}}, "train": {"steps": 2}}
     filled = with_added_settings(recorded)
     assert filled["algo"]["model"] == {"width": 8, "output": "warp", "denoise_steps": 3, "cond_noise": 0.0,
-                                       "state_head": "bottleneck"}
+                                       "state_head": "bottleneck", "feed_back": "regressed"}
     assert filled["algo"]["state_steps"] == 0 and filled["train"]["lr_scaling"] == "none"
     assert "rl" not in filled and "environment" not in filled  # no section of its own to fill
     assert recorded["algo"]["model"] == {"width": 8, "output": "warp"}  # the recorded config itself is left alone
