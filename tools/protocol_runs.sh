@@ -3,8 +3,8 @@
 #   libero_speed  LIBERO's simulator floor on this host: 1 and 16 processes, physics only and rendering every 8th
 #                 step (LIBERO_SPEED_ARGS replaces these, e.g. "--suite libero_10 --procs 1,32 --render-every 0,2")
 #   wm_speed      a world model's imagined env steps/s and training steps/s at LIBERO's size, random weights
-#                 (WM_SPEED_ARGS, default width 32, warp_diffusion, 64/256/1,024 envs), and the simulator floor
-#                 beside it: 16 processes stepping and rendering every 4th step (a chunk of 4)
+#                 (WM_SPEED_ARGS, default width 32, warp_diffusion in one denoising step, 64/256/1,024 envs), and
+#                 the simulator floor beside it: 16 processes stepping and rendering every 4th step (a chunk of 4)
 #   libero        LIBERO_SUITE (libero_object) through its protocol; PROTOCOL_EXTRA adds overrides (e.g. the
 #                 encoder ablation algo.prior.encoder_stages=2 algo.prior.num_kp=128); keeps VIDEO_COUNT (3) videos of
 #                 the tasks VIDEOS finds (a regular expression; LIBERO-Object's bottles by default), or with CKPT=1
