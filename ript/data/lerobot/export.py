@@ -51,6 +51,8 @@ class _VideoWriter:
         self.stream.height, self.stream.width = size
         self.stream.pix_fmt = "yuv420p"
         self.stream.options = {"crf": str(crf), "g": "2"}  # a key frame every 2 frames: fast random access
+        if codec == "libsvtav1":  # one encoder thread: on a loaded host its threads have handed the muxer a packet
+            self.stream.options["svtav1-params"] = "lp=1"  # it refused (EINVAL), once in a few test runs
         self.av, self.fps, self.frames = av, fps, 0
 
     def add(self, frames: np.ndarray) -> None:
