@@ -47,10 +47,14 @@ from ript.utils.video import write_mp4
 STREAMS = ("real", "imagined", "closed_loop", "still", "imagined_cameras", "imagined_state")
 
 
+def cameras_alone(model) -> list[str]:
+    """The cameras imagined one at a time, each in a stream of its own: all of a model's, when it has several."""
+    return list(model.image_keys) if len(model.image_keys) > 1 else []
+
+
 def streams_of(model) -> tuple[str, ...]:
-    """``STREAMS`` and, for a model of several cameras, one stream per camera imagined alone."""
-    cameras = list(model.image_keys)
-    return STREAMS + (tuple(f"imagined_{k}" for k in cameras) if len(cameras) > 1 else ())
+    """``STREAMS`` and one ``imagined_<camera>`` stream per camera of ``cameras_alone``."""
+    return STREAMS + tuple(f"imagined_{k}" for k in cameras_alone(model))
 
 
 def load_policy(checkpoint: str, device: str, seed: int, overrides: list[str] = ()):
@@ -106,9 +110,8 @@ def measure(model, dataset, policy, starts: torch.Tensor, device: str, batch_siz
         for d in range(decisions):
             obs["imagined_cameras"] = {k: (obs["imagined"] if k in cameras else obs["real"])[k] for k in first}
             obs["imagined_state"] = {k: (obs["real"] if k in cameras else obs["imagined"])[k] for k in first}
-            for name in streams[len(STREAMS):]:
-                camera = name.removeprefix("imagined_")
-                obs[name] = {k: (obs["imagined"] if k == camera else obs["real"])[k] for k in first}
+            for camera in cameras_alone(model):
+                obs[f"imagined_{camera}"] = {k: (obs["imagined"] if k == camera else obs["real"])[k] for k in first}
             for s, name in enumerate(streams):
                 for j in range(b):
                     policy.observe(s * b + j, host(obs[name], j))
@@ -158,7 +161,7 @@ def compare_chunks(sums: Sums, d: int, norm, chunks: dict[str, torch.Tensor], re
 
 
 def print_table(rows: list[dict], cameras: list[str]) -> None:
-    """The rows, then each camera imagined alone (``cameras``: those streams' names after ``imagined_``)."""
+    """The rows, then each camera of ``cameras`` imagined alone."""
     print("decision  action RMSE vs real: recorded imagined (cameras state) closed-loop still  gripper agree: "
           "imagined closed  state RMSE: imagined closed  PSNR: imagined closed  segments")
     for r in rows:
@@ -205,7 +208,7 @@ def main() -> None:
     starts = dataset.episode_start.unique()[:args.max_episodes]
     video_dir = Path(args.out).with_suffix("") if args.out else Path("policy_on_imagined_frames")
     rows = measure(model, dataset, loaded.policy, starts, device, args.batch_size, args.n_videos, video_dir)
-    print_table(rows, [name.removeprefix("imagined_") for name in streams_of(model)[len(STREAMS):]])
+    print_table(rows, cameras_alone(model))
     write_or_print({"measures": __doc__.split("\n")[0], "world_model": args.world_model, "policy": args.policy,
                     "policy_overrides": args.policy_overrides,
                     "episodes_dir": args.episodes_dir, "episodes": int(len(starts)),

@@ -187,9 +187,14 @@ class WorldModel(nn.Module):
             drawn, pooled = self.denoiser.sample([images], images, cond, noise)
             return self.heads(drawn, state, pooled, cond, inputs)
         out = self.regress(images, state, cond, inputs)
-        if self.denoiser is not None:  # what the regressed frame lacks, drawn on it
-            out.images = self.denoiser.sample([images, out.images], out.images, cond, noise)[0]
+        if self.denoiser is not None:
+            out.images = self.drawn_on(images, out.images, cond, noise)
         return out
+
+    def drawn_on(self, images: torch.Tensor, regressed: torch.Tensor, cond: torch.Tensor,
+                 noise: torch.Tensor | None) -> torch.Tensor:
+        """warp_diffusion's frame: what the regressed frame lacks, drawn on it from ``noise``."""
+        return self.denoiser.sample([images, regressed], regressed, cond, noise)[0]
 
     def regress(self, images: torch.Tensor, state: torch.Tensor, cond: torch.Tensor, inputs: torch.Tensor
                 ) -> Imagined:
@@ -283,7 +288,7 @@ class WorldModel(nn.Module):
             target_images, target_state = self.encode_observation({k: v[:, r] for k, v in future_obs.items()})
             chunk = actions[:, r * self.chunk:(r + 1) * self.chunk]
             drawn = None if draws is None else {k: v[:, r] for k, v in draws.items()}
-            out, errors = self.chunk_errors(images, state, task_ids, chunk, target_images, drawn)
+            out, errors, cond = self.chunk_errors(images, state, task_ids, chunk, target_images, drawn)
             m = live.float()
             for name, error in errors.items():
                 pixels[name] = pixels[name] + (self.pixel_error(error, target_images, real) * m).sum()
@@ -297,7 +302,7 @@ class WorldModel(nn.Module):
             counted = counted + m.sum()
             live = live & ~future_done[:, r]
             if self.unet is not None:  # fed back: the next chunk starts from the regressed (or drawn) prediction
-                images, state = self.fed_back(images, state, task_ids, chunk, out, drawn), out.state.detach()
+                images, state = self.fed_back(images, cond, out, drawn), out.state.detach()
             else:
                 images, state = target_images, target_state
         n = counted.clamp(min=1)
@@ -306,15 +311,14 @@ class WorldModel(nn.Module):
                 "success_bce": success}
 
     @torch.no_grad()
-    def fed_back(self, images: torch.Tensor, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor,
-                 out: Imagined, drawn: dict[str, torch.Tensor] | None) -> torch.Tensor:
+    def fed_back(self, images: torch.Tensor, cond: torch.Tensor, out: Imagined,
+                 drawn: dict[str, torch.Tensor] | None) -> torch.Tensor:
         """The frame the unroll's next chunk starts from: the regressed prediction, or (``feed_back=drawn``) the
-        frame drawn on it from the draws' own sampling noise, as imagination draws it."""
+        frame drawn on it from the draws' own sampling noise, as imagination draws it (``cond``: the chunk's)."""
+        regressed = out.images.detach()
         if self.feed_back == "regressed":
-            return out.images.detach()
-        cond, _ = self.conditioning(state, task_ids, actions)
-        base = out.images.detach()
-        return self.denoiser.sample([images, base], base, cond, drawn["sample_noise"])[0].to(base.dtype)
+            return regressed
+        return self.drawn_on(images, regressed, cond, drawn["sample_noise"]).to(regressed.dtype)
 
     @property
     def pixel_metrics(self) -> tuple[str, ...]:
@@ -323,20 +327,21 @@ class WorldModel(nn.Module):
 
     def chunk_errors(self, images: torch.Tensor, state: torch.Tensor, task_ids: torch.Tensor, actions: torch.Tensor,
                      target: torch.Tensor, draws: dict[str, torch.Tensor] | None
-                     ) -> tuple[Imagined, dict[str, torch.Tensor]]:
-        """One chunk in training: the heads' outputs (a regressing model's prediction among them) and the per-pixel
-        error maps of each pixel term. The denoiser learns the change from the regressed frame, which it does not
-        move (detached); a model that only draws reads its heads off the denoiser at the drawn noise level."""
+                     ) -> tuple[Imagined, dict[str, torch.Tensor], torch.Tensor]:
+        """One chunk in training: the heads' outputs (a regressing model's prediction among them), the per-pixel
+        error maps of each pixel term and the chunk's conditioning vector. The denoiser learns the change from the
+        regressed frame, which it does not move (detached); a model that only draws reads its heads off the
+        denoiser at the drawn noise level."""
         cond, inputs = self.conditioning(state, task_ids, actions)
         if self.unet is None:
             error, pooled = self.denoiser.error([images], images, target, cond, draws)
-            return self.heads(images, state, pooled, cond, inputs), {"denoise_mse": error}  # its images are not read
+            return self.heads(images, state, pooled, cond, inputs), {"denoise_mse": error}, cond  # images not read
         out = self.regress(images, state, cond, inputs)
         errors = {"l1": (out.images.float() - target).abs()}
         if self.denoiser is not None:
             regressed = out.images.detach()
             errors["denoise_mse"] = self.denoiser.error([images, regressed], regressed, target, cond, draws)[0]
-        return out, errors
+        return out, errors, cond
 
     def diffusion_draws(self, batch: int, rollout: int, device: torch.device, generator: torch.Generator
                         ) -> dict[str, torch.Tensor] | None:
