@@ -24,6 +24,7 @@ import numpy as np
 
 from ript.envs.worker_env import EpisodeSpec
 from ript.errors import RiptError
+from ript.utils.logging import log
 
 CALIBRATION_FILE = "calibration.json"
 THRESHOLDS = tuple(round(0.02 * i, 2) for i in range(1, 50))  # 0.02 ... 0.98
@@ -71,8 +72,7 @@ def calibrate(real: list[dict[str, Any]], imagined: list[dict[str, Any]]) -> dic
     real_rate = float(won.mean())
     task_of = np.array([k[0] for k in keys])
     tasks = sorted(set(task_of))
-    per_task = {t: {"real": float(won[task_of == t].mean()),
-                    "imagined": float((peak >= best["threshold"])[task_of == t].mean())} for t in tasks}
+    per_task = {t: task_row(peak[task_of == t] >= best["threshold"], won[task_of == t]) for t in tasks}
     # tasks the policy solves for real but never in imagination at any threshold: RL in this world model gets no
     # reward there, and its updates from the other tasks move them unchecked
     unseen = [t for t in tasks if per_task[t]["real"] > 0 and peak[task_of == t].max() < THRESHOLDS[0]]
@@ -82,6 +82,25 @@ def calibrate(real: list[dict[str, Any]], imagined: list[dict[str, Any]]) -> dic
             "agreement": best["agreement"], "real_success": real_rate, "imagined_success": best["imagined_success"],
             "episodes": len(keys), "per_task": per_task, "tasks_never_imagined_successful": unseen,
             "per_task_pearson": float(np.corrcoef(rates.T)[0, 1]) if spread else None, "curve": curve}
+
+
+def task_row(imagined: np.ndarray, won: np.ndarray) -> dict[str, float]:
+    """One task's real and imagined success at the kept threshold, how well its imagined outcomes told its real
+    successes from its failures, and the counts that pool tasks into one balanced accuracy
+    (``pooled_balanced_accuracy``)."""
+    row = threshold_row(0.0, imagined, won)
+    return {"real": float(won.mean()), "imagined": float(imagined.mean()),
+            "balanced_accuracy": row["balanced_accuracy"], "episodes": int(len(won)),
+            "real_successes": int(won.sum()), "successes_imagined": int((imagined & won).sum()),
+            "real_failures": int((~won).sum()), "failures_imagined": int((imagined & ~won).sum())}
+
+
+def pooled_balanced_accuracy(rows: list[dict[str, float]]) -> float:
+    """The balanced accuracy of several tasks' episodes together, from their ``task_row`` counts."""
+    successes, failures = (sum(int(r[k]) for r in rows) for k in ("real_successes", "real_failures"))
+    parts = [sum(int(r["successes_imagined"]) for r in rows) / successes] * bool(successes) \
+        + [1 - sum(int(r["failures_imagined"]) for r in rows) / failures] * bool(failures)
+    return float(np.mean(parts)) if parts else 0.0
 
 
 def threshold_scan(peak: np.ndarray, won: np.ndarray) -> tuple[list[dict[str, float]], dict[str, float]]:
@@ -126,19 +145,50 @@ def calibrated_threshold(folder: str | Path, world_model: Path) -> float:
     return float(found["threshold"])
 
 
-def check_rewards_follow_simulator(env) -> None:
+def check_rewards_follow_simulator(env) -> set[str] | None:
     """RL in a world model whose calibration found the head's verdicts no better than ``min_calibrated_accuracy``
     at telling the policy's real successes from its failures is refused: its rewards would not follow the
     simulator's, and RL learns whatever the model draws as success (LIBERO-Object lost 5.8 points so,
-    docs/world_model.md). A world model without a calibration is not checked."""
-    if env.name != "world_model" or not env.get("calibration") or not env.min_calibrated_accuracy:
-        return
-    accuracy = float(read_calibration(env.calibration)["balanced_accuracy"])
-    if accuracy < float(env.min_calibrated_accuracy):
+    docs/world_model.md). With ``min_task_calibrated_accuracy`` RL keeps only the tasks whose own episodes passed
+    it (returned; None: every task), and the gate above reads those tasks' episodes together: RL past the gate
+    gained on the tasks whose imagined outcomes matched the simulator's and lost up to 60 points on the others. A
+    world model without a calibration is not checked."""
+    if env.name != "world_model" or not env.get("calibration"):
+        if env.get("min_task_calibrated_accuracy"):
+            raise RiptError(f"environment.min_task_calibrated_accuracy={env.min_task_calibrated_accuracy:g} reads a "
+                            f"world model's calibration: set environment=world_model and environment.calibration")
+        return None
+    found = read_calibration(env.calibration)
+    kept = calibrated_tasks(env, found) if env.get("min_task_calibrated_accuracy") else None
+    accuracy = float(found["balanced_accuracy"]) if kept is None \
+        else pooled_balanced_accuracy([found["per_task"][t] for t in kept])
+    over = "" if kept is None else f" over the {len(kept)} task(s) kept"
+    if env.min_calibrated_accuracy and accuracy < float(env.min_calibrated_accuracy):
         raise RiptError(f"environment.calibration={env.calibration}: the head told the policy's real successes from "
-                        f"its failures at balanced accuracy {accuracy:.1%}, below environment.min_calibrated_accuracy="
-                        f"{env.min_calibrated_accuracy:g}; rewards in this world model do not follow the simulator's "
-                        f"(train it longer or on the policy's episodes; min_calibrated_accuracy=0 runs RL anyway)")
+                        f"its failures at balanced accuracy {accuracy:.1%}{over}, below environment."
+                        f"min_calibrated_accuracy={env.min_calibrated_accuracy:g}; rewards in this world model do not "
+                        f"follow the simulator's (train it longer or on the policy's episodes; "
+                        f"min_calibrated_accuracy=0 runs RL anyway)")
+    return kept
+
+
+def calibrated_tasks(env, found: dict[str, Any]) -> set[str]:
+    """The tasks whose own calibrated balanced accuracy reaches ``env.min_task_calibrated_accuracy``; none is a
+    RiptError naming the best, and so is a calibration written without the per-task figures."""
+    floor, per_task = float(env.min_task_calibrated_accuracy), found.get("per_task") or {}
+    if not per_task or any("balanced_accuracy" not in row for row in per_task.values()):
+        raise RiptError(f"environment.calibration={env.calibration}: its {CALIBRATION_FILE} has no per-task balanced "
+                        f"accuracy, which environment.min_task_calibrated_accuracy reads (calibrate again)")
+    kept = {t for t, row in per_task.items() if float(row["balanced_accuracy"]) >= floor}
+    if not kept:
+        best = max(per_task, key=lambda t: per_task[t]["balanced_accuracy"])
+        raise RiptError(f"environment.calibration={env.calibration}: no task reaches environment."
+                        f"min_task_calibrated_accuracy={floor:g} (the best: {best}, "
+                        f"{per_task[best]['balanced_accuracy']:.1%})")
+    left = ", ".join(f"{t} ({per_task[t]['balanced_accuracy']:.0%})" for t in sorted(set(per_task) - kept))
+    log.info(f"RL in the world model on the {len(kept)} of {len(per_task)} task(s) whose calibration reached {floor:g}"
+        + (f"; left out: {left}" if left else ""))
+    return kept
 
 
 def calibration_line(c: dict[str, Any]) -> str:
@@ -151,3 +201,12 @@ def calibration_line(c: dict[str, Any]) -> str:
     return (f"success head calibrated on {c['episodes']} simulator episodes: threshold {c['threshold']:g}, balanced "
             f"accuracy {c['balanced_accuracy']:.1%}, agreement {c['agreement']:.1%}; success real "
             f"{c['real_success']:.1%}, imagined {c['imagined_success']:.1%}{chance}{blind}")
+
+
+def calibration_table(c: dict[str, Any]) -> str:
+    """Each task's real and imagined success at the kept threshold and how well its imagined outcomes told its real
+    successes from its failures (what ``environment.min_task_calibrated_accuracy`` reads)."""
+    rows = [f"{'task':<34}{'real':>8}{'imagined':>10}{'told apart':>12}"]
+    for task, r in sorted(c["per_task"].items()):
+        rows.append(f"{task:<34}{r['real']:>8.1%}{r['imagined']:>10.1%}{r['balanced_accuracy']:>12.1%}")
+    return "\n".join(rows)

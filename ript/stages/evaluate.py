@@ -18,6 +18,7 @@ from ript.evaluation.calibration import (
     CALIBRATION_FILE,
     calibrate,
     calibration_line,
+    calibration_table,
     episode_specs,
     simulator_episodes,
 )
@@ -78,6 +79,7 @@ def evaluate(cfg, protocol) -> dict[str, Any]:
         write_evaluation(out_dir, results, title)
     print(success_table(results))
     if real:
+        print(calibration_table(calibration))
         print(calibration_line(calibration))
     log.info("eval: %d env steps in %.1f s (%.0f steps/s); results in %s", results["env_steps"], results["seconds"],
              results["env_steps_per_second"], out_dir / "results.json")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ript.envs.seeds import rank_seed
+from ript.errors import RiptError
 from ript.evaluation.calibration import check_rewards_follow_simulator
 from ript.evaluation.runner import make_runner
 from ript.policies.families import family_for
@@ -31,20 +32,25 @@ def run(cfg) -> str:
     device, info = init_rank(cfg)  # first: the model is built on this rank's device
     check_overlap(cfg)
     check_fsdp(cfg)
-    check_rewards_follow_simulator(cfg.environment)
+    calibrated = check_rewards_follow_simulator(cfg.environment)  # the tasks RL keeps (None: all)
     kind = placement_kind(cfg)  # an unknown placement is one line before the model loads
     loaded = family.load(cfg, device, rank_seed(int(cfg.seed), info.rank), rl=True)
+    trained_tasks = [t for t in loaded.task_names if calibrated is None or t in calibrated]
+    if not trained_tasks:
+        raise RiptError(f"environment.calibration={cfg.environment.calibration} keeps none of the policy's tasks "
+                        f"({', '.join(loaded.task_names)})")
     placement = kind(cfg=cfg, info=info, loaded=loaded, device=device)  # where the rank's rollouts run
     try:  # a run that cannot start leaves no run folder and no workers behind
         refresh = WorldModelRefresh(cfg, Path(cfg.run_dir), loaded.metadata, loaded.task_names, device,
                                     info.world_size, world_model.run, world_model_head.run) \
             if cfg.environment.get("refresh_every") else None
-        return _train(cfg, family, loaded, info, device, placement, refresh)
+        return _train(cfg, family, loaded, info, device, placement, refresh, trained_tasks)
     finally:
         placement.runner.close()
 
 
-def _train(cfg, family, loaded, info, device: str, placement, refresh: WorldModelRefresh | None) -> str:
+def _train(cfg, family, loaded, info, device: str, placement, refresh: WorldModelRefresh | None,
+           trained_tasks: list[str]) -> str:
     run_dir, resume_from = prepare_run(cfg, info)
     with shared_draws(int(cfg.seed), device):  # its fresh weights alike on every rank
         learner = family.learner(loaded, cfg, device, critic_settings(cfg))
@@ -63,7 +69,7 @@ def _train(cfg, family, loaded, info, device: str, placement, refresh: WorldMode
     ahead = compile_ahead.CompileAhead(cfg, device) \
         if compile_ahead.wanted(cfg, learner.compiles_update, info.world_size, cache_loaded) else None
     try:
-        return train_loop(RLRun(cfg, info, device, learner, loaded.policy, names, loaded.metadata, ckpt_config,
+        return train_loop(RLRun(cfg, info, device, learner, loaded.policy, trained_tasks, loaded.metadata, ckpt_config,
                                 run_dir, resume_from, maybe_evaluate, placement.runner, refresh, placement, ahead))
     finally:
         if ahead is not None:

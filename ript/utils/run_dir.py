@@ -46,7 +46,7 @@ ADDED_SETTINGS = {"train.lr_scaling": "none", "environment.starts": "first_frame
                   "rl.loss_aggregation": "decisions", "train.ema_decay": None, "algo.model.output": "change",
                   "algo.model.denoise_steps": 3, "algo.model.cond_noise": 0.0,
                   "algo.model.state_head": "bottleneck", "algo.state_steps": 0,
-                  "algo.model.feed_back": "regressed"}
+                  "algo.model.feed_back": "regressed", "environment.min_task_calibrated_accuracy": 0.0}
 # settings meaningless without the added setting they go with
 ADDED_ALONG = {"train.lr_reference_batch": "train.lr_scaling", "environment.start_chunks": "environment.starts",
                "rl.demo_batch": "rl.demo_coef"}

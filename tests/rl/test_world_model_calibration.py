@@ -7,10 +7,19 @@ from __future__ import annotations
 import json
 
 import pytest
+from omegaconf import OmegaConf
 
 from ript.config import compose
 from ript.errors import RiptError
-from ript.evaluation.calibration import calibrate, calibrated_threshold, calibration_line, simulator_episodes
+from ript.evaluation.calibration import (
+    calibrate,
+    calibrated_threshold,
+    calibration_line,
+    calibration_table,
+    check_rewards_follow_simulator,
+    pooled_balanced_accuracy,
+    simulator_episodes,
+)
 from ript.evaluation.environments import EnvironmentSetting, build_environment
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
@@ -38,8 +47,15 @@ def test_the_threshold_kept_best_separates_the_real_successes_from_the_failures(
     assert result["threshold"] == 0.42 and result["balanced_accuracy"] == pytest.approx(5 / 6)
     assert result["agreement"] == pytest.approx(4 / 5)
     assert result["real_success"] == pytest.approx(3 / 5) and result["imagined_success"] == pytest.approx(2 / 5)
-    assert result["per_task"] == {"a": {"real": 1.0, "imagined": 1.0}, "b": {"real": pytest.approx(1 / 3),
-                                                                           "imagined": 0.0}}
+    assert result["per_task"] == {
+        "a": {"real": 1.0, "imagined": 1.0, "balanced_accuracy": 1.0, "episodes": 2, "real_successes": 2,
+              "successes_imagined": 2, "real_failures": 0, "failures_imagined": 0},
+        "b": {"real": pytest.approx(1 / 3), "imagined": 0.0, "balanced_accuracy": 0.5, "episodes": 3,
+              "real_successes": 1, "successes_imagined": 0, "real_failures": 2, "failures_imagined": 0}}
+    # the tasks' counts pooled give back the whole run's balanced accuracy
+    assert pooled_balanced_accuracy(list(result["per_task"].values())) == pytest.approx(5 / 6)
+    assert pooled_balanced_accuracy([result["per_task"]["b"]]) == 0.5
+    assert calibration_table(result).splitlines()[2].split() == ["b", "33.3%", "0.0%", "50.0%"]
     at_030 = next(r for r in result["curve"] if r["threshold"] == 0.3)
     assert at_030["balanced_accuracy"] == pytest.approx(0.75) and at_030["imagined_success"] == pytest.approx(4 / 5)
     with pytest.raises(RiptError, match=r"no episode \('b', 3, 0\)"):
@@ -65,6 +81,48 @@ def test_a_head_that_never_fires_in_imagination_is_said_to_calibrate_at_chance()
     assert result["balanced_accuracy"] == 0.5 and result["imagined_success"] == 0.0
     assert "no threshold separates the real successes from the failures (at chance), so 0.02 is only the " \
            "tie-break's choice" in calibration_line(result)
+
+
+def environment(**settings):
+    return OmegaConf.create({"name": "world_model", "calibration": None, "min_calibrated_accuracy": 0.6,
+                             "min_task_calibrated_accuracy": 0.0, **settings})
+
+
+def task_rows(**accuracies: tuple[int, int, int, int]) -> dict:
+    """Per-task calibration rows from (real successes, of them imagined, real failures, of them imagined)."""
+    return {t: {"real": s / (s + f), "imagined": (si + fi) / (s + f),
+                "balanced_accuracy": pooled_balanced_accuracy([dict(real_successes=s, successes_imagined=si,
+                                                                     real_failures=f, failures_imagined=fi)]),
+                "episodes": s + f, "real_successes": s, "successes_imagined": si, "real_failures": f,
+                "failures_imagined": fi} for t, (s, si, f, fi) in accuracies.items()}
+
+
+def test_rl_keeps_the_tasks_calibrated_well_enough_and_gates_on_them_together(tmp_path):
+    """a: 8 of 8 successes and 1 of 2 failures told apart (75%); b: successes imagined at random (50%); c: every
+    episode imagined a success (50%). All three pooled: 16 of 18 successes and 3 of 8 failures told apart, 63.2%."""
+    rows = task_rows(a=(8, 8, 2, 1), b=(4, 2, 4, 2), c=(6, 6, 2, 2))
+    (tmp_path / "calibration.json").write_text(json.dumps({"balanced_accuracy": 0.55, "per_task": rows}))
+    env = environment(calibration=str(tmp_path))
+    with pytest.raises(RiptError, match="balanced accuracy 55.0%, below environment.min_calibrated_accuracy=0.6"):
+        check_rewards_follow_simulator(env)
+    assert check_rewards_follow_simulator(environment(calibration=str(tmp_path), min_calibrated_accuracy=0)) is None
+    assert check_rewards_follow_simulator(environment(calibration=str(tmp_path), min_task_calibrated_accuracy=0.7)) \
+        == {"a"}
+    # the gate reads the kept tasks together
+    with pytest.raises(RiptError, match=r"balanced accuracy 63\.2% over the 3 task\(s\) kept, below environment."
+                                        r"min_calibrated_accuracy=0\.7"):
+        check_rewards_follow_simulator(environment(calibration=str(tmp_path), min_task_calibrated_accuracy=0.5,
+                                                   min_calibrated_accuracy=0.7))
+    with pytest.raises(RiptError, match=r"no task reaches environment.min_task_calibrated_accuracy=0.8 \(the best: "
+                                        r"a, 75\.0%\)"):
+        check_rewards_follow_simulator(environment(calibration=str(tmp_path), min_task_calibrated_accuracy=0.8))
+    (tmp_path / "calibration.json").write_text(json.dumps({"balanced_accuracy": 0.7, "per_task": {
+        "a": {"real": 1.0, "imagined": 1.0}}}))
+    with pytest.raises(RiptError, match="has no per-task balanced accuracy, which environment.min_task_calibrated_"
+                                        "accuracy reads"):
+        check_rewards_follow_simulator(environment(calibration=str(tmp_path), min_task_calibrated_accuracy=0.7))
+    with pytest.raises(RiptError, match="min_task_calibrated_accuracy=0.7 reads a world model's calibration"):
+        check_rewards_follow_simulator(environment(name="simulator", min_task_calibrated_accuracy=0.7))
 
 
 def test_a_simulator_evaluation_of_another_checkpoint_or_none_is_refused(tmp_path):
@@ -133,5 +191,18 @@ def test_rl_in_a_world_model_whose_calibration_is_at_chance_is_refused_in_one_li
     assert not run_dir.exists()
     code, _, err = ript_here("rl", *base, "environment.min_calibrated_accuracy=0")
     assert code == 0, err
+    # the same at chance over both tasks, but drawer-close told apart well enough alone: RL runs on it alone
+    (calibrated / "calibration.json").write_text(json.dumps(
+        {"threshold": 0.06, "balanced_accuracy": 0.478, "world_model": str(resolve_checkpoint_dir(world_model_run)),
+         "per_task": task_rows(**{"drawer-close-v3": (8, 8, 2, 1), "button-press-v3": (4, 2, 4, 2)})}))
+    both = [o.replace("task_names=[drawer-close-v3]", "task_names=[button-press-v3,drawer-close-v3]")
+            for o in base if not o.startswith("run_dir=")]
+    code, _, err = ript_here("rl", *both, f"run_dir={tmp_path / 'kept'}",
+                             "environment.min_task_calibrated_accuracy=0.7")
+    assert code == 0, err
+    assert "RL in the world model on the 1 of 2 task(s) whose calibration reached 0.7; left out: button-press-v3 " \
+           "(50%)" in "\n".join(err)
+    history = json.loads((tmp_path / "kept" / "rl_history.json").read_text())
+    assert [sorted(entry["per_task"]) for entry in history] == [["drawer-close-v3"]]
     with pytest.raises(RiptError, match="environment.min_calibrated_accuracy"):
         compose("rl", [*base, "environment.min_calibrated_accuracy=1.5"])
