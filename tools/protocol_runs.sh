@@ -374,6 +374,8 @@ for part in "$@"; do
       RL_CUT_EVAL=policy=flow eval_rl_cut $p  # RL stopped by its time limit ends the protocol before its evaluation
       cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $root/rl/rl_history.json $R/ \
         2>/dev/null
+      # each imagined episode's peak, for reading the head's thresholds again after the machine is gone
+      cp $root/calibrate/results.json $R/calibrate_results.json 2>/dev/null
       policy_on_frames $root/world_model_head $root ;;
     eval_cut) eval_rl_cut ${PROTO:-ml45_multitask} ;;
     state) keep_state ${PROTO:-libero_object} ;;

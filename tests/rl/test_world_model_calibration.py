@@ -49,13 +49,17 @@ def test_the_threshold_kept_best_separates_the_real_successes_from_the_failures(
     assert result["real_success"] == pytest.approx(3 / 5) and result["imagined_success"] == pytest.approx(2 / 5)
     assert result["per_task"] == {
         "a": {"real": 1.0, "imagined": 1.0, "balanced_accuracy": 1.0, "episodes": 2, "real_successes": 2,
-              "successes_imagined": 2, "real_failures": 0, "failures_imagined": 0},
+              "successes_imagined": 2, "real_failures": 0, "failures_imagined": 0,
+              "own_threshold": 0.02, "own_balanced_accuracy": 1.0},
         "b": {"real": pytest.approx(1 / 3), "imagined": 0.0, "balanced_accuracy": 0.5, "episodes": 3,
-              "real_successes": 1, "successes_imagined": 0, "real_failures": 2, "failures_imagined": 0}}
+              "real_successes": 1, "successes_imagined": 0, "real_failures": 2, "failures_imagined": 0,
+              # b alone: its success peaked at 0.3, its failures at 0.4 and 0.1; 0.02-0.1 imagine all three
+              # successes (1/2), 0.12-0.3 the success and the 0.4 failure (3/4), above 0.4 none (1/2)
+              "own_threshold": 0.12, "own_balanced_accuracy": 0.75}}
     # the tasks' counts pooled give back the whole run's balanced accuracy
     assert pooled_balanced_accuracy(list(result["per_task"].values())) == pytest.approx(5 / 6)
     assert pooled_balanced_accuracy([result["per_task"]["b"]]) == 0.5
-    assert calibration_table(result).splitlines()[2].split() == ["b", "33.3%", "0.0%", "50.0%"]
+    assert calibration_table(result).splitlines()[2].split() == ["b", "33.3%", "0.0%", "50.0%", "75.0%", "at", "0.12"]
     at_030 = next(r for r in result["curve"] if r["threshold"] == 0.3)
     assert at_030["balanced_accuracy"] == pytest.approx(0.75) and at_030["imagined_success"] == pytest.approx(4 / 5)
     with pytest.raises(RiptError, match=r"no episode \('b', 3, 0\)"):
