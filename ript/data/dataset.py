@@ -241,15 +241,15 @@ def check_resume_data(resume_from: Path | None, train_set: ChunkDataset, allowed
     recorded = (read_checkpoint_config(resume_from).get("metadata") or {}).get("data")
     if recorded is None or recorded == train_set.fingerprint:
         return
-    was = {d["file"]: d for d in recorded}
-    now = {d["file"]: d for d in train_set.fingerprint}
-    name = next(n for n in [*now, *was] if was.get(n) != now.get(n))
+    # file by file in the order read: the demos and a policy's recorded episodes of one task share a file name
+    was, now = next((a, b) for a, b in itertools.zip_longest(recorded, train_set.fingerprint) if a != b)
+    name = (now or was)["file"]
 
     def describe(d: dict | None) -> str:
         return "no such file" if d is None else f"{d['demos']} demos, {d['samples']} samples, {d['bytes']} bytes"
 
-    raise RiptError(f"resume: {resume_from} was trained on {name} with {describe(was.get(name))}; it now has "
-                    f"{describe(now.get(name))} (the training split); resuming would train on other data. Restore "
+    raise RiptError(f"resume: {resume_from} was trained on {name} with {describe(was)}; it now has "
+                    f"{describe(now)} (the training split); resuming would train on other data. Restore "
                     f"the data, choose another run_dir, or pass resume_allow_changes=[data] to continue anyway")
 
 

@@ -235,3 +235,23 @@ def test_resume_over_changed_data_files_is_refused(tiny_data, tmp_path):
     assert_one_line_error(ript_here("stage0", *resume), "drawer-close-v3.hdf5 with 2 demos", "now has 1 demos",
                           "resume_allow_changes=[data]")
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["0000002", "last"]
+
+
+def test_resume_over_changed_episode_files_named_as_the_demos_is_refused(tiny_data, tmp_path):
+    """A world model's recorded episodes (data.extra_dirs) are files named as the demos' of the same tasks: a
+    change in the demos is named in one line too, not hidden behind the unchanged episodes file of that name."""
+    import h5py
+
+    from ript.stages import world_model
+    from tests.helpers.cli import assert_one_line_error, ript_here, world_model_overrides
+
+    data, episodes, run_dir = tmp_path / "data", tmp_path / "episodes", tmp_path / "wm"
+    shutil.copytree(tiny_data, data)
+    shutil.copytree(tiny_data, episodes)
+    train = [*world_model_overrides(data, run_dir, 2), f"data.extra_dirs=[{episodes}]"]
+    world_model.run(compose("world_model", train))
+    with h5py.File(data / "drawer-close-v3.hdf5", "a") as f:
+        del f["data/demo_2"]
+    resume = [*train, "train.steps=4", "resume=true", "resume_allow_changes=[train.steps]"]
+    assert_one_line_error(ript_here("world-model", *resume), "drawer-close-v3.hdf5 with 2 demos", "now has 1 demos",
+                          "resume_allow_changes=[data]")
