@@ -54,12 +54,18 @@
 #                 (RL_ITERATIONS, 15, or RL_MINUTES, 3, whichever ends first; refused where the calibration is below
 #                 environment.min_calibrated_accuracy, RL_EXTRA=phases.rl.environment.min_calibrated_accuracy=0 runs
 #                 it anyway) and the evaluation after it; then the policy on the model's frames. About 24 minutes on
-#                 one H200 with FLOW_STEPS=2000
+#                 one H200 with FLOW_STEPS=2000. With WM_MINUTES the world_model phase stops after that long and
+#                 the chain ends there: `wm_rl state` keeps it (the flow policy and both world models, the
+#                 protocol's with its optimizer state) to go on on another machine with `resume wm_resume`
+#   wm_resume     wm_rl's protocol carried here (`resume` first): collect and the imitation's recorded evaluation
+#                 again (too large to carry), the world_model phase on from its carried state (WM_MINUTES again
+#                 to stop it again), then as wm_rl; the same FLOW_STEPS, WM_STEPS and WM_SETTINGS as the run had
 #   eval_cut      protocol PROTO's RL run cut by its time limit, evaluated as the rl part does (for a chain that
 #                 runs `rl` with NO_CUT_EVAL=1 and keeps its `state` before this evaluation)
 #   state         protocol PROTO's run folder as far as another machine needs it to go on (protocol.json, the
-#                 evaluations' results, the imitation checkpoint RL starts from, and an RL run's last checkpoint
-#                 with its optimizer and sampler state, which RL resumes from exactly): $R/state/<PROTO>.tar.part*,
+#                 evaluations' results, the imitation checkpoint RL starts from, a world-model protocol's world
+#                 models, and an RL run's last checkpoint with its optimizer and sampler state, which RL resumes
+#                 from exactly): $R/state/<PROTO>.tar.part*,
 #                 15 MiB each (LIBERO: 4 pieces with the imitation alone, 11 with RL: fetch them 4 at a time with
 #                 `tools/detached_job.sh pieces`)
 #   scaling       benchmarks/scaling.py on this host's GPUs for each ';'-separated argument set of SCALING_ARGS (e.g.
@@ -90,18 +96,21 @@ keep_ckpt() { local stage; mkdir -p $R/ckpt; for stage in stage0 stage1; do
                   | split -b 15M - $R/ckpt/$stage.tar.part; done
               ls -la $R/ckpt; }
 # protocol $1's run state for another machine: the checkpoint RL starts from (stage 1's, few-shot fine-tuning's or
-# the flow policy's; ~51 MiB for LIBERO's stage 1), the world model's if the protocol has one, and RL's last
-# checkpoint with its optimizer state (~150 MiB more) if RL ran, in pieces that travel in .resume1, .resume2, ...
+# the flow policy's; ~51 MiB for LIBERO's stage 1), the world models' if the protocol has them (the one the
+# world_model phase starts from, and that phase's with its optimizer state), and RL's last checkpoint with its
+# optimizer state (~150 MiB more) if RL ran, in pieces that travel in .resume1, .resume2, ...
 keep_state() {
   local run=$1 dir step files; mkdir -p $R/state; rm -f $R/state/$run.tar.part*  # a smaller state leaves none
   files="$run/protocol.json $(cd runs/protocols && ls $run/eval*/results.json 2>/dev/null)"
-  for dir in stage1 finetune flow world_model rl; do
+  for dir in stage1 finetune flow wm_demos world_model rl; do
     [ -L runs/protocols/$run/$dir/checkpoints/last ] || continue
     step=$(readlink runs/protocols/$run/$dir/checkpoints/last)
     case $dir in
       rl) files="$files $run/rl/config.json $run/rl/rl_history.json $run/rl/checkpoints/last $run/rl/checkpoints/$step"
           # what the update compiled: a resumed RL phase on a fresh host then skips a minute or more of compiling
           [ -f runs/protocols/$run/rl/compile_cache.bin ] && files="$files $run/rl/compile_cache.bin" ;;
+      # with its optimizer's state: a world model stopped by its time limit goes on where it is carried to
+      world_model) files="$files $run/$dir/config.json $run/$dir/checkpoints/last $run/$dir/checkpoints/$step" ;;
       *) files="$files $run/$dir/checkpoints/last $run/$dir/checkpoints/$step/config.json"
          files="$files $run/$dir/checkpoints/$step/model.safetensors" ;;
     esac
@@ -169,6 +178,26 @@ wm_demos_beside_flow() {
     train.stop_after_minutes=${WM_FIRST_MINUTES:-6} > $R/wm_demos.log 2>&1 &
   first=$!
   python3 -m ript.cli protocol $p $workers $flow $only 2>&1 | quiet; keep $p; wait $first; tail -3 $R/wm_demos.log; }
+# world-model protocol $1 from its flow phase on, with more overrides $2...: the world model on the demos and the
+# imitation's episodes (from the wm_demos weights; WM_MINUTES stops it, to go on elsewhere: the `state` part), its
+# head, the calibration, RL in it and the evaluation, then what was measured
+wm_protocol() {
+  local p=$1 root=runs/protocols/$1 wm_phase; shift
+  # the same model settings as wm_demos's, in the protocol's own world_model phase
+  wm_phase="phases.world_model.train.steps=${WM_STEPS:-1500} +phases.world_model.init_checkpoint=$root/wm_demos \
+    +phases.world_model.progress=false ${WM_MINUTES:++phases.world_model.train.stop_after_minutes=$WM_MINUTES} \
+    $(for s in ${WM_SETTINGS:-}; do printf '++phases.world_model.%s ' $s; done)"
+  phase "the protocol on: world model, head, calibration, RL in the model, evaluation"
+  python3 -m ript.cli protocol $p $workers phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false \
+    $wm_phase phases.rl.rl.iterations=${RL_ITERATIONS:-15} +phases.rl.rl.stop_after_minutes=${RL_MINUTES:-3} \
+    ${RL_EXTRA:-} "$@" 2>&1 | quiet; keep $p
+  [ -d $root/calibrate ] || return 0  # the world model stopped by its time limit: nothing more to measure here
+  RL_CUT_EVAL=policy=flow eval_rl_cut $p  # RL stopped by its time limit ends the protocol before its evaluation
+  cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $root/rl/rl_history.json $R/ \
+    2>/dev/null
+  # each imagined episode's peak, for reading the head's thresholds again after the machine is gone
+  cp $root/calibrate/results.json $R/calibrate_results.json 2>/dev/null
+  policy_on_frames $root/world_model_head $root; }
 # benchmarks/policy_on_imagined_frames.py: protocol folder $2's flow policy on world model $1's frames
 policy_on_frames() {
   phase "policy on imagined frames"
@@ -360,23 +389,27 @@ for part in "$@"; do
       policy_on_frames $root/wm_head $root ;;
     wm_rl)
       p=${PROTO:-libero_object_world_model} root=runs/protocols/${PROTO:-libero_object_world_model}
-      flow="phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false"
       wm="task=${p%_world_model} algo.chunk=4 algo.unroll=3 algo.model.width=32 algo.model.output=warp \
         train.batch_size=64 train.lr=3e-4 train.warmup_steps=200 train.val_every=1000 train.save_every=500 \
         train.log_every=250 progress=false ${WM_SETTINGS:-}"
-      # the same model settings for the protocol's own world_model phase, which goes on from the first one's weights
-      wm_phase="phases.world_model.train.steps=${WM_STEPS:-1500} +phases.world_model.init_checkpoint=$root/wm_demos \
-        +phases.world_model.progress=false $(for s in ${WM_SETTINGS:-}; do printf '++phases.world_model.%s ' $s; done)"
-      wm_demos_beside_flow $p "$wm" "$flow"
-      phase "the protocol on: world model, head, calibration, RL in the model, evaluation"
-      python3 -m ript.cli protocol $p $workers $flow $wm_phase phases.rl.rl.iterations=${RL_ITERATIONS:-15} \
-        +phases.rl.rl.stop_after_minutes=${RL_MINUTES:-3} ${RL_EXTRA:-} 2>&1 | quiet; keep $p
-      RL_CUT_EVAL=policy=flow eval_rl_cut $p  # RL stopped by its time limit ends the protocol before its evaluation
-      cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $root/rl/rl_history.json $R/ \
-        2>/dev/null
-      # each imagined episode's peak, for reading the head's thresholds again after the machine is gone
-      cp $root/calibrate/results.json $R/calibrate_results.json 2>/dev/null
-      policy_on_frames $root/world_model_head $root ;;
+      wm_demos_beside_flow $p "$wm" "phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false"
+      wm_protocol $p ;;
+    wm_resume)
+      # wm_rl's protocol carried here by `state` and `resume` (its world_model phase stopped by WM_MINUTES, or
+      # later): the demos and the imitation's recorded episodes, which the world model trains on and the
+      # calibration reads, are too large to carry, so collect and eval run again (the carried flow policy is
+      # evaluated again), and the world_model phase goes on from its carried state
+      p=${PROTO:-libero_object_world_model} root=runs/protocols/${PROTO:-libero_object_world_model}
+      rm -rf $root/eval
+      python3 - $root/protocol.json <<'PY' || exit 1
+import json, sys
+state = json.load(open(sys.argv[1]))
+for phase in ("collect", "eval"):
+    state["phases"].pop(phase, None)
+json.dump(state, open(sys.argv[1], "w"), indent=2)
+PY
+      # the demos collected again hold the same episodes, in files whose bytes differ (the workers' order)
+      wm_protocol $p "++phases.world_model.resume_allow_changes=[data]" ;;
     eval_cut) eval_rl_cut ${PROTO:-ml45_multitask} ;;
     state) keep_state ${PROTO:-libero_object} ;;
     resume)
@@ -389,7 +422,7 @@ for part in "$@"; do
         cat $pieces | tar -xf - -C runs/protocols || exit 1
       done
       ls -la runs/protocols/* ;;
-    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, stage1_variants, steps, topk, sampling, rl, eval_cut, wm_checks, wm_beside, scaling, weights, actor, transfer, decision, state, resume)" >&2; exit 2 ;;
+    *) echo "unknown part $part (libero_speed, profile, libero, libero_ckpt, ae, ml45, ml45_fewshot, fewshot_variants, stage1_variants, steps, topk, sampling, rl, eval_cut, wm_checks, wm_beside, wm_rl, wm_resume, scaling, weights, actor, transfer, decision, state, resume)" >&2; exit 2 ;;
   esac
 done
 phase "all done"
