@@ -8,6 +8,7 @@ external base folder, e.g. OpenVLA-OFT's official one, plus the peft adapter and
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,11 @@ def start_from(model: torch.nn.Module, kwargs: dict, path: str, stage: str, othe
         source, config = load_model(path, expect_stage=stage)
     except RiptError as e:
         raise RiptError(f"init_checkpoint: {e}") from None
-    theirs = config["model_kwargs"]
+    # a setting added to the model since the checkpoint was written is missing from its record: it was built, and
+    # loads, with the constructor's default
+    defaults = {name: p.default for name, p in inspect.signature(type(model).__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    theirs = {**defaults, **config["model_kwargs"]}
     changed = next((k for k in kwargs if not (other_tasks and k == "task_names") and theirs.get(k) != kwargs[k]),
                    None)
     if changed is not None:

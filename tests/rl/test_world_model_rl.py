@@ -29,6 +29,7 @@ from ript.policies.build import make_policy
 from ript.rl.refresh import WorldModelRefresh
 from ript.stages import rl, world_model, world_model_head
 from ript.stages.evaluate import run as evaluate
+from ript.utils.checkpoint import resolve_checkpoint_dir
 from tests.helpers.cli import assert_one_line_error, ript_here, rl_overrides, world_model_overrides
 
 SPECS = [EpisodeSpec("drawer-close-v3", seed, j) for seed in (3, 4) for j in range(2)]
@@ -346,6 +347,23 @@ def test_recorded_episodes_become_demonstration_files_a_world_model_trains_on(st
         world_model.run(compose("world_model", [*world_model_overrides(tiny_data, tmp_path / "w2", 2),
                                                 f"data.extra_dirs=[{tmp_path}]"]))
     assert not (tmp_path / "w2").exists()
+
+
+def test_a_world_model_recorded_before_settings_were_added_starts_another_run(world_model_run, tiny_data, tmp_path):
+    """Its recorded kwargs lack the model's later settings (it was built, and loads, with their defaults): a run
+    going on from it starts; one that asks for another value of such a setting is refused, naming the default."""
+    old = tmp_path / "old"
+    shutil.copytree(resolve_checkpoint_dir(world_model_run), old)
+    config = json.loads((old / "config.json").read_text())
+    for added in ("state_head", "feed_back"):
+        config["model_kwargs"].pop(added)
+    (old / "config.json").write_text(json.dumps(config))
+    world_model.run(compose("world_model", [*world_model_overrides(tiny_data, tmp_path / "on", 1),
+                                            f"init_checkpoint={old}"]))
+    assert (tmp_path / "on" / "checkpoints" / "last" / "model.safetensors").is_file()
+    with pytest.raises(RiptError, match="has state_head='bottleneck'; this run builds state_head='dynamics'"):
+        world_model.run(compose("world_model", [*world_model_overrides(tiny_data, tmp_path / "other", 1),
+                                                f"init_checkpoint={old}", "algo.model.state_head=dynamics"]))
 
 
 @pytest.mark.extended
