@@ -89,11 +89,10 @@ def task_row(imagined: np.ndarray, won: np.ndarray) -> dict[str, float]:
     """One task's real and imagined success at the kept threshold, how well its imagined outcomes told its real
     successes from its failures, and the counts that pool tasks into one balanced accuracy
     (``pooled_balanced_accuracy``)."""
-    row = threshold_row(0.0, imagined, won)
+    counts = {"real_successes": int(won.sum()), "successes_imagined": int((imagined & won).sum()),
+              "real_failures": int((~won).sum()), "failures_imagined": int((imagined & ~won).sum())}
     return {"real": float(won.mean()), "imagined": float(imagined.mean()),
-            "balanced_accuracy": row["balanced_accuracy"], "episodes": int(len(won)),
-            "real_successes": int(won.sum()), "successes_imagined": int((imagined & won).sum()),
-            "real_failures": int((~won).sum()), "failures_imagined": int((imagined & ~won).sum())}
+            "balanced_accuracy": pooled_balanced_accuracy([counts]), "episodes": int(len(won)), **counts}
 
 
 def own_threshold(peak: np.ndarray, won: np.ndarray) -> dict[str, float]:
@@ -107,8 +106,8 @@ def own_threshold(peak: np.ndarray, won: np.ndarray) -> dict[str, float]:
 def pooled_balanced_accuracy(rows: list[dict[str, float]]) -> float:
     """The balanced accuracy of several tasks' episodes together, from their ``task_row`` counts."""
     successes, failures = (sum(int(r[k]) for r in rows) for k in ("real_successes", "real_failures"))
-    parts = [sum(int(r["successes_imagined"]) for r in rows) / successes] * bool(successes) \
-        + [1 - sum(int(r["failures_imagined"]) for r in rows) / failures] * bool(failures)
+    parts = ([sum(int(r["successes_imagined"]) for r in rows) / successes] if successes else []) \
+        + ([1 - sum(int(r["failures_imagined"]) for r in rows) / failures] if failures else [])
     return float(np.mean(parts)) if parts else 0.0
 
 

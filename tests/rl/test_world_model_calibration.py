@@ -59,6 +59,7 @@ def test_the_threshold_kept_best_separates_the_real_successes_from_the_failures(
     # the tasks' counts pooled give back the whole run's balanced accuracy
     assert pooled_balanced_accuracy(list(result["per_task"].values())) == pytest.approx(5 / 6)
     assert pooled_balanced_accuracy([result["per_task"]["b"]]) == 0.5
+    assert pooled_balanced_accuracy([result["per_task"]["a"]]) == 1.0  # no real failure: its successes alone
     assert calibration_table(result).splitlines()[2].split() == ["b", "33.3%", "0.0%", "50.0%", "75.0%", "at", "0.12"]
     at_030 = next(r for r in result["curve"] if r["threshold"] == 0.3)
     assert at_030["balanced_accuracy"] == pytest.approx(0.75) and at_030["imagined_success"] == pytest.approx(4 / 5)
