@@ -181,6 +181,8 @@ wm_demos_beside_flow() {
 # world-model protocol $1 from its flow phase on, with more overrides $2...: the world model on the demos and the
 # imitation's episodes (from the wm_demos weights; WM_MINUTES stops it, to go on elsewhere: the `state` part), its
 # head, the calibration, RL in it and the evaluation, then what was measured
+# the flow phase's overrides in both calls of a world-model protocol (a finished phase is skipped only with the same)
+wm_flow() { echo "phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false"; }
 wm_protocol() {
   local p=$1 root=runs/protocols/$1 wm_phase; shift
   # the same model settings as wm_demos's, in the protocol's own world_model phase
@@ -188,9 +190,8 @@ wm_protocol() {
     +phases.world_model.progress=false ${WM_MINUTES:++phases.world_model.train.stop_after_minutes=$WM_MINUTES} \
     $(for s in ${WM_SETTINGS:-}; do printf '++phases.world_model.%s ' $s; done)"
   phase "the protocol on: world model, head, calibration, RL in the model, evaluation"
-  python3 -m ript.cli protocol $p $workers phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false \
-    $wm_phase phases.rl.rl.iterations=${RL_ITERATIONS:-15} +phases.rl.rl.stop_after_minutes=${RL_MINUTES:-3} \
-    ${RL_EXTRA:-} "$@" 2>&1 | quiet; keep $p
+  python3 -m ript.cli protocol $p $workers $(wm_flow) $wm_phase phases.rl.rl.iterations=${RL_ITERATIONS:-15} \
+    +phases.rl.rl.stop_after_minutes=${RL_MINUTES:-3} ${RL_EXTRA:-} "$@" 2>&1 | quiet; keep $p
   [ -d $root/calibrate ] || return 0  # the world model stopped by its time limit: nothing more to measure here
   RL_CUT_EVAL=policy=flow eval_rl_cut $p  # RL stopped by its time limit ends the protocol before its evaluation
   cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $root/rl/rl_history.json $R/ \
@@ -392,7 +393,7 @@ for part in "$@"; do
       wm="task=${p%_world_model} algo.chunk=4 algo.unroll=3 algo.model.width=32 algo.model.output=warp \
         train.batch_size=64 train.lr=3e-4 train.warmup_steps=200 train.val_every=1000 train.save_every=500 \
         train.log_every=250 progress=false ${WM_SETTINGS:-}"
-      wm_demos_beside_flow $p "$wm" "phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false"
+      wm_demos_beside_flow $p "$wm" "$(wm_flow)"
       wm_protocol $p ;;
     wm_resume)
       # wm_rl's protocol carried here by `state` and `resume` (its world_model phase stopped by WM_MINUTES, or
