@@ -170,6 +170,7 @@ class EvalJob(EvalProtocol):
     out_dir: str | None
     overwrite: bool
     record_episodes: bool = False
+    draws_per_layout: Count = 1
     calibrate_against: str | None = None
     device: str
     sampling: Sampling

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -116,6 +117,20 @@ def protocol_specs(task_names: list[str] | tuple[str, ...], episodes_per_task: i
     ``n_videos`` of each task recorded, tasks interleaved so that workers share the slow ones."""
     return [EpisodeSpec(t, eval_layout_seed(seed, j), j, j < n_videos)
             for j in range(episodes_per_task) for t in task_names]
+
+
+def repeated_layouts(specs: list[EpisodeSpec], draws: int) -> list[EpisodeSpec]:
+    """``specs`` with each run of ``draws`` consecutive episodes of a task (by index) on the layout of the first of
+    them: the same start under ``draws`` policy-noise streams (each episode keeps its index, which seeds its
+    noise), so that how much of an outcome its start decides can be read off the simulator itself."""
+    if draws < 1:
+        raise ValueError(f"draws={draws}: expected 1 or more")
+    first = {(s.task_name, s.index): s.seed for s in specs}
+    missing = [s for s in specs if (s.task_name, s.index - s.index % draws) not in first]
+    if missing:
+        raise ValueError(f"episode {missing[0].index} of {missing[0].task_name}: no episode "
+                         f"{missing[0].index - missing[0].index % draws} of its task to share a layout with")
+    return [dataclasses.replace(s, seed=first[(s.task_name, s.index - s.index % draws)]) for s in specs]
 
 
 def finished_episode(spec: EpisodeSpec, success: bool, length: int, policy: ChunkingPolicy, env: int,

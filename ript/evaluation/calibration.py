@@ -79,10 +79,46 @@ def calibrate(real: list[dict[str, Any]], imagined: list[dict[str, Any]]) -> dic
     unseen = [t for t in tasks if per_task[t]["real"] > 0 and peak[task_of == t].max() < THRESHOLDS[0]]
     rates = np.array([[v["real"], v["imagined"]] for v in per_task.values()])
     spread = len(tasks) > 1 and rates[:, 0].std() > 0 and rates[:, 1].std() > 0
+    starts = [(k[0], k[1]) for k in keys]
     return {"threshold": best["threshold"], "balanced_accuracy": best["balanced_accuracy"],
             "agreement": best["agreement"], "real_success": real_rate, "imagined_success": best["imagined_success"],
             "episodes": len(keys), "per_task": per_task, "tasks_never_imagined_successful": unseen,
-            "per_task_pearson": float(np.corrcoef(rates.T)[0, 1]) if spread else None, "curve": curve}
+            "per_task_pearson": float(np.corrcoef(rates.T)[0, 1]) if spread else None,
+            "same_start": same_start(starts, won, peak >= best["threshold"], peak), "curve": curve}
+
+
+def same_start(starts: list[tuple], won: np.ndarray, imagined: np.ndarray, peak: np.ndarray) -> dict | None:
+    """What episodes from one start (an evaluation's ``draws_per_layout``) tell, None without any. The simulator
+    against itself: each episode's outcome read as another's from its start, the balanced accuracy a world model
+    reaches that is right about each start's odds and knows nothing of the actions (its closed-loop episodes draw
+    their own futures); above it, the model's outcomes follow the actions. Within a start, what RL's group
+    advantages read: of the pairs that ended differently in the simulator, those the model's outcomes put in the
+    same order, the other order, or tie (``order_score``: (same - other) / pairs, 0 without signal), and the share
+    its head's peaks order as the simulator (``peak_order_auc``, ties half, 0.5 without signal)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, start in enumerate(starts):
+        groups.setdefault(start, []).append(i)
+    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    if not groups:
+        return None
+    truth, read, same, other, above, pairs = [], [], 0, 0, 0.0, 0
+    for members in groups.values():
+        for i in members:
+            for j in members:
+                if i == j:
+                    continue
+                truth.append(won[i]), read.append(won[j])
+                if won[i] and not won[j]:  # each differing pair once, its winner first
+                    pairs += 1
+                    same += int(imagined[i] and not imagined[j])
+                    other += int(imagined[j] and not imagined[i])
+                    above += 1.0 if peak[i] > peak[j] else 0.5 if peak[i] == peak[j] else 0.0
+    simulator = threshold_row(0.0, np.array(read, bool), np.array(truth, bool))["balanced_accuracy"]
+    return {"starts": len(groups), "episodes": sum(map(len, groups.values())),
+            "simulator_balanced_accuracy": simulator, "pairs_ended_differently": pairs, "ordered_as_simulator": same,
+            "ordered_otherwise": other, "tied": pairs - same - other,
+            "order_score": (same - other) / pairs if pairs else None,
+            "peak_order_auc": above / pairs if pairs else None}
 
 
 def task_row(imagined: np.ndarray, won: np.ndarray) -> dict[str, float]:
@@ -208,7 +244,19 @@ def calibration_line(c: dict[str, Any]) -> str:
               f"is only the tie-break's choice" if c["balanced_accuracy"] <= 0.5 else "")
     return (f"success head calibrated on {c['episodes']} simulator episodes: threshold {c['threshold']:g}, balanced "
             f"accuracy {c['balanced_accuracy']:.1%}, agreement {c['agreement']:.1%}; success real "
-            f"{c['real_success']:.1%}, imagined {c['imagined_success']:.1%}{chance}{blind}")
+            f"{c['real_success']:.1%}, imagined {c['imagined_success']:.1%}{chance}{blind}{same_start_words(c)}")
+
+
+def same_start_words(c: dict[str, Any]) -> str:
+    s = c.get("same_start")
+    if not s:
+        return ""
+    order = (f"; of the {s['pairs_ended_differently']} pairs from one start that ended differently, the model put "
+             f"{s['ordered_as_simulator']} in the simulator's order, {s['ordered_otherwise']} in the other and tied "
+             f"{s['tied']} (score {s['order_score']:+.2f}; its peaks {s['peak_order_auc']:.1%})"
+             if s["pairs_ended_differently"] else "; no start ended differently in the simulator")
+    return (f"; the simulator against itself from the same {s['starts']} starts: balanced accuracy "
+            f"{s['simulator_balanced_accuracy']:.1%}{order}")
 
 
 def calibration_table(c: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ript.config import to_dict
+from ript.envs.episodes import repeated_layouts
 from ript.envs.suites import get_suite
 from ript.errors import RiptError
 from ript.evaluation.calibration import (
@@ -49,6 +50,10 @@ def evaluate(cfg, protocol) -> dict[str, Any]:
     if calibrating and cfg.environment.name != "world_model":
         raise RiptError("calibrate_against=<a simulator evaluation> calibrates a world model: pass "
                         "environment=world_model environment.checkpoint=<it>")
+    draws = int(cfg.get("draws_per_layout") or 1)
+    if calibrating and draws > 1:
+        raise RiptError(f"draws_per_layout={draws} with calibrate_against: calibration runs the episodes of the "
+                        f"simulator evaluation it reads; set draws_per_layout on that evaluation")
     loaded = family.load(cfg, device, int(cfg.seed), rl=False)
     # the simulator's episodes of this checkpoint, run again in the world model, each to its horizon
     real = simulator_episodes(calibrating, loaded.results) if calibrating else None
@@ -59,8 +64,10 @@ def evaluate(cfg, protocol) -> dict[str, Any]:
             protocol.num_workers, protocol.get("max_episode_steps"), protocol.episodes_per_task,
             int(protocol.seed), int(protocol.n_videos), to_the_horizon=bool(calibrating)))
         specs, sink = (episode_specs(real) if real else None), None
+        if draws > 1:  # several noise streams from each start: what calibration compares the world model with
+            specs = repeated_layouts(runner.specs(), draws)
         if cfg.get("record_episodes"):  # every step kept: the episodes as demonstration files of the tasks
-            specs = [dataclasses.replace(spec, keep=True) for spec in runner.specs()]
+            specs = [dataclasses.replace(spec, keep=True) for spec in specs or runner.specs()]
             sink = EpisodeFiles(out_dir / "episodes", loaded.metadata,
                                 get_suite(loaded.metadata["suite"]).instructions(loaded.task_names))
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -18,8 +19,10 @@ from ript.evaluation.calibration import (
     calibration_table,
     check_rewards_follow_simulator,
     pooled_balanced_accuracy,
+    same_start,
     simulator_episodes,
 )
+from ript.envs.episodes import protocol_specs, repeated_layouts
 from ript.evaluation.environments import EnvironmentSetting, build_environment
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
@@ -65,6 +68,40 @@ def test_the_threshold_kept_best_separates_the_real_successes_from_the_failures(
     assert at_030["balanced_accuracy"] == pytest.approx(0.75) and at_030["imagined_success"] == pytest.approx(4 / 5)
     with pytest.raises(RiptError, match=r"no episode \('b', 3, 0\)"):
         calibrate(real, imagined[:4])
+
+
+def test_episodes_from_one_start_give_the_simulator_against_itself_and_the_models_order_within_it():
+    """Start a/1: real won, won, lost, lost; imagined won, lost, lost, lost (peaks .9 .2 .1 .1). Start a/2: won,
+    lost, lost, lost; imagined won, lost, won, lost (peaks .8 .3 .9 .1). Of the 7 pairs that ended differently
+    the model orders 4 as the simulator and ties 3; its peaks order 6 (all but .8 < .9)."""
+    starts = [("a", 1)] * 4 + [("a", 2)] * 4
+    won = np.array([1, 1, 0, 0, 1, 0, 0, 0], bool)
+    imagined = np.array([1, 0, 0, 0, 1, 0, 1, 0], bool)
+    found = same_start(starts, won, imagined, np.array([.9, .2, .1, .1, .8, .3, .9, .1]))
+    # one episode's outcome read as another's from its start: of the 9 ordered pairs whose truth is a success
+    # (a/1: 2 x 3, a/2: 1 x 3), 2 read one; of the 15 whose truth is a failure (a/1: 2 x 3, a/2: 3 x 3), 8 read one
+    assert found == {"starts": 2, "episodes": 8, "simulator_balanced_accuracy": pytest.approx((2 / 9 + 8 / 15) / 2),
+                     "pairs_ended_differently": 7, "ordered_as_simulator": 4, "ordered_otherwise": 0, "tied": 3,
+                     "order_score": pytest.approx(4 / 7), "peak_order_auc": pytest.approx(6 / 7)}
+    assert same_start([("a", 1), ("a", 2)], won[:2], imagined[:2], np.zeros(2)) is None  # one episode a start
+    line = calibration_line({**calibrate([episode("a", 1, True), episode("a", 2, False)],
+                                         [episode("a", 1, False, .9), episode("a", 2, False, .1)]),
+                             "same_start": found})
+    assert "the simulator against itself from the same 2 starts: balanced accuracy 37.8%" in line
+    assert "put 4 in the simulator's order, 0 in the other and tied 3 (score +0.57; its peaks 85.7%)" in line
+
+
+def test_repeated_layouts_run_each_start_under_several_noise_streams():
+    specs = protocol_specs(["a", "b"], 4, 0, 1)
+    again = repeated_layouts(specs, 2)
+    assert [(s.task_name, s.index) for s in again] == [(s.task_name, s.index) for s in specs]  # noise streams kept
+    seeds = {(s.task_name, s.index): s.seed for s in specs}
+    assert [s.seed for s in again if s.task_name == "a"] == [seeds["a", 0], seeds["a", 0], seeds["a", 2],
+                                                             seeds["a", 2]]
+    assert len({s.key for s in again}) == 8 and again[0].record  # distinct noise, the videos kept
+    assert repeated_layouts(specs, 1) == specs
+    with pytest.raises(ValueError, match="episode 3 of a: no episode 2 of its task"):
+        repeated_layouts([s for s in specs if s.index != 2], 2)
 
 
 def test_a_task_the_policy_solves_but_never_in_imagination_is_named():
@@ -147,12 +184,17 @@ def test_a_simulator_evaluation_of_another_checkpoint_or_none_is_refused(tmp_pat
 def test_a_policy_calibrates_the_head_and_an_imagined_run_reads_it(stage1_run, world_model_run, tmp_path):
     real, out = tmp_path / "real", tmp_path / "calibrated"
     common = [f"checkpoint={stage1_run}", "episodes_per_task=2", "num_workers=1", "max_episode_steps=12", "n_videos=0"]
-    code, _, err = ript_here("eval", *common, f"out_dir={real}")
+    code, _, err = ript_here("eval", *common, "draws_per_layout=2", f"out_dir={real}")  # each task's 2 from 1 start
     assert code == 0, err
+    starts = [(e["task"], e["seed"], e["episode"]) for e in json.loads((real / "results.json").read_text())["episodes"]]
+    assert len({s[:2] for s in starts}) == 2 and sorted(s[2] for s in starts) == [0, 0, 1, 1]
     imagined = [*common, "environment=world_model", f"environment.checkpoint={world_model_run}", "environment.envs=4"]
+    assert_one_line_error(ript_here("eval", *imagined, "draws_per_layout=2", f"calibrate_against={real}",
+                                    f"out_dir={tmp_path / 'z'}"), "draws_per_layout=2 with calibrate_against")
     code, _, err = ript_here("eval", *imagined, f"calibrate_against={real}", f"out_dir={out}")
     assert code == 0, err
     found = json.loads((out / "calibration.json").read_text())
+    assert found["same_start"]["starts"] == 2 and found["same_start"]["episodes"] == 4
     assert found["episodes"] == 4 and found["world_model"] == str(resolve_checkpoint_dir(world_model_run))
     assert found["checkpoint"] == json.loads((real / "results.json").read_text())["checkpoint"]
     assert 0 < found["threshold"] < 1 and len(found["curve"]) == 49
