@@ -53,7 +53,8 @@
 #                 on the demos and the episodes, the head on its own imagination, the calibration, RL in the model
 #                 (RL_ITERATIONS, 15, or RL_MINUTES, 3, whichever ends first; refused where the calibration is below
 #                 environment.min_calibrated_accuracy, RL_EXTRA=phases.rl.environment.min_calibrated_accuracy=0 runs
-#                 it anyway) and the evaluation after it; then the policy on the model's frames. About 24 minutes on
+#                 it anyway) and the evaluation after it, the world model measured on held-out demos
+#                 (`ript world-model-eval`); then the policy on the model's frames. About 24 minutes on
 #                 one H200 with FLOW_STEPS=2000. With WM_MINUTES the world_model phase stops after that long and
 #                 the chain ends there: `wm_rl state` keeps it (the flow policy and both world models, the
 #                 protocol's with its optimizer state) to go on on another machine with `resume wm_resume`
@@ -182,7 +183,9 @@ wm_demos_beside_flow() {
 # imitation's episodes (from the wm_demos weights; WM_MINUTES stops it, to go on elsewhere: the `state` part), its
 # head, the calibration, RL in it and the evaluation, then what was measured
 # the flow phase's overrides in both calls of a world-model protocol (a finished phase is skipped only with the same)
-wm_flow() { echo "phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false"; }
+# (EVAL_DRAWS: each of the imitation evaluation's starts run that many times, for the calibration's same-start figures)
+wm_flow() { echo "phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false \
+  ${EVAL_DRAWS:+++phases.eval.draws_per_layout=$EVAL_DRAWS}"; }
 wm_protocol() {
   local p=$1 root=runs/protocols/$1 wm_phase; shift
   # the same model settings as wm_demos's, in the protocol's own world_model phase
@@ -193,6 +196,11 @@ wm_protocol() {
   python3 -m ript.cli protocol $p $workers $(wm_flow) $wm_phase phases.rl.rl.iterations=${RL_ITERATIONS:-15} \
     +phases.rl.rl.stop_after_minutes=${RL_MINUTES:-3} ${RL_EXTRA:-} "$@" 2>&1 | quiet; keep $p
   [ -d $root/calibrate ] || return 0  # the world model stopped by its time limit: nothing more to measure here
+  phase "world-model-eval: fidelity and the head on held-out demos"
+  python3 -m ript.cli world-model-eval checkpoint=$root/world_model_head out_dir=$R/world_model_eval overwrite=true \
+    n_videos=2 2>&1 | grep -v -E 'robosuite WARNING' | tail -24
+  cp $R/world_model_eval/results.json $R/world_model_eval.json 2>/dev/null
+  cp $R/world_model_eval/videos/*.mp4 $R/ 2>/dev/null
   RL_CUT_EVAL=policy=flow eval_rl_cut $p  # RL stopped by its time limit ends the protocol before its evaluation
   cp $root/world_model_head/success_head.json $root/calibrate/calibration.json $root/rl/rl_history.json $R/ \
     2>/dev/null
