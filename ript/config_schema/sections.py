@@ -241,6 +241,7 @@ class Environment(Section):
     calibration: str | None = None  # world model: a folder of calibration.json, whose threshold replaces it
     min_calibrated_accuracy: Fraction = 0.6  # RL: refused below this calibrated balanced accuracy (0: never)
     min_task_calibrated_accuracy: Fraction = 0.0  # RL: only the tasks calibrated at least this well (0: all)
+    max_order_p_value: Fraction = 0.05  # RL: refused when the model orders a start's episodes no better than chance
     denoise_steps: Count | None = None  # a denoising world model's calls per chunk (None: its own)
     refresh_every: Size = 0
     refresh_episodes: Count = 4

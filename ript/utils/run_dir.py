@@ -33,7 +33,7 @@ RUN_CONTROL_KEYS = (
     "rl.channels_last",
     "rl.micro_batch",
     "rl.iterations",  # RL's schedule does not depend on it: more iterations extend the same run
-    "environment.min_calibrated_accuracy",  # checked before a run starts
+    "environment.min_calibrated_accuracy", "environment.max_order_p_value",  # checked before a run starts
 )
 
 

@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from ript.config import compose
+from ript.envs.episodes import protocol_specs, repeated_layouts
 from ript.errors import RiptError
 from ript.evaluation.calibration import (
     calibrate,
@@ -22,7 +23,6 @@ from ript.evaluation.calibration import (
     same_start,
     simulator_episodes,
 )
-from ript.envs.episodes import protocol_specs, repeated_layouts
 from ript.evaluation.environments import EnvironmentSetting, build_environment
 from ript.model_loader import load_model
 from ript.policies.build import make_policy
@@ -82,13 +82,15 @@ def test_episodes_from_one_start_give_the_simulator_against_itself_and_the_model
     # (a/1: 2 x 3, a/2: 1 x 3), 2 read one; of the 15 whose truth is a failure (a/1: 2 x 3, a/2: 3 x 3), 8 read one
     assert found == {"starts": 2, "episodes": 8, "simulator_balanced_accuracy": pytest.approx((2 / 9 + 8 / 15) / 2),
                      "pairs_ended_differently": 7, "ordered_as_simulator": 4, "ordered_otherwise": 0, "tied": 3,
-                     "order_score": pytest.approx(4 / 7), "peak_order_auc": pytest.approx(6 / 7)}
+                     "order_score": pytest.approx(4 / 7), "peak_order_auc": pytest.approx(6 / 7),
+                     "order_p_value": pytest.approx(1 / 16)}  # 4 of 4 untied pairs by a coin
     assert same_start([("a", 1), ("a", 2)], won[:2], imagined[:2], np.zeros(2)) is None  # one episode a start
     line = calibration_line({**calibrate([episode("a", 1, True), episode("a", 2, False)],
                                          [episode("a", 1, False, .9), episode("a", 2, False, .1)]),
                              "same_start": found})
     assert "the simulator against itself from the same 2 starts: balanced accuracy 37.8%" in line
-    assert "put 4 in the simulator's order, 0 in the other and tied 3 (score +0.57; its peaks 85.7%)" in line
+    assert ("put 4 in the simulator's order, 0 in the other and tied 3 (score +0.57, sign test p=0.06; its peaks "
+            "85.7%)") in line
 
 
 def test_repeated_layouts_run_each_start_under_several_noise_streams():
@@ -127,7 +129,7 @@ def test_a_head_that_never_fires_in_imagination_is_said_to_calibrate_at_chance()
 
 def environment(**settings):
     return OmegaConf.create({"name": "world_model", "calibration": None, "min_calibrated_accuracy": 0.6,
-                             "min_task_calibrated_accuracy": 0.0, **settings})
+                             "min_task_calibrated_accuracy": 0.0, "max_order_p_value": 0.05, **settings})
 
 
 def task_rows(**accuracies: tuple[int, int, int, int]) -> dict:
@@ -165,6 +167,23 @@ def test_rl_keeps_the_tasks_calibrated_well_enough_and_gates_on_them_together(tm
         check_rewards_follow_simulator(environment(calibration=str(tmp_path), min_task_calibrated_accuracy=0.7))
     with pytest.raises(RiptError, match="min_task_calibrated_accuracy=0.7 reads a world model's calibration"):
         check_rewards_follow_simulator(environment(name="simulator", min_task_calibrated_accuracy=0.7))
+
+
+def test_rl_is_refused_where_the_model_orders_a_starts_episodes_no_better_than_a_coin(tmp_path):
+    """MetaWorld pick-place's model: 23 of 91 differing pairs in the simulator's order, 20 in the other (p=0.38)."""
+    order = {"pairs_ended_differently": 91, "ordered_as_simulator": 23, "ordered_otherwise": 20, "tied": 48,
+             "order_p_value": 0.38}
+    (tmp_path / "calibration.json").write_text(json.dumps({"balanced_accuracy": 0.7, "same_start": order}))
+    with pytest.raises(RiptError, match=r"put 23 in the simulator's order, 20 in the other and tied 48 \(sign test "
+                                        r"p=0\.38, above environment.max_order_p_value=0.05\)"):
+        check_rewards_follow_simulator(environment(calibration=str(tmp_path)))
+    assert check_rewards_follow_simulator(environment(calibration=str(tmp_path), max_order_p_value=1)) is None
+    assert check_rewards_follow_simulator(environment(calibration=str(tmp_path), max_order_p_value=0.4)) is None
+    # without episodes from one start (or none that ended differently) there is nothing to read: not refused
+    for nothing_to_read in (None, {**order, "pairs_ended_differently": 0}):
+        (tmp_path / "calibration.json").write_text(json.dumps({"balanced_accuracy": 0.7,
+                                                               "same_start": nothing_to_read}))
+        assert check_rewards_follow_simulator(environment(calibration=str(tmp_path))) is None
 
 
 def test_a_simulator_evaluation_of_another_checkpoint_or_none_is_refused(tmp_path):
