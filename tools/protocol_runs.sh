@@ -183,9 +183,7 @@ wm_demos_beside_flow() {
 # imitation's episodes (from the wm_demos weights; WM_MINUTES stops it, to go on elsewhere: the `state` part), its
 # head, the calibration, RL in it and the evaluation, then what was measured
 # the flow phase's overrides in both calls of a world-model protocol (a finished phase is skipped only with the same)
-# (EVAL_DRAWS: each of the imitation evaluation's starts run that many times, for the calibration's same-start figures)
-wm_flow() { echo "phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false \
-  ${EVAL_DRAWS:+++phases.eval.draws_per_layout=$EVAL_DRAWS}"; }
+wm_flow() { echo "phases.flow.train.steps=${FLOW_STEPS:-5000} +phases.flow.progress=false"; }
 wm_protocol() {
   local p=$1 root=runs/protocols/$1 wm_phase; shift
   # the same model settings as wm_demos's, in the protocol's own world_model phase
