@@ -77,7 +77,7 @@ def evaluate(cfg, protocol) -> dict[str, Any]:
             runner.close()
         if sink is not None:
             results["episode_files"] = [str(p) for p in sink.finish()]
-        results.update(loaded.results, environment=to_dict(cfg.environment))
+        results.update(loaded.results, environment=to_dict(cfg.environment), draws_per_layout=draws)
         if real:
             calibration = {**calibrate(real, results["episodes"]), "checkpoint": loaded.results["checkpoint"],
                            "world_model": str(resolve_checkpoint_dir(cfg.environment.checkpoint)),

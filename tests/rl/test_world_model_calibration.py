@@ -212,7 +212,9 @@ def test_a_policy_calibrates_the_head_and_an_imagined_run_reads_it(stage1_run, w
     common = [f"checkpoint={stage1_run}", "episodes_per_task=2", "num_workers=1", "max_episode_steps=12", "n_videos=0"]
     code, _, err = ript_here("eval", *common, "draws_per_layout=2", f"out_dir={real}")  # each task's 2 from 1 start
     assert code == 0, err
-    starts = [(e["task"], e["seed"], e["episode"]) for e in json.loads((real / "results.json").read_text())["episodes"]]
+    written = json.loads((real / "results.json").read_text())
+    starts = [(e["task"], e["seed"], e["episode"]) for e in written["episodes"]]
+    assert written["draws_per_layout"] == 2
     assert len({s[:2] for s in starts}) == 2 and sorted(s[2] for s in starts) == [0, 0, 1, 1]
     imagined = [*common, "environment=world_model", f"environment.checkpoint={world_model_run}", "environment.envs=4"]
     assert_one_line_error(ript_here("eval", *imagined, "draws_per_layout=2", f"calibrate_against={real}",
